@@ -1,0 +1,54 @@
+"""`ralp-pipe <stage> [options] [hydra overrides]`: one entry point per pipeline stage.
+
+Each stage lives in the module named below, which provides ``add_arguments(parser)`` and
+``main(args) -> int``. Modules are imported only when their stage runs, so `--help` and light
+stages start fast. Hydra overrides (``key=value``, ``group=option``) are collected in
+``args.overrides`` and passed to :func:`ralp_pipe.config.load` by the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from .config import ConfigError
+
+STAGES: dict[str, tuple[str, str]] = {
+    "prepare-shards": ("ralp_pipe.data.shards", "turn an image collection into webdataset shards"),
+    "train": ("ralp_pipe.train", "run one distributed training measurement"),
+    "profile": ("ralp_pipe.profiling", "measure per-unit compute, memory and link bandwidth"),
+    "plan": ("ralp_pipe.planner", "choose the split point and predict throughput from a profile"),
+    "simulate": ("ralp_pipe.simulate", "predict throughput for clusters this machine is not"),
+    "aggregate": ("ralp_pipe.aggregate", "collect runs into Parquet tables, summaries and plots"),
+    "bundle": ("ralp_pipe.bundle", "archive results with checksums"),
+    "verify": ("ralp_pipe.verify", "check a bundle's checksums and recompute its tables"),
+}
+
+
+def _parser(stage: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ralp-pipe", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for name, (module, text) in STAGES.items():
+        stage_parser = sub.add_parser(name, help=text, description=text)
+        if name == stage:
+            importlib.import_module(module).add_arguments(stage_parser)
+        stage_parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=vgg11 cluster.gpus=4")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, run the chosen stage and return its exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stage = next((a for a in argv if a in STAGES), None)
+    args = _parser(stage).parse_intermixed_args(argv)
+    try:
+        return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
+    except ConfigError as exc:
+        print(f"ralp-pipe {args.stage}: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

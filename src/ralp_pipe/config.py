@@ -1,0 +1,301 @@
+"""Structured configuration: Hydra composition of `config/`, typed schema and validation.
+
+Every stage reads its settings through :func:`load`, which composes the Hydra tree with the
+user's overrides, checks types against the dataclasses below and then checks values
+(choices, ranges, paths) so that a bad setting fails early with a message naming the key,
+the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+
+MODELS = (
+    "alexnet",
+    "vgg11", "vgg13", "vgg16", "vgg19",
+    "vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn",
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+)
+STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
+LAYOUTS = ("folders", "tars", "synthetic")
+LOADERS = ("synthetic", "dali", "torchvision")
+CLUSTERS = ("local", "emulated", "slurm")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+_RATE = re.compile(r"^(unlimited|\d+(\.\d+)?(bit|kbit|mbit|gbit))$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message says which and why."""
+
+
+@dataclass
+class SyntheticSource:
+    """Settings of the deterministic JPEG generator used when no real ImageNet exists."""
+
+    images_per_class: int = 2
+    height: int = 72
+    width: int = 88
+    seed: int = 0
+
+
+@dataclass
+class ShardOptions:
+    """How `prepare-shards` packs images into webdataset tar shards."""
+
+    images_per_shard: int = 256
+    resize_shorter: int | None = None
+    strict: bool = False
+    workers: int = 2
+
+
+@dataclass
+class DatasetConfig:
+    """An image collection: where it lives, its layout and its class count."""
+
+    name: str = "synthetic1k"
+    num_classes: int = 1000
+    layout: str = "synthetic"
+    source: str | None = None
+    synthetic: SyntheticSource = field(default_factory=SyntheticSource)
+    shards: ShardOptions = field(default_factory=ShardOptions)
+
+
+@dataclass
+class ModelConfig:
+    """A torchvision CNN; `num_classes` always comes from the dataset."""
+
+    name: str = "vgg11"
+    dropout: float = 0.5
+
+
+@dataclass
+class StrategyConfig:
+    """How parameters and layers are placed on workers and parameter servers."""
+
+    name: str = "ps"
+    num_ps: int = 1
+    split: int | None = None
+    plan: str | None = None
+
+
+@dataclass
+class SlurmConfig:
+    """Resources a training job asks SLURM for."""
+
+    partition: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_mb: int = 4000
+    time_min: int = 30
+
+
+@dataclass
+class ClusterConfig:
+    """Where the ranks of one training run execute."""
+
+    kind: str = "local"
+    gpus: int = 4
+    device: str = "auto"
+    backend: str = "auto"
+    timeout_s: int = 900
+    init_timeout_s: int = 60
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+
+@dataclass
+class NetworkConfig:
+    """The link between hosts: a tc rate for the emulated cluster, or loopback."""
+
+    name: str = "loopback"
+    rate: str = "unlimited"
+    burst: str = "1mb"
+
+
+@dataclass
+class TrainConfig:
+    """The throughput recipe and optimiser of one training run."""
+
+    batch_size: int = 8
+    image_size: int = 64
+    warmup_steps: int = 5
+    measure_steps: int = 100
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    loader: str = "synthetic"
+    loader_threads: int = 2
+    amp: bool = False
+
+
+@dataclass
+class ExperimentConfig:
+    """The matrix the workflow expands: one training run per combination."""
+
+    name: str = "local"
+    datasets: list[str] = field(default_factory=lambda: ["synthetic1k"])
+    models: list[str] = field(default_factory=lambda: ["vgg11"])
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    gpus: list[int] = field(default_factory=lambda: [4])
+    networks: list[str] = field(default_factory=lambda: ["loopback"])
+    concurrent: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class PathsConfig:
+    """Where results are written."""
+
+    results: str = "results"
+
+
+@dataclass
+class Config:
+    """The whole resolved configuration of one stage invocation."""
+
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+def load(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Config:
+    """Compose `config/` with Hydra `overrides`, type-check it and validate its values."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            raw = compose(config_name="config", overrides=list(overrides))
+    except HydraException as exc:
+        raise ConfigError(f"cannot compose the configuration from {config_dir}: {exc}") from exc
+    return from_dict(OmegaConf.to_container(raw, resolve=True))
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build a validated :class:`Config` from plain data (for example a saved resolved config)."""
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(schema, data)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"config key '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+    cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    validate(cfg)
+    return cfg
+
+
+def _choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def _at_least(key: str, value: int | float, low: int | float) -> None:
+    if value < low:
+        raise ConfigError(f"{key}={value!r} must be at least {low}")
+
+
+def _safe_name(key: str, value: str) -> None:
+    if not _SAFE_NAME.match(value):
+        raise ConfigError(
+            f"{key}={value!r} may hold only letters, digits, '_', '.' and '-' (it names files and jobs)"
+        )
+
+
+def validate(cfg: Config) -> None:
+    """Refuse values that no stage can use, naming the key, the value and what is allowed."""
+    d, m, s, c, n, t = cfg.dataset, cfg.model, cfg.strategy, cfg.cluster, cfg.network, cfg.train
+    _safe_name("dataset.name", d.name)
+    _choice("dataset.layout", d.layout, LAYOUTS)
+    _at_least("dataset.num_classes", d.num_classes, 2)
+    if d.layout != "synthetic":
+        if not d.source:
+            raise ConfigError(
+                f"dataset.source is missing for dataset '{d.name}' (layout '{d.layout}'): "
+                f"set dataset.source=/path/to/imagenet on the command line"
+            )
+        if not Path(d.source).is_dir():
+            raise ConfigError(
+                f"dataset.source={d.source!r} (dataset '{d.name}') is not a readable folder: "
+                f"point it at the ImageNet class folders or per-synset tars"
+            )
+    _at_least("dataset.synthetic.images_per_class", d.synthetic.images_per_class, 1)
+    _at_least("dataset.synthetic.height", d.synthetic.height, 8)
+    _at_least("dataset.synthetic.width", d.synthetic.width, 8)
+    _at_least("dataset.shards.images_per_shard", d.shards.images_per_shard, 1)
+    _at_least("dataset.shards.workers", d.shards.workers, 1)
+    if d.shards.resize_shorter is not None:
+        _at_least("dataset.shards.resize_shorter", d.shards.resize_shorter, 8)
+
+    _choice("model.name", m.name, MODELS)
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout={m.dropout!r} must be in [0, 1)")
+
+    _choice("strategy.name", s.name, STRATEGIES)
+    _at_least("strategy.num_ps", s.num_ps, 1)
+    if s.split is not None:
+        _at_least("strategy.split", s.split, 1)
+
+    _choice("cluster.kind", c.kind, CLUSTERS)
+    _choice("cluster.device", c.device, DEVICES)
+    _choice("cluster.backend", c.backend, BACKENDS)
+    _at_least("cluster.gpus", c.gpus, 1)
+    if s.name == "ralp_h" and c.gpus < 2:
+        raise ConfigError(f"cluster.gpus={c.gpus} is too few for ralp_h: it needs at least 2 (N/2 workers + 1 PS device)")
+    if s.name == "ralp_n" and c.gpus < 2:
+        raise ConfigError(f"cluster.gpus={c.gpus} is too few for ralp_n: it needs at least 2 (N-1 workers + 1 PS device)")
+    _at_least("cluster.timeout_s", c.timeout_s, 1)
+    _at_least("cluster.init_timeout_s", c.init_timeout_s, 1)
+    if c.slurm.partition is not None:
+        _safe_name("cluster.slurm.partition", c.slurm.partition)
+
+    _safe_name("network.name", n.name)
+    if not _RATE.match(n.rate):
+        raise ConfigError(f"network.rate={n.rate!r} is not a tc rate: use e.g. 100mbit, 1gbit, 10gbit or unlimited")
+
+    _at_least("train.batch_size", t.batch_size, 1)
+    _at_least("train.image_size", t.image_size, 32)
+    _at_least("train.warmup_steps", t.warmup_steps, 0)
+    _at_least("train.measure_steps", t.measure_steps, 1)
+    _at_least("train.loader_threads", t.loader_threads, 1)
+    _choice("train.loader", t.loader, LOADERS)
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr!r} must be positive")
+
+    e = cfg.experiment
+    _safe_name("experiment.name", e.name)
+    for model in e.models:
+        _choice("experiment.models[]", model, MODELS)
+    for strategy in e.strategies:
+        _choice("experiment.strategies[]", strategy, STRATEGIES)
+    for gpus in e.gpus:
+        _at_least("experiment.gpus[]", gpus, 2)
+    for name in (*e.datasets, *e.networks):
+        _safe_name("experiment.datasets/networks[]", name)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict of a config, for JSON files and Snakemake params."""
+    return asdict(cfg)
+
+
+def digest(data: Any) -> str:
+    """Stable short hash of JSON-serialisable data (configs, params)."""
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,118 @@
+"""torchvision CNNs as ordered lists of placement units, and the split into lower/upper parts.
+
+A placement unit is the smallest group of layers the planner may place on one side of the
+split: a conv (+BN) + ReLU, a pooling layer, a residual block, a flatten, a linear layer with
+its activation and dropout. The units reuse torchvision's own modules, so parameter counts
+are torchvision's exactly, and ``nn.Sequential(*units)`` computes what the original model does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torchvision import models as tvm
+
+from .config import MODELS
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One placement unit: a name for tables and the module that computes it."""
+
+    name: str
+    module: nn.Module
+
+    @property
+    def is_dense(self) -> bool:
+        """True when the unit holds a fully connected layer."""
+        return any(isinstance(m, nn.Linear) for m in self.module.modules())
+
+
+def build(name: str, num_classes: int, dropout: float = 0.5) -> nn.Module:
+    """The torchvision model `name` with `num_classes` outputs and random weights."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    factory = getattr(tvm, name)
+    if name.startswith(("vgg", "alexnet")):
+        return factory(weights=None, num_classes=num_classes, dropout=dropout)
+    return factory(weights=None, num_classes=num_classes)
+
+
+def _group_sequential(prefix: str, seq: nn.Sequential) -> list[Unit]:
+    """Split a feature/classifier Sequential into units that end at each pooling layer, ReLU or dropout run."""
+    units: list[Unit] = []
+    current: list[nn.Module] = []
+    anchors = (nn.Conv2d, nn.Linear, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)
+    for layer in seq:
+        if isinstance(layer, anchors) and current:
+            units.append(_unit(prefix, len(units), current))
+            current = []
+        current.append(layer)
+    if current:
+        units.append(_unit(prefix, len(units), current))
+    return units
+
+
+def _unit(prefix: str, index: int, layers: list[nn.Module]) -> Unit:
+    head = layers[0]
+    kind = {nn.Conv2d: "conv", nn.Linear: "fc", nn.MaxPool2d: "pool", nn.AvgPool2d: "pool"}.get(
+        type(head), type(head).__name__.lower()
+    )
+    module = layers[0] if len(layers) == 1 else nn.Sequential(*layers)
+    return Unit(f"{prefix}{index}_{kind}", module)
+
+
+def placement_units(model: nn.Module) -> list[Unit]:
+    """The model as an ordered list of placement units whose composition equals the model."""
+    if isinstance(model, (tvm.VGG, tvm.AlexNet)):
+        return [
+            *_group_sequential("features.", model.features),
+            Unit("avgpool", model.avgpool),
+            Unit("flatten", nn.Flatten(1)),
+            *_group_sequential("classifier.", model.classifier),
+        ]
+    if isinstance(model, tvm.ResNet):
+        stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
+        blocks = [
+            Unit(f"layer{i}.{j}", block)
+            for i in range(1, 5)
+            for j, block in enumerate(getattr(model, f"layer{i}"))
+        ]
+        return [Unit("stem", stem), *blocks, Unit("avgpool", model.avgpool), Unit("flatten", nn.Flatten(1)), Unit("fc", model.fc)]
+    raise TypeError(f"no placement units defined for {type(model).__name__}")
+
+
+def default_split(units: list[Unit]) -> int:
+    """Index of the first dense unit: the lower part is every conv/pool unit before it."""
+    for index, unit in enumerate(units):
+        if unit.is_dense:
+            return index
+    raise ValueError("model has no fully connected unit to place on the PS device")
+
+
+def split(units: list[Unit], k: int) -> tuple[nn.Sequential, nn.Sequential]:
+    """Lower part (units[:k], run by workers) and upper part (units[k:], run by the PS device)."""
+    if not 1 <= k < len(units):
+        raise ValueError(f"split point {k} out of range: choose 1..{len(units) - 1} for {len(units)} units")
+    return nn.Sequential(*(u.module for u in units[:k])), nn.Sequential(*(u.module for u in units[k:]))
+
+
+def parameter_count(module: nn.Module) -> int:
+    """Number of trainable parameters (elements) of `module`."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def activation_shapes(units: list[Unit], image_size: int, batch: int = 1) -> list[tuple[int, ...]]:
+    """Output shape of every unit for a `batch` of `image_size` x `image_size` RGB images."""
+    shapes: list[tuple[int, ...]] = []
+    x = torch.zeros(batch, 3, image_size, image_size)
+    with torch.no_grad():
+        for unit in units:
+            training = unit.module.training
+            unit.module.eval()
+            x = unit.module(x)
+            unit.module.train(training)
+            shapes.append(tuple(x.shape))
+    return shapes
