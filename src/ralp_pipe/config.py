@@ -32,6 +32,7 @@ LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = ("local", "emulated", "slurm")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
+MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish
 _RATE = re.compile(r"^(unlimited|\d+(\.\d+)?(bit|kbit|mbit|gbit))$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -270,7 +271,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"network.rate={n.rate!r} is not a tc rate: use e.g. 100mbit, 1gbit, 10gbit or unlimited")
 
     _at_least("train.batch_size", t.batch_size, 1)
-    _at_least("train.image_size", t.image_size, 32)
+    _at_least("train.image_size", t.image_size, MIN_IMAGE_SIZE.get(m.name, 32))
     _at_least("train.warmup_steps", t.warmup_steps, 0)
     _at_least("train.measure_steps", t.measure_steps, 1)
     _at_least("train.loader_threads", t.loader_threads, 1)
