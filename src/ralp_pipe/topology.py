@@ -1,0 +1,83 @@
+"""Which rank does what for each strategy: workers first (ranks 0..W-1), then PS ranks.
+
+| strategy    | workers | PS ranks              | world size    |
+|-------------|---------|-----------------------|---------------|
+| `ps`        | N       | `num_ps` PS processes | N + num_ps    |
+| `allreduce` | N       | none                  | N             |
+| `ralp_h`    | N // 2  | 1 PS device           | N // 2 + 1    |
+| `ralp_n`    | N - 1   | 1 PS device           | N             |
+
+A "ps" rank only holds parameters and applies SGD; a "ps_device" rank (RALP) also runs the
+upper layers of the model on the global batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import STRATEGIES
+
+WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The ranks of one training run and the role of each."""
+
+    strategy: str
+    gpus: int
+    workers: list[int]
+    ps: list[int]
+    roles: list[str]
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes (ranks) the run starts."""
+        return len(self.roles)
+
+    @property
+    def num_workers(self) -> int:
+        """Number of data-parallel workers (each processes `batch_size` images per step)."""
+        return len(self.workers)
+
+    def role(self, rank: int) -> str:
+        """Role ("worker", "ps" or "ps_device") of `rank`."""
+        return self.roles[rank]
+
+
+def topology(strategy: str, gpus: int, num_ps: int = 1) -> Topology:
+    """Ranks and roles of `strategy` given `gpus` devices and, for `ps`, `num_ps` PS processes."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if gpus < 1:
+        raise ValueError(f"gpus={gpus} must be at least 1")
+    if strategy == "ps":
+        if num_ps < 1:
+            raise ValueError(f"num_ps={num_ps} must be at least 1 for the ps strategy")
+        n_workers, server_roles = gpus, [PS] * num_ps
+    elif strategy == "allreduce":
+        n_workers, server_roles = gpus, []
+    else:
+        if gpus < 2:
+            raise ValueError(f"gpus={gpus} is too few for {strategy}: it needs at least 2 (workers + 1 PS device)")
+        n_workers = gpus // 2 if strategy == "ralp_h" else gpus - 1
+        server_roles = [PS_DEVICE]
+    roles = [WORKER] * n_workers + server_roles
+    return Topology(
+        strategy=strategy,
+        gpus=gpus,
+        workers=list(range(n_workers)),
+        ps=list(range(n_workers, len(roles))),
+        roles=roles,
+    )
+
+
+def assign_to_ps(sizes: list[int], num_ps: int) -> list[int]:
+    """PS index (0..num_ps-1) of each tensor: greedy, largest tensor first onto the least-loaded PS."""
+    loads = [0] * num_ps
+    owner = [0] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        target = min(range(num_ps), key=lambda p: (loads[p], p))
+        owner[index] = target
+        loads[target] += sizes[index]
+    return owner

@@ -1,0 +1,86 @@
+"""Analytic bytes sent per training step, by category, counted once at the sender.
+
+These are the figures :mod:`ralp_pipe.comm` counts where tensors are sent; the byte tests
+prove the two agree exactly. Per step, with W workers, P model parameters, P_low parameters
+below the split, A activation elements per image at the split and batch b per worker:
+
+- `ps`: every worker pushes P gradients and every worker receives P parameters (sent by the
+  PSes): gradients = W*P, parameters = W*P elements.
+- `allreduce`: each gradient bucket of n elements goes through a ring all-reduce; rank r sends
+  the chunks the ring schedule gives it (:func:`ring_send_elements`, chunks as
+  ``torch.tensor_split`` cuts them), which sums to exactly 2*(N-1)*n over the N ranks, so
+  gradients = 2*(W-1)*P elements whatever the bucket layout.
+- `ralp_h` / `ralp_n`: each worker sends b*A activations and P_low gradients; the PS device
+  sends back b*A activation gradients and P_low parameters to each worker.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .models import Unit, activation_shapes, parameter_count
+from .topology import Topology
+
+CATEGORIES = ("gradients", "parameters", "activations", "activation_gradients")
+
+
+def ring_chunks(numel: int, world: int) -> list[int]:
+    """Sizes of the `world` chunks a ring all-reduce cuts a buffer of `numel` elements into."""
+    base, extra = divmod(numel, world)
+    return [base + (1 if i < extra else 0) for i in range(world)]
+
+
+def ring_send_elements(numel: int, world: int, rank: int) -> int:
+    """Elements `rank` sends in a ring all-reduce of `numel` elements over `world` ranks.
+
+    Reduce-scatter: in step s (0..world-2) rank r sends chunk (r - s) mod world; all-gather:
+    in step s it sends chunk (r + 1 - s) mod world.
+    """
+    if world < 2:
+        return 0
+    chunks = ring_chunks(numel, world)
+    steps = range(world - 1)
+    return sum(chunks[(rank - s) % world] for s in steps) + sum(chunks[(rank + 1 - s) % world] for s in steps)
+
+
+def split_activation_elements(units: list[Unit], split: int, image_size: int) -> int:
+    """Elements of the activation one image produces at the split (output of units[split-1])."""
+    if not 1 <= split < len(units):
+        raise ValueError(f"split point {split} out of range: choose 1..{len(units) - 1} for {len(units)} units")
+    shape = activation_shapes(units[:split], image_size, batch=1)[-1]
+    return math.prod(shape[1:])
+
+
+def step_bytes(
+    strategy: str,
+    units: list[Unit],
+    split: int | None,
+    topology: Topology,
+    batch_size: int,
+    image_size: int,
+    bytes_per_element: int = 4,
+) -> dict[str, int]:
+    """Bytes sent per step by all ranks together, by category and in "total"."""
+    if strategy != topology.strategy:
+        raise ValueError(f"strategy {strategy!r} does not match the topology's {topology.strategy!r}")
+    workers = topology.num_workers
+    elements = dict.fromkeys(CATEGORIES, 0)
+    if strategy == "ps":
+        params = sum(parameter_count(u.module) for u in units)
+        elements["gradients"] = workers * params
+        elements["parameters"] = workers * params
+    elif strategy == "allreduce":
+        params = sum(parameter_count(u.module) for u in units)
+        elements["gradients"] = 2 * (workers - 1) * params
+    else:
+        if split is None:
+            raise ValueError(f"strategy {strategy!r} needs a split point")
+        lower = sum(parameter_count(u.module) for u in units[:split])
+        activations = batch_size * split_activation_elements(units, split, image_size)
+        elements["gradients"] = workers * lower
+        elements["parameters"] = workers * lower
+        elements["activations"] = workers * activations
+        elements["activation_gradients"] = workers * activations
+    result = {name: count * bytes_per_element for name, count in elements.items()}
+    result["total"] = sum(result.values())
+    return result
