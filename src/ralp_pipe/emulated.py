@@ -1,0 +1,402 @@
+"""Emulated cluster: one network namespace per host behind a rate-limited switch.
+
+Topology: a *switch* namespace holds bridge ``br0``; host ``i`` is a namespace whose ``eth0``
+(``10.213.0.{i+1}/24``) is one end of a veth pair, the other end ``s{i}`` sits on the bridge.
+``tc tbf`` shapes both directions of every host link: ``eth0`` egress is the upload,
+``s{i}`` egress the download (where a parameter server's fan-in queues up).
+
+Each namespace is held by a tiny holder process (``cat`` reading a pipe from this process).
+Closing the cluster, an exception, Ctrl-C or even SIGKILL of this process closes the pipe, the
+holders exit and the kernel removes the namespaces with their interfaces. Nothing is named,
+mounted or created in the machine's own namespaces, so runs never collide or leave state.
+
+As root the namespaces are plain network namespaces; without root (where unprivileged user
+namespaces exist) they live in a user namespace created by ``unshare --user --map-root-user``.
+Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.prefix`
+(``nsenter``) with the environment :meth:`EmulatedCluster.env` (``GLOO_SOCKET_IFNAME=eth0``,
+``MASTER_ADDR`` = host 0).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
+
+from .config import ConfigError
+
+SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespaces
+INTERFACE = "eth0"
+SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
+TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
+MAX_HOSTS = 250
+_SIZE = re.compile(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit|bit)?$")
+_PR_SET_PDEATHSIG = 1
+
+
+class EmulationUnavailable(ConfigError):
+    """Network namespaces cannot be created here; the message says why and what to do instead."""
+
+
+@dataclass(frozen=True)
+class LinkCounters:
+    """Kernel byte counters of one host's ``eth0`` (what crossed its link)."""
+
+    tx_bytes: int
+    rx_bytes: int
+
+
+def _privilege_mode() -> str:
+    """"root" (plain network namespaces) or "rootless" (inside an unprivileged user namespace)."""
+    return "root" if os.geteuid() == 0 else "rootless"
+
+
+def _check_switch() -> None:
+    if os.environ.get(SWITCH_ENV, "").lower() in ("0", "off", "no", "false"):
+        raise EmulationUnavailable(
+            f"network emulation is switched off by {SWITCH_ENV}={os.environ[SWITCH_ENV]}; "
+            f"unset it, or use cluster=local"
+        )
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise EmulationUnavailable(
+            f"cluster=emulated needs {', '.join(missing)} on PATH (packages util-linux and iproute2); "
+            f"install them, or use cluster=local"
+        )
+
+
+def _check_value(key: str, value: str, pattern: re.Pattern[str]) -> None:
+    if not pattern.match(value):
+        raise ConfigError(f"{key}={value!r} is not a tc size/rate: use e.g. 1mb (burst) or 1gbit (rate)")
+
+
+class EmulatedCluster:
+    """Context manager owning `hosts` namespaces linked through a switch shaped to `rate` per link."""
+
+    def __init__(self, hosts: int, rate: str = "unlimited", burst: str = "1mb", latency: str = "100ms") -> None:
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise ConfigError(f"an emulated cluster needs 1..{MAX_HOSTS} hosts, got {hosts}")
+        if rate != "unlimited":
+            _check_value("network.rate", rate, _SIZE)
+        _check_value("network.burst", burst, _SIZE)
+        self.hosts, self.rate, self.burst, self.latency = hosts, rate, burst, latency
+        self.mode = _privilege_mode()
+        self._switch: subprocess.Popen[bytes] | None = None
+        self._holders: list[subprocess.Popen[bytes]] = []
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "EmulatedCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Create the namespaces, the bridge, the links and their rate limits."""
+        _check_switch()
+        try:
+            unshare = ["unshare", "--net"]
+            if self.mode == "rootless":
+                unshare = ["unshare", "--user", "--map-root-user", "--net"]
+            self._switch = self._spawn_holder(unshare)
+            into_user = self._user_prefix(self._switch.pid)
+            self._holders = [self._spawn_holder([*into_user, "unshare", "--net"]) for _ in range(self.hosts)]
+            self._configure()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the holder processes; the kernel then removes namespaces, veths and qdiscs."""
+        for proc in [*self._holders, *( [self._switch] if self._switch else [])]:
+            if proc.poll() is None and proc.stdin is not None:
+                proc.stdin.close()
+        for proc in [*self._holders, *([self._switch] if self._switch else [])]:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self._holders, self._switch = [], None
+
+    def _spawn_holder(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``argv sh -c 'echo; exec cat'``: its namespaces live exactly as long as our pipe."""
+        proc = subprocess.Popen(
+            [*argv, "--", "sh", "-c", "echo ready; exec cat >/dev/null"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        if proc.stdout.readline().strip() != b"ready":
+            proc.wait(timeout=5)
+            reason = proc.stderr.read().decode(errors="replace").strip()
+            raise EmulationUnavailable(
+                f"cannot create a network namespace ({' '.join(argv)}: {reason or 'exit ' + str(proc.returncode)}); "
+                + (
+                    "run as root or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
+                    "kernel.unprivileged_userns_clone=1), or use cluster=local"
+                    if self.mode == "rootless"
+                    else "the kernel or container forbids network namespaces; use cluster=local"
+                )
+            )
+        proc.stderr.close()
+        return proc
+
+    # -- commands inside the namespaces ----------------------------------------------------------
+    def _user_prefix(self, pid: int) -> list[str]:
+        return ["nsenter", f"--target={pid}", "--user", "--preserve-credentials"] if self.mode == "rootless" else []
+
+    def _enter(self, pid: int) -> list[str]:
+        if self.mode == "rootless":
+            return ["nsenter", f"--target={pid}", "--user", "--net", "--preserve-credentials", "--"]
+        return ["nsenter", f"--target={pid}", "--net", "--"]
+
+    def _batch(self, pid: int, tool: str, lines: Sequence[str]) -> None:
+        result = subprocess.run(
+            [*self._enter(pid), tool, "-batch", "-"],
+            input="\n".join(lines) + "\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if result.returncode != 0:
+            raise EmulationUnavailable(
+                f"setting up the emulated network failed ({tool}: {result.stderr.strip()}); "
+                f"check that veth, bridge and tbf (sch_tbf) are available, or use cluster=local"
+            )
+
+    def _configure(self) -> None:
+        assert self._switch is not None
+        shape = [] if self.rate == "unlimited" else [
+            f"rate {self.rate} burst {self.burst} latency {self.latency}"
+        ]
+        switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
+        for i, holder in enumerate(self._holders):
+            switch += [
+                f"link add s{i} type veth peer name {INTERFACE} netns {holder.pid}",
+                f"link set s{i} master br0",
+                f"link set s{i} up",
+            ]
+        self._batch(self._switch.pid, "ip", switch)
+        for i, holder in enumerate(self._holders):
+            self._batch(holder.pid, "ip", [
+                "link set lo up",
+                f"addr add {self.address(i)}/24 dev {INTERFACE}",
+                f"link set {INTERFACE} up",
+            ])
+            if shape:
+                self._batch(holder.pid, "tc", [f"qdisc add dev {INTERFACE} root tbf {shape[0]}"])
+        if shape:
+            self._batch(self._switch.pid, "tc", [f"qdisc add dev s{i} root tbf {shape[0]}" for i in range(self.hosts)])
+
+    def address(self, host: int) -> str:
+        """IPv4 address of `host`'s ``eth0``."""
+        self._check_host(host)
+        return f"{SUBNET}.{host + 1}"
+
+    def prefix(self, host: int) -> list[str]:
+        """Argv prefix that runs a command inside `host`'s network namespace."""
+        self._check_host(host)
+        return self._enter(self._holders[host].pid)
+
+    def env(self, host: int, master_host: int = 0) -> dict[str, str]:
+        """Environment for a rank on `host`: gloo bound to ``eth0``, rendezvous at `master_host`."""
+        self._check_host(host)
+        return {"GLOO_SOCKET_IFNAME": INTERFACE, "MASTER_ADDR": self.address(master_host)}
+
+    def run(self, host: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
+        return subprocess.run([*self.prefix(host), *argv], capture_output=True, text=True, timeout=timeout)
+
+    def switch_run(self, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run `argv` inside the switch namespace (e.g. ``tc -s qdisc show``)."""
+        if self._switch is None:
+            raise RuntimeError("the emulated cluster is not started; use it as a context manager")
+        return subprocess.run([*self._enter(self._switch.pid), *argv], capture_output=True, text=True, timeout=timeout)
+
+    def read_counters(self) -> list[LinkCounters]:
+        """Per host, the kernel's tx/rx byte counters of ``eth0`` (from the namespace's /proc/net/dev)."""
+        counters = []
+        for host in range(self.hosts):
+            self._check_host(host)
+            counters.append(_eth0_counters(f"/proc/{self._holders[host].pid}/net/dev"))
+        return counters
+
+    def _check_host(self, host: int) -> None:
+        if not self._holders:
+            raise RuntimeError("the emulated cluster is not started; use it as a context manager")
+        if not 0 <= host < self.hosts:
+            raise IndexError(f"host {host} does not exist: the emulated cluster has hosts 0..{self.hosts - 1}")
+        if self._holders[host].poll() is not None:
+            raise RuntimeError(f"the namespace holder of host {host} exited ({self._holders[host].returncode})")
+
+
+_RECEIVER = """
+import socket, sys, time
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("listening", flush=True)
+conn, _ = server.accept()
+received, start = 0, None
+while True:
+    chunk = conn.recv(1 << 20)
+    if not chunk:
+        break
+    start = start or time.perf_counter()
+    received += len(chunk)
+print(received, time.perf_counter() - start, flush=True)
+"""
+
+_SENDER = """
+import socket, sys
+conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+block, left = bytes(1 << 20), int(sys.argv[3])
+while left > 0:
+    left -= conn.send(block[: min(left, len(block))])
+conn.close()
+"""
+
+
+def measure_link_rate(cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int = 5201) -> float:
+    """Achieved TCP payload rate in bit/s of one Python socket stream of `nbytes` from `src` to `dst`."""
+    receiver = start_on_host(
+        cluster, dst, [sys.executable, "-c", _RECEIVER, cluster.address(dst), str(port)], stdout=subprocess.PIPE
+    )
+    try:
+        assert receiver.stdout is not None
+        if receiver.stdout.readline().strip() != b"listening":
+            raise RuntimeError(f"the link-rate receiver on host {dst} did not start")
+        sender = start_on_host(cluster, src, [sys.executable, "-c", _SENDER, cluster.address(dst), str(port), str(nbytes)])
+        if wait_all([sender, receiver], timeout=max(60.0, nbytes * 8 / 1e7)) != [0, 0]:
+            raise RuntimeError(f"the link-rate probe from host {src} to host {dst} failed")
+        received, seconds = receiver.stdout.read().split()
+        return int(received) * 8 / float(seconds)
+    finally:
+        stop([receiver])
+        if receiver.stdout is not None:
+            receiver.stdout.close()
+
+
+def _eth0_counters(path: str) -> LinkCounters:
+    """Parse ``eth0``'s rx/tx bytes out of a /proc/net/dev file."""
+    with open(path) as handle:
+        for line in handle:
+            name, _, fields = line.partition(":")
+            if name.strip() == INTERFACE:
+                values = fields.split()
+                return LinkCounters(tx_bytes=int(values[8]), rx_bytes=int(values[0]))
+    raise RuntimeError(f"{path} has no {INTERFACE} line; the emulated host lost its link")
+
+
+def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters]) -> list[LinkCounters]:
+    """Bytes sent and received per host between two :meth:`EmulatedCluster.read_counters` calls."""
+    return [LinkCounters(a.tx_bytes - b.tx_bytes, a.rx_bytes - b.rx_bytes) for b, a in zip(before, after)]
+
+
+def emulation_available() -> tuple[bool, str]:
+    """Whether an emulated cluster can be built here, and a sentence saying how or why not."""
+    try:
+        with EmulatedCluster(hosts=1, rate="1gbit") as cluster:
+            shown = cluster.run(0, ["tc", "qdisc", "show", "dev", INTERFACE]).stdout
+            if "tbf" not in shown:
+                return False, f"tc could not attach tbf to {INTERFACE} (got {shown.strip()!r}); use cluster=local"
+            return True, f"network namespaces with tc tbf ({cluster.mode})"
+    except EmulationUnavailable as exc:
+        return False, str(exc)
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: receive SIGKILL when the launching thread ends."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt while inside, so clean-up code runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def start_on_host(
+    cluster: EmulatedCluster, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **popen: object
+) -> subprocess.Popen[bytes]:
+    """Start `argv` inside `host` in a session of its own, with the rank environment added."""
+    full_env = {**os.environ, **cluster.env(host), **(env or {})}
+    return subprocess.Popen(  # type: ignore[call-overload]
+        [*cluster.prefix(host), *argv], env=full_env, start_new_session=True, preexec_fn=_die_with_parent, **popen
+    )
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
+    """Terminate the process groups of our own still-running `procs` (SIGTERM, then SIGKILL)."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float, fail_fast: bool = True) -> list[int]:
+    """Wait for `procs`; on the first failure (if `fail_fast`) or at `timeout` stop the rest."""
+    deadline = time.monotonic() + timeout
+    while any(proc.poll() is None for proc in procs):
+        failed = fail_fast and any(proc.returncode not in (None, 0) for proc in procs)
+        if failed:
+            stop(procs)
+            break
+        if time.monotonic() > deadline:
+            running = [i for i, proc in enumerate(procs) if proc.poll() is None]
+            stop(procs)
+            raise TimeoutError(f"commands on hosts {running} were still running after {timeout:g} s and were stopped")
+        time.sleep(0.05)
+    return [int(proc.returncode) for proc in procs]
+
+
+def run_on_hosts(
+    commands: Sequence[Sequence[str]],
+    envs: Sequence[Mapping[str, str]] | None = None,
+    rate: str = "unlimited",
+    burst: str = "1mb",
+    timeout: float = 600,
+    fail_fast: bool = True,
+) -> tuple[list[int], list[LinkCounters]]:
+    """Run command i on host i of a fresh emulated cluster; return exit codes and bytes per host link."""
+    envs = envs or [{} for _ in commands]
+    if len(envs) != len(commands):
+        raise ValueError(f"{len(commands)} commands but {len(envs)} environments")
+    procs: list[subprocess.Popen[bytes]] = []
+    with _sigterm_as_interrupt(), EmulatedCluster(len(commands), rate, burst) as cluster:
+        try:
+            before = cluster.read_counters()
+            procs = [start_on_host(cluster, i, cmd, env) for i, (cmd, env) in enumerate(zip(commands, envs))]
+            codes = wait_all(procs, timeout, fail_fast)
+            return codes, counter_delta(before, cluster.read_counters())
+        finally:
+            stop(procs)
