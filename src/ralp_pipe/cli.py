@@ -27,22 +27,30 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 
-def _parser(stage: str | None = None) -> argparse.ArgumentParser:
+def _parser(stage: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="ralp-pipe", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    stage_parsers = {}
     for name, (module, text) in STAGES.items():
         stage_parser = sub.add_parser(name, help=text, description=text)
         if name == stage:
             importlib.import_module(module).add_arguments(stage_parser)
         stage_parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=vgg11 cluster.gpus=4")
-    return parser
+        stage_parsers[name] = stage_parser
+    return parser, stage_parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the chosen stage and return its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     stage = next((a for a in argv if a in STAGES), None)
-    args = _parser(stage).parse_intermixed_args(argv)
+    parser, stage_parsers = _parser(stage)
+    if stage is None or argv.index(stage) > 0:
+        parser.parse_args(argv)  # no stage, or options before it: argparse answers (help/usage) and exits
+    # The stage's own parser does the intermixed parsing (options between overrides): Python
+    # 3.11's parse_intermixed_args refuses a parser that has subparsers.
+    args = stage_parsers[stage].parse_intermixed_args(argv[1:])
+    args.stage = stage
     try:
         return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
     except ConfigError as exc:
