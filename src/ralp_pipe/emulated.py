@@ -269,16 +269,18 @@ conn.close()
 """
 
 
-def measure_link_rate(cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int = 5201) -> float:
+def measure_link_rate(
+    cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int = 5201, python: str = sys.executable
+) -> float:
     """Achieved TCP payload rate in bit/s of one Python socket stream of `nbytes` from `src` to `dst`."""
     receiver = start_on_host(
-        cluster, dst, [sys.executable, "-c", _RECEIVER, cluster.address(dst), str(port)], stdout=subprocess.PIPE
+        cluster, dst, [python, "-c", _RECEIVER, cluster.address(dst), str(port)], stdout=subprocess.PIPE
     )
     try:
         assert receiver.stdout is not None
         if receiver.stdout.readline().strip() != b"listening":
             raise RuntimeError(f"the link-rate receiver on host {dst} did not start")
-        sender = start_on_host(cluster, src, [sys.executable, "-c", _SENDER, cluster.address(dst), str(port), str(nbytes)])
+        sender = start_on_host(cluster, src, [python, "-c", _SENDER, cluster.address(dst), str(port), str(nbytes)])
         if wait_all([sender, receiver], timeout=max(60.0, nbytes * 8 / 1e7)) != [0, 0]:
             raise RuntimeError(f"the link-rate probe from host {src} to host {dst} failed")
         received, seconds = receiver.stdout.read().split()

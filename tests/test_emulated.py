@@ -1,0 +1,186 @@
+"""Emulated cluster: namespaces come and go cleanly, links are shaped, counters see the traffic."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ralp_pipe.emulated import (
+    SWITCH_ENV,
+    EmulatedCluster,
+    EmulationUnavailable,
+    emulation_available,
+    measure_link_rate,
+    run_on_hosts,
+)
+
+pytestmark = pytest.mark.netns
+
+
+def _namespaces_in_use() -> set[str]:
+    """Network namespaces some process on this machine is in ("net:[inode]")."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.add(os.readlink(entry / "ns" / "net"))
+            except OSError:
+                continue
+    return found
+
+
+def _wait_gone(namespaces: set[str], pids: list[int], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        if not alive and not namespaces & _namespaces_in_use():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"left behind: processes {alive}, namespaces {namespaces & _namespaces_in_use()}")
+
+
+def _root_veths() -> str:
+    return subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout
+
+
+def test_a_failing_rank_stops_the_others_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    veths_before = _root_veths()
+    record = 'readlink /proc/self/ns/net > {out}.ns; echo $$ > {out}.pid; {then}'
+    commands = [
+        ["sh", "-c", record.format(out=tmp_path / "h0", then="sleep 0.5; exit 3")],
+        ["sh", "-c", record.format(out=tmp_path / "h1", then="exec sleep 60")],
+    ]
+    start = time.monotonic()
+    codes, _ = run_on_hosts(commands, timeout=30)
+    assert codes[0] == 3 and codes[1] != 0
+    assert time.monotonic() - start < 10, "the surviving rank was not stopped after the failure"
+    namespaces = {(tmp_path / f"h{i}.ns").read_text().strip() for i in range(2)}
+    assert len(namespaces) == 2 and not namespaces & {os.readlink("/proc/self/ns/net")}
+    _wait_gone(namespaces, [int((tmp_path / f"h{i}.pid").read_text()) for i in range(2)])
+    assert _root_veths() == veths_before
+
+
+def test_an_exception_inside_the_cluster_removes_its_namespaces() -> None:
+    with pytest.raises(ZeroDivisionError):
+        with EmulatedCluster(2, "1gbit") as cluster:
+            namespaces = {cluster.run(i, ["readlink", "/proc/self/ns/net"]).stdout.strip() for i in range(2)}
+            holders = [int(cluster.prefix(i)[1].split("=")[1]) for i in range(2)]
+            1 / 0
+    _wait_gone(namespaces, holders)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_killing_the_owner_removes_namespaces_and_ranks(tmp_path: Path, signum: int) -> None:
+    owner = textwrap.dedent(
+        f"""
+        from ralp_pipe.emulated import run_on_hosts
+        run_on_hosts([["sh", "-c", "readlink /proc/self/ns/net > {tmp_path}/ns; echo $$ > {tmp_path}/pid; exec sleep 60"]])
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", owner])
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text().strip():
+            assert time.monotonic() < deadline and proc.poll() is None, "the rank never started"
+            time.sleep(0.05)
+        rank = int((tmp_path / "pid").read_text())
+        proc.send_signal(signum)
+        proc.wait(timeout=10)
+        _wait_gone({(tmp_path / "ns").read_text().strip()}, [rank])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_both_directions_of_every_link_are_shaped_and_100mbit_is_achieved() -> None:
+    with EmulatedCluster(2, "100mbit", "1mb") as cluster:
+        for host in range(2):
+            shown = cluster.run(host, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+            assert "tbf" in shown and "rate 100Mbit" in shown, shown
+        switch = cluster.switch_run(["tc", "qdisc", "show"]).stdout
+        assert switch.count("rate 100Mbit") == 2, switch
+        achieved = measure_link_rate(cluster, src=0, dst=1, nbytes=25_000_000)
+    assert 85e6 <= achieved <= 115e6, f"achieved {achieved / 1e6:.1f} Mbit/s on a 100mbit link"
+
+
+def test_unlimited_links_have_no_rate_limit() -> None:
+    with EmulatedCluster(2, "unlimited") as cluster:
+        assert "tbf" not in cluster.run(0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        assert "tbf" not in cluster.switch_run(["tc", "qdisc", "show"]).stdout
+
+
+GLOO_SEND = textwrap.dedent(
+    """
+    import datetime, os, sys, torch, torch.distributed as dist
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:29511", rank=rank,
+                            world_size=2, timeout=datetime.timedelta(seconds=60))
+    tensor = torch.ones(5_000_000) if rank == 0 else torch.empty(5_000_000)
+    for _ in range(4):
+        dist.send(tensor, 1) if rank == 0 else dist.recv(tensor, 0)
+    assert rank == 0 or float(tensor.sum()) == 5_000_000
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_wire_bytes_match_the_bytes_gloo_was_asked_to_send() -> None:
+    sent = 4 * 5_000_000 * 4
+    codes, wire = run_on_hosts([[sys.executable, "-c", GLOO_SEND, str(r)] for r in range(2)], rate="10gbit", timeout=120)
+    assert codes == [0, 0]
+    assert sent <= wire[0].tx_bytes <= 1.05 * sent, f"host 0 sent {wire[0].tx_bytes} bytes on the wire for {sent}"
+    assert sent <= wire[1].rx_bytes <= 1.05 * sent
+
+
+def test_ranks_get_gloo_interface_and_master_address(tmp_path: Path) -> None:
+    show = 'echo "$GLOO_SOCKET_IFNAME $MASTER_ADDR $EXTRA" > {}'
+    codes, _ = run_on_hosts(
+        [["sh", "-c", show.format(tmp_path / f"h{i}")] for i in range(2)], envs=[{"EXTRA": "a"}, {"EXTRA": "b"}]
+    )
+    assert codes == [0, 0]
+    assert (tmp_path / "h1").read_text().split() == ["eth0", "10.213.0.1", "b"]
+
+
+def test_switched_off_emulation_is_refused_with_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SWITCH_ENV, "off")
+    available, why = emulation_available()
+    assert not available and SWITCH_ENV in why and "cluster=local" in why
+    with pytest.raises(EmulationUnavailable, match="cluster=local"):
+        EmulatedCluster(2, "1gbit").start()
+
+
+def test_missing_tools_are_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    available, why = emulation_available()
+    assert not available and "unshare" in why and "iproute2" in why
+
+
+def test_rootless_user_gets_a_working_shaped_cluster() -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.fail("this test drops from root to nobody with setpriv; run it as root (as CI does)")
+    probe = textwrap.dedent(
+        """
+        import shutil
+        from ralp_pipe.emulated import EmulatedCluster, measure_link_rate
+        with EmulatedCluster(2, "1gbit") as cluster:
+            assert cluster.mode == "rootless"
+            # an interpreter outside root's home: inside the user namespace root's files are "nobody"'s
+            print(measure_link_rate(cluster, 0, 1, 20_000_000, python=shutil.which("python3", path="/usr/bin:/bin")))
+        """
+    )
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", sys.executable, "-c", probe],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )
+    assert result.returncode == 0, result.stderr
+    assert 0.5e9 < float(result.stdout) < 1.1e9
