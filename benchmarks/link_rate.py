@@ -1,0 +1,44 @@
+"""Achieved TCP rate of one emulated host link vs the configured tc rate (target: within 10%).
+
+Traffic: one plain Python TCP socket stream from host 0 to host 1 of a fresh emulated cluster
+(payload bytes counted by the receiver from its first byte to end of stream); the kernel's
+interface counters are printed next to it. Run: `python benchmarks/link_rate.py [--seconds 3]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ralp_pipe.emulated import EmulatedCluster, counter_delta, measure_link_rate
+
+BITS = {"mbit": 1e6, "gbit": 1e9}
+
+
+def configured_bits(rate: str) -> float:
+    """Bits per second of a tc rate like 100mbit or 1gbit."""
+    return float(rate[:-4]) * BITS[rate[-4:]]
+
+
+def main() -> int:
+    """Measure each rate and print configured, achieved and their ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
+    parser.add_argument("--seconds", type=float, default=3.0, help="approximate length of each transfer")
+    args = parser.parse_args()
+    print(f"{'configured':>11} {'achieved Mbit/s':>16} {'ratio':>6} {'wire/payload':>13}  within 10%")
+    worst = 0.0
+    for rate in args.rates:
+        target = configured_bits(rate)
+        nbytes = int(target / 8 * args.seconds)
+        with EmulatedCluster(hosts=2, rate=rate, burst="1mb") as cluster:
+            before = cluster.read_counters()
+            achieved = measure_link_rate(cluster, src=0, dst=1, nbytes=nbytes)
+            wire = counter_delta(before, cluster.read_counters())[0].tx_bytes
+        ratio = achieved / target
+        worst = max(worst, abs(1 - ratio))
+        print(f"{rate:>11} {achieved / 1e6:16.1f} {ratio:6.3f} {wire / nbytes:13.4f}  {abs(1 - ratio) <= 0.10}")
+    return 0 if worst <= 0.10 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
