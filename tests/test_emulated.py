@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,9 +18,11 @@ from ralp_pipe.emulated import (
     SWITCH_ENV,
     EmulatedCluster,
     EmulationUnavailable,
+    LinkCounters,
     emulation_available,
     measure_link_rate,
     run_on_hosts,
+    wire_gb_per_step,
 )
 
 pytestmark = pytest.mark.netns
@@ -120,35 +123,48 @@ def test_unlimited_links_have_no_rate_limit() -> None:
 
 GLOO_SEND = textwrap.dedent(
     """
-    import datetime, os, sys, torch, torch.distributed as dist
-    rank = int(sys.argv[1])
+    import datetime, json, os, sys, torch, torch.distributed as dist
+    from ralp_pipe.emulated import host_counters
+    rank, out = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:29511", rank=rank,
                             world_size=2, timeout=datetime.timedelta(seconds=60))
     tensor = torch.ones(5_000_000) if rank == 0 else torch.empty(5_000_000)
+    dist.barrier()
+    start = host_counters()
     for _ in range(4):
         dist.send(tensor, 1) if rank == 0 else dist.recv(tensor, 0)
-    assert rank == 0 or float(tensor.sum()) == 5_000_000
     dist.barrier()
+    end = host_counters()
+    assert rank == 0 or float(tensor.sum()) == 5_000_000
+    with open(out, "w") as handle:
+        json.dump([start[0], start[1].__dict__, end[1].__dict__], handle)
     dist.destroy_process_group()
     """
 )
 
 
-def test_wire_bytes_match_the_bytes_gloo_was_asked_to_send() -> None:
-    sent = 4 * 5_000_000 * 4
-    codes, wire = run_on_hosts([[sys.executable, "-c", GLOO_SEND, str(r)] for r in range(2)], rate="10gbit", timeout=120)
+def test_wire_bytes_match_the_bytes_gloo_was_asked_to_send(tmp_path: Path) -> None:
+    steps, step_bytes = 4, 5_000_000 * 4
+    commands = [[sys.executable, "-c", GLOO_SEND, str(r), str(tmp_path / f"r{r}.json")] for r in range(2)]
+    codes, link = run_on_hosts(commands, rate="10gbit", timeout=120)
     assert codes == [0, 0]
-    assert sent <= wire[0].tx_bytes <= 1.05 * sent, f"host 0 sent {wire[0].tx_bytes} bytes on the wire for {sent}"
-    assert sent <= wire[1].rx_bytes <= 1.05 * sent
+    assert steps * step_bytes <= link[0].tx_bytes <= 1.05 * steps * step_bytes, f"host 0 sent {link[0].tx_bytes} bytes"
+    readings = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    start = [(host, LinkCounters(**first)) for host, first, _ in readings]
+    end = [(host, LinkCounters(**last)) for host, _, last in readings]
+    wire = wire_gb_per_step(start, end, steps)
+    assert sorted(wire["per_host"]) == ["h0", "h1"]
+    assert step_bytes / 1e9 <= wire["total"] <= 1.05 * step_bytes / 1e9, wire
+    assert wire["per_host"]["h1"]["rx"] >= step_bytes / 1e9 > 20 * wire["per_host"]["h1"]["tx"]
 
 
 def test_ranks_get_gloo_interface_and_master_address(tmp_path: Path) -> None:
-    show = 'echo "$GLOO_SOCKET_IFNAME $MASTER_ADDR $EXTRA" > {}'
+    show = 'echo "$GLOO_SOCKET_IFNAME $MASTER_ADDR $EXTRA $RALP_PIPE_HOST" > {}'
     codes, _ = run_on_hosts(
         [["sh", "-c", show.format(tmp_path / f"h{i}")] for i in range(2)], envs=[{"EXTRA": "a"}, {"EXTRA": "b"}]
     )
     assert codes == [0, 0]
-    assert (tmp_path / "h1").read_text().split() == ["eth0", "10.213.0.1", "b"]
+    assert (tmp_path / "h1").read_text().split() == ["eth0", "10.213.0.1", "b", "1"]
 
 
 def test_switched_off_emulation_is_refused_with_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:

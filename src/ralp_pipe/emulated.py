@@ -37,6 +37,7 @@ from .config import ConfigError
 SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespaces
 INTERFACE = "eth0"
 SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
+HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host: the host's index (its link)
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
 _SIZE = re.compile(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit|bit)?$")
@@ -215,7 +216,7 @@ class EmulatedCluster:
     def env(self, host: int, master_host: int = 0) -> dict[str, str]:
         """Environment for a rank on `host`: gloo bound to ``eth0``, rendezvous at `master_host`."""
         self._check_host(host)
-        return {"GLOO_SOCKET_IFNAME": INTERFACE, "MASTER_ADDR": self.address(master_host)}
+        return {"GLOO_SOCKET_IFNAME": INTERFACE, "MASTER_ADDR": self.address(master_host), HOST_ENV: str(host)}
 
     def run(self, host: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
@@ -300,6 +301,32 @@ def _eth0_counters(path: str) -> LinkCounters:
                 values = fields.split()
                 return LinkCounters(tx_bytes=int(values[8]), rx_bytes=int(values[0]))
     raise RuntimeError(f"{path} has no {INTERFACE} line; the emulated host lost its link")
+
+
+def host_counters() -> tuple[int, LinkCounters] | None:
+    """In a rank on an emulated host: (host index, its link's counters now); None elsewhere."""
+    host = os.environ.get(HOST_ENV)
+    return None if host is None else (int(host), _eth0_counters("/proc/self/net/dev"))
+
+
+def wire_gb_per_step(
+    start: Sequence[tuple[int, LinkCounters]], end: Sequence[tuple[int, LinkCounters]], steps: int
+) -> dict[str, object]:
+    """GB per step that crossed each host link (one reading per host, however many ranks share it).
+
+    `start`/`end` are :func:`host_counters` readings taken by the ranks at the edges of the
+    measured window. ``total`` sums what the hosts sent, the figure the comm layer's
+    sender-side count is compared with; ``per_host`` gives each link's tx and rx.
+    """
+    first, last = dict(start), dict(end)
+    per_host = {
+        f"h{host}": {
+            "tx": (last[host].tx_bytes - first[host].tx_bytes) / steps / 1e9,
+            "rx": (last[host].rx_bytes - first[host].rx_bytes) / steps / 1e9,
+        }
+        for host in sorted(first.keys() & last.keys())
+    }
+    return {"total": sum(link["tx"] for link in per_host.values()), "per_host": per_host}
 
 
 def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters]) -> list[LinkCounters]:
