@@ -1,0 +1,203 @@
+"""`ralp-pipe aggregate`: training records -> runs.parquet, speedups.parquet, summary.md and plots.
+
+The tables are pure functions of the raw records (``metrics.json`` of each run and the plan it
+trained with), so :mod:`ralp_pipe.verify` can recompute them from a bundle and compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from .atomic import atomic_path
+from .config import ConfigError, STRATEGIES
+from .matrix import PATHS
+
+CATEGORIES = ("total", "gradients", "parameters", "activations", "activation_gradients")
+GROUP = ["model", "dataset", "gpus", "network"]
+TABLE_FILES = ("runs.parquet", "speedups.parquet", "summary.md")
+PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # drawn by ralp_pipe.plots
+_COPIED = (
+    "model", "dataset", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate", "batch_size",
+    "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec", "images_per_step",
+    "step_time_s", "git_revision", "config_hash",
+)
+
+
+@dataclass
+class Tables:
+    """The aggregated results of one experiment."""
+
+    runs: pd.DataFrame
+    speedups: pd.DataFrame
+    summary: str
+
+
+def find_metrics(paths: Iterable[str | Path]) -> list[Path]:
+    """metrics.json files named directly, inside the given run folders, or anywhere below given folders."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_file():
+            found.append(path)
+        elif (path / "metrics.json").is_file():
+            found.append(path / "metrics.json")
+        elif path.is_dir():
+            found += sorted(path.rglob("metrics.json"))
+        else:
+            raise ConfigError(f"run record {path} does not exist: run the train stage first")
+    if not found:
+        raise ConfigError(f"no metrics.json under {', '.join(map(str, paths))}")
+    return found
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON document, with a clear error when it is missing or malformed."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+
+
+def plan_for(record: dict[str, Any], plans: Path) -> dict[str, Any] | None:
+    """The plan file the run's (model, dataset, N, network) was planned with, if it exists below `plans`."""
+    name = PATHS["plan"].removeprefix("plans/").format(
+        dataset=record["dataset"], model=record["model"], gpus=record["gpus"], network=record["network"]
+    )
+    path = plans / name
+    return read_json(path) if path.is_file() else None
+
+
+def prediction_error(predicted: float, measured: float) -> float:
+    """Relative error of a predicted throughput against the measured one ((p - m) / m)."""
+    return (predicted - measured) / measured if measured else math.nan
+
+
+def _gb(values: dict[str, Any] | None, category: str) -> float:
+    value = (values or {}).get(category)
+    return math.nan if value is None else float(value)
+
+
+def run_row(record: dict[str, Any], plan: dict[str, Any] | None) -> dict[str, Any]:
+    """One row of runs.parquet from a run's metrics.json and its plan."""
+    missing = [key for key in (*_COPIED, "num_classes", "gb_per_step") if key not in record]
+    if missing:
+        raise ConfigError(f"run record of {record.get('model')}/{record.get('strategy')} lacks {', '.join(missing)}")
+    row = {key: record[key] for key in _COPIED}
+    row["classes"] = record["num_classes"]
+    row["run"] = f"{record['dataset']}/{record['model']}/n{record['gpus']}-{record['network']}/{record['strategy']}"
+    for category in CATEGORIES:
+        row[f"gb_{category}"] = _gb(record["gb_per_step"], category)
+        row[f"analytic_gb_{category}"] = _gb(record.get("analytic_gb_per_step"), category)
+    row["wire_gb_total"] = _gb(record.get("wire_gb_per_step"), "total")
+    predicted = ((plan or {}).get("strategies") or {}).get(record["strategy"]) or {}
+    row["predicted_images_per_sec"] = float(predicted.get("predicted_images_per_sec", math.nan) or math.nan)
+    row["predicted_gb_per_step"] = float(predicted.get("predicted_gb_per_step", math.nan) or math.nan)
+    row["prediction_error"] = prediction_error(row["predicted_images_per_sec"], float(record["images_per_sec"]))
+    row["hardware"] = json.dumps(record.get("hardware", {}), sort_keys=True)
+    row["split"] = -1 if record["split"] is None else int(record["split"])
+    return row
+
+
+def runs_table(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]) -> pd.DataFrame:
+    """runs.parquet: one row per run, sorted, with its speedup over `ps` in the same group."""
+    frame = pd.DataFrame([run_row(record, plan) for record, plan in records])
+    order = {name: i for i, name in enumerate(STRATEGIES)}
+    frame = frame.sort_values(GROUP + ["strategy"], key=lambda col: col.map(order) if col.name == "strategy" else col)
+    frame = frame.reset_index(drop=True)
+    duplicated = frame[frame.duplicated(GROUP + ["strategy"])]
+    if not duplicated.empty:
+        raise ConfigError(f"several records of the same run: {', '.join(duplicated['run'])}")
+    baseline = frame[frame["strategy"] == "ps"].set_index(GROUP)["images_per_sec"]
+    keys = pd.MultiIndex.from_frame(frame[GROUP])
+    frame["speedup_vs_ps"] = frame["images_per_sec"].to_numpy() / baseline.reindex(keys).to_numpy()
+    return frame
+
+
+def speedups_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """speedups.parquet: throughput of each strategy next to `ps`'s and their ratio."""
+    columns = GROUP + ["strategy", "images_per_sec", "speedup_vs_ps"]
+    frame = runs[columns].rename(columns={"speedup_vs_ps": "speedup"})
+    frame.insert(len(GROUP) + 2, "ps_images_per_sec", frame["images_per_sec"] / frame["speedup"])
+    return frame.reset_index(drop=True)
+
+
+def _fmt(value: float, digits: int = 1, suffix: str = "") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}{suffix}"
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def summary_markdown(runs: pd.DataFrame) -> str:
+    """summary.md: the paper's tables (throughput and speedup per strategy, GB/step, prediction error)."""
+    present = [s for s in STRATEGIES if s in set(runs["strategy"])]
+    others = [s for s in present if s != "ps"]
+    parts = ["# Results", "", f"{len(runs)} runs; throughput in images/sec (all workers), "
+             "speedup = throughput / throughput of `ps` at the same model, dataset, N and network.", ""]
+    for network, by_net in runs.groupby("network", sort=True):
+        rate = by_net["rate"].iloc[0]
+        rows_tp, rows_gb, rows_pred = [], [], []
+        for (model, dataset, gpus), group in by_net.groupby(["model", "dataset", "gpus"], sort=True):
+            cells = group.set_index("strategy")
+            head = [model, dataset, str(int(cells["classes"].iloc[0])), str(gpus)]
+            rows_tp.append(head + [_fmt(cells["images_per_sec"].get(s, math.nan)) for s in present]
+                           + [_fmt(cells["speedup_vs_ps"].get(s, math.nan), 2, "x") for s in others])
+            rows_gb.append(head + [_fmt(cells["gb_total"].get(s, math.nan), 4) for s in present])
+            rows_pred.append(head + [
+                f"{_fmt(cells['predicted_images_per_sec'].get(s, math.nan))} "
+                f"({_fmt(100 * cells['prediction_error'].get(s, math.nan), 0, '%')})" for s in present
+            ])
+        head = ["model", "dataset", "classes", "N"]
+        parts += [f"## Network {network} ({rate})", "", "### Throughput (images/sec) and speedup over ps", "",
+                  _markdown(head + present + [f"{s} speedup" for s in others], rows_tp), "",
+                  "### Transfer volume (GB/step, all categories)", "", _markdown(head + present, rows_gb), "",
+                  "### Predicted throughput (images/sec) and its error against the measurement", "",
+                  _markdown(head + present, rows_pred), ""]
+    return "\n".join(parts)
+
+
+def build_tables(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]) -> Tables:
+    """All tables of an experiment from (metrics record, plan) pairs."""
+    runs = runs_table(records)
+    return Tables(runs=runs, speedups=speedups_table(runs), summary=summary_markdown(runs))
+
+
+def load_records(run_paths: Iterable[str | Path], plans: Path) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """(metrics record, plan) pairs of every run found under `run_paths`."""
+    return [(record, plan_for(record, plans)) for record in map(read_json, find_metrics(run_paths))]
+
+
+def write_tables(tables: Tables, out: Path) -> None:
+    """Write runs.parquet, speedups.parquet and summary.md into `out` atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups)):
+        with atomic_path(out / name) as tmp:
+            frame.to_parquet(tmp, index=False)
+    with atomic_path(out / "summary.md") as tmp:
+        tmp.write_text(tables.summary)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `ralp-pipe aggregate`."""
+    parser.add_argument("--runs", nargs="+", required=True, help="run folders, metrics.json files or folders above them")
+    parser.add_argument("--plans", type=Path, required=True, help="plans folder (plans/<dataset>/<model>/n<N>-<net>.json)")
+    parser.add_argument("--out", type=Path, required=True, help="tables folder to write")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Aggregate the given runs into tables and plots."""
+    from .plots import write_plots
+
+    tables = build_tables(load_records(args.runs, args.plans))
+    write_tables(tables, args.out)
+    write_plots(tables.runs, args.out / "plots")
+    print(f"aggregate: {len(tables.runs)} runs -> {args.out}")
+    return 0

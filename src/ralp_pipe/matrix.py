@@ -1,0 +1,313 @@
+"""The experiment matrix the Snakefile expands: one training run per dataset x model x strategy x N x network.
+
+The workflow's own settings come from Snakemake's ``--config`` (see :func:`parse_settings`):
+
+``experiment``
+    name of a file in ``config/experiment/`` (default ``local``);
+``overrides``
+    Hydra overrides applied to every stage (a YAML list, or one string split like a shell line),
+    e.g. ``train.measure_steps=5 cluster=emulated``; ``experiment.*`` keys reshape the matrix;
+``dataset_overrides``
+    per-dataset ``dataset.*`` overrides, e.g. ``{imagenet1k: [dataset.source=/data/train]}``;
+``launcher``
+    ``local`` (default) or ``slurm``: set by ``profiles/slurm``, it runs training with ``cluster=slurm``.
+
+Each stage is given only the overrides that can change what it computes (:data:`STAGE_KEYS`),
+and the resolved values of those keys become the rule's ``params``, so Snakemake reruns a stage
+only when something it reads changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from .atomic import write_json_atomic
+from .config import CONFIG_DIR, Config, ConfigError, digest, load, to_dict, validate
+from .topology import topology
+
+# Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
+STAGE_DIMS: dict[str, tuple[str, ...]] = {
+    "prepare_shards": ("dataset",),
+    "profile": ("dataset", "model", "gpus", "network"),
+    "plan": ("dataset", "model", "gpus", "network"),
+    "train": ("dataset", "model", "strategy", "gpus", "network"),
+}
+# Config keys each stage reads; a key covers everything below it ("train" covers "train.lr").
+STAGE_KEYS: dict[str, tuple[str, ...]] = {
+    "prepare_shards": ("dataset", "paths"),
+    "profile": (
+        "dataset.name", "dataset.num_classes", "model", "cluster", "network",
+        "train.batch_size", "train.image_size", "train.lr", "train.momentum", "train.seed", "train.amp",
+    ),
+    "plan": (
+        "dataset.name", "dataset.num_classes", "model", "strategy.num_ps", "cluster", "network",
+        "train.batch_size", "train.image_size", "train.amp",
+    ),
+    "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
+}
+MATRIX_GROUPS = ("dataset", "model", "strategy", "network")
+# Outputs below the results folder; the {wildcards} are a run's fields.
+PATHS = {
+    "shards": "data/{dataset}",
+    "profile": "profiles/{dataset}/{model}/n{gpus}-{network}.json",
+    "plan": "plans/{dataset}/{model}/n{gpus}-{network}.json",
+    "run": "runs/{dataset}/{model}/n{gpus}-{network}/{strategy}",
+    "tables": "tables",
+    "bundles": "bundles",
+    "logs": "logs",
+}
+WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
+SETTINGS_KEYS = ("experiment", "overrides", "dataset_overrides", "launcher")
+LAUNCHERS = ("local", "slurm")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cell of the matrix: the training run of `model` on `dataset` with `strategy` on N=`gpus`."""
+
+    dataset: str
+    model: str
+    strategy: str
+    gpus: int
+    network: str
+
+    @property
+    def wildcards(self) -> dict[str, str]:
+        """The run as Snakemake wildcard values."""
+        return {k: str(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the user asked the workflow for: an experiment plus Hydra overrides."""
+
+    experiment: str = "local"
+    overrides: tuple[str, ...] = ()
+    dataset_overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    slurm: bool = False
+
+
+def _override_list(where: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(shlex.split(value))
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigError(f"{where}={value!r} must be a list of Hydra overrides like ['train.measure_steps=5']")
+
+
+def override_key(override: str) -> str:
+    """The config key an override sets: ``+train.lr=1`` -> ``train.lr``, ``model=vgg16`` -> ``model``."""
+    key, sep, _ = override.partition("=")
+    if not sep or not key.lstrip("~+"):
+        raise ConfigError(f"override {override!r} is not of the form key=value")
+    return key.lstrip("~+")
+
+
+def parse_settings(config: Mapping[str, Any]) -> Settings:
+    """Read the workflow's ``--config`` dictionary; unknown keys and misplaced overrides are refused."""
+    unknown = sorted(set(config) - set(SETTINGS_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown workflow setting(s) {', '.join(unknown)}; use {', '.join(SETTINGS_KEYS)}")
+    launcher = str(config.get("launcher", "local"))
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher={launcher!r} is not allowed; choose one of: {', '.join(LAUNCHERS)}")
+    slurm = launcher == "slurm"
+    experiment = str(config.get("experiment", "local"))
+    overrides = _override_list("overrides", config.get("overrides"))
+    for override in overrides:
+        key = override_key(override)
+        if key in MATRIX_GROUPS or key in WORKFLOW_KEYS:
+            raise ConfigError(
+                f"override {override!r} would fight the experiment matrix: pass the experiment with "
+                f"--config experiment=NAME and choose matrix values with experiment.* overrides, "
+                f"e.g. 'experiment.models=[vgg11]' or 'experiment.gpus=[2,4]' (plans come from the plan stage)"
+            )
+        if slurm and key == "cluster":
+            raise ConfigError(f"override {override!r}: the slurm profile runs training with cluster=slurm")
+    raw = config.get("dataset_overrides") or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"dataset_overrides={raw!r} must map dataset names to override lists")
+    per_dataset = {str(name): _override_list(f"dataset_overrides.{name}", value) for name, value in raw.items()}
+    for name, values in per_dataset.items():
+        for override in values:
+            if not override_key(override).startswith("dataset."):
+                raise ConfigError(f"dataset_overrides.{name}: {override!r} is not a dataset.* override")
+    return Settings(experiment, overrides, per_dataset, slurm)
+
+
+def relevant(key: str, keys: Sequence[str]) -> bool:
+    """Whether config `key` and one of `keys` overlap (one is the other or lies below it)."""
+    return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in keys)
+
+
+def select(data: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The parts of a nested config dict named by dotted `keys`."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        head, *rest = key.split(".")
+        node: Any = data[head]
+        for part in rest:
+            node = node[part]
+        out[key] = node
+    return out
+
+
+class Matrix:
+    """The resolved experiment: its runs, each run's config and each stage's arguments and params."""
+
+    def __init__(self, settings: Settings, config_dir: Path = CONFIG_DIR) -> None:
+        self.settings = settings
+        head = [f"experiment={settings.experiment}", *settings.overrides]
+        self.base = load(head, config_dir)
+        e = self.base.experiment
+        unknown = sorted(set(settings.dataset_overrides) - set(e.datasets))
+        if unknown:
+            raise ConfigError(f"dataset_overrides name {', '.join(unknown)}, not in experiment.datasets={e.datasets}")
+        # Each group option only changes its own section (no cross-group interpolation in config/),
+        # so composing once per option instead of once per run gives the same configs, much faster.
+        self._sections: dict[tuple[str, str], Any] = {}
+        for group, options in (("dataset", e.datasets), ("model", e.models), ("strategy", e.strategies),
+                               ("network", e.networks)):
+            for option in options:
+                extra = self.group_args(group, option)
+                section = getattr(self._compose(head + extra, group, option), group)
+                if section.name != option:
+                    raise ConfigError(f"{group} '{option}' sets {group}.name={section.name!r}: outputs are named by "
+                                      f"the option, so keep {group}.name equal to it")
+                self._sections[group, option] = section
+        self.cluster = self._compose(head + ["cluster=slurm"], "cluster", "slurm").cluster if settings.slurm \
+            else self.base.cluster
+        self.runs = [Run(d, m, s, g, n) for d in e.datasets for m in e.models for s in e.strategies
+                     for g in e.gpus for n in e.networks]
+        self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
+
+    @staticmethod
+    def _compose(overrides: list[str], group: str, option: str) -> Config:
+        try:
+            return load(overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"experiment {group} '{option}': {exc}") from exc
+
+    def group_args(self, group: str, option: str) -> list[str]:
+        """The overrides that select `option` of `group` (plus per-dataset overrides)."""
+        return [f"{group}={option}", *self.settings.dataset_overrides.get(option, ())] if group == "dataset" \
+            else [f"{group}={option}"]
+
+    def _config(self, run: Run, dims: Sequence[str]) -> Config:
+        """`run`'s config where the matrix chooses `dims`; other groups keep the experiment's default."""
+        sections = {g: self._sections[g, getattr(run, g)] for g in MATRIX_GROUPS if g in dims}
+        cluster = self.cluster if "strategy" in dims else self.base.cluster
+        if "gpus" in dims:
+            cluster = dataclasses.replace(cluster, gpus=run.gpus)
+        cfg = dataclasses.replace(self.base, cluster=cluster, **sections)
+        try:
+            validate(cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"run {run.wildcards}: {exc}") from exc
+        return cfg
+
+    def config(self, run: Run) -> Config:
+        """The resolved config of one training run."""
+        return self._configs[run]
+
+    @property
+    def results(self) -> str:
+        """The results folder every stage writes under."""
+        return self.base.paths.results
+
+    def path(self, name: str, run: Run | None = None) -> str:
+        """Output `name` of :data:`PATHS` below the results folder, for `run` (or as a wildcard pattern)."""
+        template = f"{self.results}/{PATHS[name]}"
+        return template.format(**run.wildcards) if run else template
+
+    def first(self, **wildcards: str) -> Run:
+        """A run matching the given wildcard values (stages shared by several runs use any of them)."""
+        for run in self.runs:
+            if all(run.wildcards[k] == str(v) for k, v in wildcards.items()):
+                return run
+        raise ConfigError(f"no run of experiment '{self.settings.experiment}' matches {wildcards}")
+
+    def stage_config(self, stage: str, run: Run) -> Config:
+        """The config `stage` composes for `run` (equal to the run's config on every key it reads)."""
+        return self.config(run) if stage == "train" else self._config(run, STAGE_DIMS[stage])
+
+    def stage_args(self, stage: str, run: Run) -> list[str]:
+        """The Hydra overrides `stage` gets for `run`: the matrix choices it is keyed by, plus the
+        user's overrides of keys it reads."""
+        keys, dims = STAGE_KEYS[stage], STAGE_DIMS[stage]
+        args = [f"experiment={self.settings.experiment}"]
+        for group in MATRIX_GROUPS:
+            if group in dims:
+                args += self.group_args(group, getattr(run, group))
+        if "gpus" in dims:
+            args.append(f"cluster.gpus={run.gpus}")
+        if stage == "train":
+            args.append(f"strategy.plan={self.path('plan', run)}")
+            if self.settings.slurm:
+                args.append("cluster=slurm")
+        args += [o for o in self.settings.overrides if relevant(override_key(o), keys)]
+        return args
+
+    def stage_params(self, stage: str, run: Run) -> str:
+        """JSON of what `stage` reads for `run` (resolved values and arguments): Snakemake's rerun key."""
+        data = {
+            "config": select(to_dict(self.stage_config(stage, run)), STAGE_KEYS[stage]),
+            "args": self.stage_args(stage, run),
+        }
+        return json.dumps(data, sort_keys=True)
+
+    def stage_command(self, stage: str, run: Run) -> str:
+        """The stage's Hydra overrides as one shell-quoted string."""
+        return shlex.join(self.stage_args(stage, run))
+
+    def slurm_resources(self, run: Run, stage: str) -> dict[str, Any]:
+        """SLURM resources of a job of `stage` for `run`: training asks for one task per rank."""
+        cfg = self.config(run)
+        s = cfg.cluster.slurm
+        resources: dict[str, Any] = {"mem_mb": s.mem_mb, "runtime": s.time_min, "cpus_per_task": s.cpus_per_task}
+        if s.partition:
+            resources["slurm_partition"] = s.partition
+        if stage == "train":
+            resources["nodes"] = s.nodes
+            resources["tasks"] = topology(run.strategy, run.gpus, cfg.strategy.num_ps).world_size
+            resources["mpi"] = "srun"  # the launcher starts the ranks itself inside the allocation
+            resources["gpu"] = s.nodes * s.gpus_per_node  # total; 0 asks for none
+            resources["tasks_per_gpu"] = 0  # else the plugin would ask for `tasks` tasks per GPU
+        return resources
+
+    def resolved(self) -> dict[str, Any]:
+        """Every run's resolved config, keyed by its run id (for bundles)."""
+        return {run_id(run): to_dict(cfg) for run, cfg in self._configs.items()}
+
+    def write_resolved(self, path: str | Path) -> None:
+        """Write the workflow settings, the experiment's config and every run's config as JSON."""
+        doc = {
+            "settings": {
+                "experiment": self.settings.experiment,
+                "overrides": list(self.settings.overrides),
+                "dataset_overrides": {k: list(v) for k, v in self.settings.dataset_overrides.items()},
+                "launcher": "slurm" if self.settings.slurm else "local",
+            },
+            "experiment": to_dict(self.base),
+            "runs": self.resolved(),
+        }
+        write_json_atomic(path, doc)
+
+    def digest(self) -> str:
+        """Short hash of the whole resolved experiment (names its bundle)."""
+        return digest(self.resolved())
+
+    def __iter__(self) -> Iterator[Run]:
+        return iter(self.runs)
+
+
+def run_id(run: Run) -> str:
+    """A run's path below ``runs/``: dataset/model/n<N>-<network>/strategy."""
+    return f"{run.dataset}/{run.model}/n{run.gpus}-{run.network}/{run.strategy}"

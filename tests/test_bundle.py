@@ -1,0 +1,141 @@
+"""Bundles: a good bundle verifies; tampered members and unsafe member paths are refused unextracted."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ralp_pipe.bundle import CHECKSUMS, make_bundle
+from ralp_pipe.cli import main as cli
+from ralp_pipe.verify import BundleError, verify_bundle
+from workflow_records import write_results
+
+LOCK = Path(__file__).resolve().parents[1] / "envs" / "requirements.lock"
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    """A complete bundle of 8 runs, made through the CLI after `aggregate`."""
+    root = tmp_path / "results"
+    write_results(root, models=("vgg11",), gpus=(2, 4))
+    (root / "configs").mkdir()
+    (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
+    assert cli(["aggregate", "--runs", str(root / "runs"), "--plans", str(root / "plans"),
+                "--out", str(root / "tables")]) == 0
+    out = root / "bundles" / "smoke-0123.tar.gz"
+    includes = [str(root / name) for name in ("configs", "runs", "plans", "tables")]
+    assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(out)]) == 0
+    return out
+
+
+def members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def rewrite(source: Path, target: Path, change: dict[str, bytes]) -> Path:
+    """Copy a bundle, replacing the contents of some members."""
+    with tarfile.open(source) as old, tarfile.open(target, "w:gz") as new:
+        for member in old.getmembers():
+            data = change.get(member.name, old.extractfile(member).read())
+            member.size = len(data)
+            new.addfile(member, io.BytesIO(data))
+    return target
+
+
+def test_good_bundle_verifies_and_holds_records_tables_environment_and_checksums(bundle: Path) -> None:
+    result = verify_bundle(bundle)
+    assert result.top == "smoke-0123" and result.runs == 8
+    names = set(members(bundle))
+    for name in ("runs/synthetic1k/vgg11/n2-1gbit/ps/metrics.json", "runs/synthetic1k/vgg11/n4-1gbit/ralp_n/steps.parquet",
+                 "tables/runs.parquet", "tables/summary.md", "tables/plots/speedup.png", "configs/smoke.json",
+                 "environment.json", "requirements.lock", CHECKSUMS):
+        assert f"smoke-0123/{name}" in names
+    assert cli(["verify", str(bundle)]) == 0
+
+
+def test_bundle_bytes_are_reproducible(bundle: Path, tmp_path: Path) -> None:
+    root = bundle.parents[1]
+    again = tmp_path / "again" / bundle.name
+    make_bundle(again, root, [root / n for n in ("configs", "runs", "plans", "tables")], LOCK)
+    assert again.read_bytes() == bundle.read_bytes()
+
+
+def test_tampered_record_fails_its_checksum(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/metrics.json"
+    data = members(bundle)[name].replace(b'"images_per_sec": 240.0', b'"images_per_sec": 999.0')
+    tampered = rewrite(bundle, tmp_path / "tampered.tar.gz", {name: data})
+    with pytest.raises(BundleError, match=f"{name}: checksum mismatch"):
+        verify_bundle(tampered)
+    assert cli(["verify", str(tampered)]) == 1
+    assert "REFUSED" in capsys.readouterr().out
+
+
+def test_record_changed_with_matching_checksum_fails_table_recomputation(bundle: Path, tmp_path: Path) -> None:
+    files = members(bundle)
+    name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/metrics.json"
+    data = files[name].replace(b'"images_per_sec": 240.0', b'"images_per_sec": 999.0')
+    sums = files[f"smoke-0123/{CHECKSUMS}"].replace(
+        hashlib.sha256(files[name]).hexdigest().encode(), hashlib.sha256(data).hexdigest().encode())
+    forged = rewrite(bundle, tmp_path / "forged.tar.gz", {name: data, f"smoke-0123/{CHECKSUMS}": sums})
+    with pytest.raises(BundleError, match="runs.parquet differs"):
+        verify_bundle(forged)
+
+
+def test_unlisted_member_is_refused(bundle: Path, tmp_path: Path) -> None:
+    target = tmp_path / "extra.tar.gz"
+    with tarfile.open(bundle) as old, tarfile.open(target, "w:gz") as new:
+        for member in old.getmembers():
+            new.addfile(member, old.extractfile(member))
+        info = tarfile.TarInfo("smoke-0123/runs/extra.json")
+        info.size = 2
+        new.addfile(info, io.BytesIO(b"{}"))
+    with pytest.raises(BundleError, match="extra.json: not in SHA256SUMS"):
+        verify_bundle(target)
+
+
+def crafted(tmp_path: Path, info: tarfile.TarInfo, data: bytes = b"") -> Path:
+    """A one-member tar.gz next to a legitimate member, written without any safety check."""
+    path = tmp_path / "crafted.tar.gz"
+    with gzip.open(path, "wb") as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+        ok = tarfile.TarInfo("b/SHA256SUMS")
+        tar.addfile(ok, io.BytesIO(b""))
+        info.size = len(data) if info.isfile() else 0
+        tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    return path
+
+
+def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+@pytest.mark.parametrize(
+    ("info", "message"),
+    [
+        (_info("/etc/evil"), "absolute"),
+        (_info("b/../../evil"), r"leaves the bundle folder"),
+        (_info("../evil"), r"leaves the bundle folder"),
+        (_info("b/link", tarfile.SYMTYPE, "/etc/passwd"), "is a link"),
+        (_info("b/link", tarfile.SYMTYPE, "../../outside"), "is a link"),
+        (_info("b/hard", tarfile.LNKTYPE, "/etc/passwd"), "is a link"),
+        (_info("b/dev", tarfile.CHRTYPE), "device, fifo or other special file"),
+        (_info("b/fifo", tarfile.FIFOTYPE), "device, fifo or other special file"),
+        (_info("other/file"), "exactly one top folder"),
+    ],
+)
+def test_unsafe_member_paths_are_refused_without_extracting(tmp_path: Path, info: tarfile.TarInfo,
+                                                             message: str) -> None:
+    path = crafted(tmp_path, info, b"x")
+    before = set(os.listdir(tmp_path))
+    with pytest.raises(BundleError, match=message):
+        verify_bundle(path)
+    assert set(os.listdir(tmp_path)) == before
+    assert not Path("/etc/evil").exists()

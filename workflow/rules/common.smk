@@ -1,0 +1,21 @@
+# Helpers shared by the rules: look a run up from wildcards, stage params, SLURM resources.
+
+
+def run_of(wildcards):
+    """The (first) matrix run matching a job's wildcards."""
+    return MATRIX.first(**dict(wildcards.items()))
+
+
+def stage_params(stage):
+    """Rerun key of `stage`: the resolved config values it reads plus its arguments (JSON)."""
+    return lambda wildcards: MATRIX.stage_params(stage, run_of(wildcards))
+
+
+def stage_args(stage):
+    """The stage's Hydra overrides for a job, shell-quoted."""
+    return lambda wildcards: MATRIX.stage_command(stage, run_of(wildcards))
+
+
+def slurm_resource(stage, name, default=None):
+    """One SLURM resource of a job of `stage`, from cluster.slurm of its run's config."""
+    return lambda wildcards: MATRIX.slurm_resources(run_of(wildcards), stage).get(name, default)

@@ -1,0 +1,52 @@
+# Tables, plots and the reproducibility bundle of the whole experiment.
+from ralp_pipe.aggregate import PLOT_NAMES
+
+RUNS = [MATRIX.path("run", run) for run in MATRIX]
+PLANS = sorted({MATRIX.path("plan", run) for run in MATRIX})
+PROFILES = sorted({MATRIX.path("profile", run) for run in MATRIX})
+TABLES = MATRIX.path("tables")
+
+
+rule aggregate:
+    input:
+        metrics=[f"{run}/metrics.json" for run in RUNS],
+        steps=[f"{run}/steps.parquet" for run in RUNS],
+        plans=PLANS,
+    output:
+        runs=report(f"{TABLES}/runs.parquet", category="Tables", labels={"table": "runs"}),
+        speedups=report(f"{TABLES}/speedups.parquet", category="Tables", labels={"table": "speedups"}),
+        summary=report(f"{TABLES}/summary.md", category="Tables", labels={"table": "summary"}),
+        plots=[
+            report(f"{TABLES}/plots/{name}.png", category="Plots", labels={"plot": name}) for name in PLOT_NAMES
+        ],
+    params:
+        runs=RUNS,
+        plans=f"{RESULTS}/plans",
+    log:
+        f"{MATRIX.path('logs')}/aggregate.log",
+    shell:
+        "{RALP} aggregate --runs {params.runs:q} --plans {params.plans:q} --out {TABLES:q} > {log:q} 2>&1"
+
+
+rule resolved_config:
+    output:
+        f"{RESULTS}/configs/{EXPERIMENT}.json",
+    params:
+        digest=MATRIX.digest(),
+    run:
+        MATRIX.write_resolved(output[0])
+
+
+rule bundle:
+    input:
+        config=rules.resolved_config.output,
+        tables=rules.aggregate.output,
+        profiles=PROFILES,
+    output:
+        BUNDLE,
+    params:
+        include=[*rules.resolved_config.output, *RUNS, *PLANS, *PROFILES, TABLES],
+    log:
+        f"{MATRIX.path('logs')}/bundle.log",
+    shell:
+        "{RALP} bundle --root {RESULTS:q} --include {params.include:q} --out {output:q} > {log:q} 2>&1"

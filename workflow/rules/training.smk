@@ -1,0 +1,28 @@
+# One distributed training measurement per dataset x model x strategy x N x network.
+
+
+rule train:
+    input:
+        shards=MATRIX.path("shards"),
+        plan=MATRIX.path("plan"),
+    output:
+        metrics=f"{MATRIX.path('run')}/metrics.json",
+        steps=f"{MATRIX.path('run')}/steps.parquet",
+    params:
+        key=stage_params("train"),
+        args=stage_args("train"),
+        out=MATRIX.path("run"),
+    log:
+        f"{MATRIX.path('logs')}/train/{{dataset}}/{{model}}/n{{gpus}}-{{network}}/{{strategy}}.log",
+    threads: workflow.cores  # throughput measurements run alone
+    resources:
+        mem_mb=slurm_resource("train", "mem_mb"),
+        runtime=slurm_resource("train", "runtime"),
+        slurm_partition=slurm_resource("train", "slurm_partition", ""),
+        nodes=slurm_resource("train", "nodes"),
+        tasks=slurm_resource("train", "tasks"),
+        cpus_per_task=slurm_resource("train", "cpus_per_task"),
+        gpus_per_node=slurm_resource("train", "gpus_per_node", 0),
+        mpi=slurm_resource("train", "mpi"),
+    shell:
+        "{RALP} train --out {params.out:q} {params.args} > {log:q} 2>&1"
