@@ -1,0 +1,326 @@
+"""`ralp-pipe prepare-shards`: pack an image collection into webdataset tar shards with DALI indexes.
+
+Output under `<paths.results>/data/<dataset>/`: `shard-NNNNNN.tar` + `shard-NNNNNN.idx`,
+`classes.json` (synset -> label), `manifest.json` (counts, checksums, options, versions,
+skipped files) and `parts/shard-NNNNNN.json`, the record of each finished shard. Images are
+assigned to shards by a fixed plan (sorted, shuffled with a constant seed, chunked), and each
+planned shard has a fingerprint of its inputs and options; a shard whose record carries the
+same fingerprint and whose files still match their checksums is kept, so an interrupted run
+resumes and a re-run on unchanged input rewrites nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import random
+import re
+import sys
+from collections import Counter
+from concurrent.futures import Future, as_completed
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ..atomic import atomic_path
+from ..config import Config, DatasetConfig, load
+from . import imaging, synthetic
+from .parallel import process_pool
+from .sources import Scan, SourceError, SourceImage, read_bytes, scan
+from .tarshard import Sample, index_text, tar_bytes
+
+FORMAT_VERSION = 1
+SHUFFLE_SEED = 0
+MANIFEST = "manifest.json"
+CLASSES = "classes.json"
+RECORDS = "parts"
+_SHARD_FILE = re.compile(r"^shard-\d{6}\.(tar|idx|json)$")
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """One shard of the plan: its name, its (image, label, key) items and the fingerprint of its inputs."""
+
+    name: str
+    items: tuple[tuple[SourceImage, int, str], ...]
+    fingerprint: str
+
+
+def output_dir(cfg: Config) -> Path:
+    """Where the shards of `cfg.dataset` live: `<paths.results>/data/<dataset.name>`."""
+    return Path(cfg.paths.results) / "data" / cfg.dataset.name
+
+
+def read_manifest(shards_dir: Path) -> dict[str, Any]:
+    """The manifest of prepared shards in `shards_dir`; fails with advice when there is none."""
+    path = Path(shards_dir) / MANIFEST
+    if not path.is_file():
+        raise SourceError(f"no {MANIFEST} in {shards_dir}: run `ralp-pipe prepare-shards dataset=<name>` first")
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    return manifest
+
+
+def prepare(cfg: Config, progress: bool = True) -> Path:
+    """Build (or bring up to date) the shards of `cfg.dataset` and return their folder."""
+    dataset, out = cfg.dataset, output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    source = _source_root(dataset, out)
+    found = scan(source, "folders" if dataset.layout == "synthetic" else dataset.layout)
+    if len(found.synsets) > dataset.num_classes:
+        raise SourceError(
+            f"{source} holds {len(found.synsets)} classes but dataset.num_classes={dataset.num_classes}: "
+            f"labels would not fit the model; raise dataset.num_classes or remove the extra class folders"
+        )
+    options = _content_options(dataset)
+    plan = make_plan(found, options)
+    (out / RECORDS).mkdir(exist_ok=True)
+    _remove_leftovers(out, {shard.name for shard in plan})
+    records = _build_all(plan, out, dataset, progress)
+    _write_if_changed(out / CLASSES, _json({synset: label for label, synset in enumerate(found.synsets)}))
+    _write_if_changed(out / MANIFEST, _json(_manifest(dataset, source, found, plan, records, options)))
+    return out
+
+
+def make_plan(found: Scan, options: dict[str, Any]) -> list[PlannedShard]:
+    """Deterministic assignment of images to shards: sorted, shuffled with a fixed seed, chunked."""
+    labels = {synset: label for label, synset in enumerate(found.synsets)}
+    keys = _unique_keys(found.images)
+    items = [(image, labels[image.synset], key) for image, key in zip(found.images, keys)]
+    random.Random(SHUFFLE_SEED).shuffle(items)
+    size = options["images_per_shard"]
+    plan = []
+    for number, start in enumerate(range(0, len(items), size)):
+        chunk = tuple(items[start : start + size])
+        inputs = [[i.ref, i.size, i.mtime_ns, i.offset, label, key] for i, label, key in chunk]
+        fingerprint = hashlib.sha256(_json({"options": options, "items": inputs}).encode()).hexdigest()
+        plan.append(PlannedShard(f"shard-{number:06d}", chunk, fingerprint))
+    return plan
+
+
+def build_shard(out: Path, shard: PlannedShard, options: dict[str, Any], strict: bool) -> dict[str, Any]:
+    """Write one planned shard (tar, index, record) unless an identical finished one is there; return its record."""
+    record_path = out / RECORDS / f"{shard.name}.json"
+    kept = _finished_record(out, shard, record_path)
+    if kept is not None:
+        return kept
+    samples, skipped, counts, reencoded = [], [], Counter[str](), 0
+    for image, label, key in shard.items:
+        try:
+            jpeg, changed = _usable_jpeg(image, options["resize_shorter"])
+        except imaging.BadImage as exc:
+            if strict:
+                raise SourceError(
+                    f"unusable source file {image.location()}: {exc} "
+                    f"(dataset.shards.strict=true stops here; set it to false to skip and list such files)"
+                ) from None
+            skipped.append({"path": image.ref, "reason": str(exc)})
+            continue
+        samples.append(Sample(key, jpeg, f"{label:0{options['label_digits']}d}".encode()))
+        counts[image.synset] += 1
+        reencoded += changed
+    record: dict[str, Any] = {
+        "fingerprint": shard.fingerprint, "images": len(samples), "reencoded": reencoded,
+        "classes": dict(sorted(counts.items())), "skipped": skipped,
+    }
+    for suffix in (".tar", ".idx"):
+        (out / f"{shard.name}{suffix}").unlink(missing_ok=True)
+    if samples:
+        data = tar_bytes(samples)
+        index = index_text(data).encode()
+        _write(out / f"{shard.name}.tar", data)
+        _write(out / f"{shard.name}.idx", index)
+        record.update(bytes=len(data), sha256=_sha256(data), index_sha256=_sha256(index))
+    _write(record_path, _json(record).encode())
+    return record
+
+
+def _source_root(dataset: DatasetConfig, out: Path) -> Path:
+    """The folder to read: the configured source, or the generated synthetic collection."""
+    if dataset.layout == "synthetic":
+        workers = dataset.shards.workers
+        return synthetic.generate(out / "source", dataset.num_classes, dataset.synthetic, workers)
+    assert dataset.source is not None  # config validation requires it for real layouts
+    return Path(dataset.source).resolve()
+
+
+def _content_options(dataset: DatasetConfig) -> dict[str, Any]:
+    """Every setting that changes shard bytes (a change re-plans and rebuilds the shards)."""
+    return {
+        "format": FORMAT_VERSION,
+        "images_per_shard": dataset.shards.images_per_shard,
+        "resize_shorter": dataset.shards.resize_shorter,
+        "jpeg_quality": imaging.JPEG_QUALITY,
+        "label_digits": len(str(dataset.num_classes - 1)),
+        "shuffle_seed": SHUFFLE_SEED,
+    }
+
+
+def _unique_keys(images: list[SourceImage]) -> list[str]:
+    """Webdataset keys from file names (no dots, synset prefix), made unique in scan order."""
+    used: set[str] = set()
+    keys = []
+    for image in images:
+        stem = image.ref.rpartition("/")[2].partition(".")[0]
+        base = re.sub(r"[^A-Za-z0-9_-]", "_", stem)[:80]
+        base = base if base.startswith(image.synset) else f"{image.synset}_{base}"
+        key, copy = base, 1
+        while key in used:
+            copy += 1
+            key = f"{base}_{copy}"
+        used.add(key)
+        keys.append(key)
+    return keys
+
+
+def _usable_jpeg(image: SourceImage, resize_shorter: int | None) -> tuple[bytes, bool]:
+    """Read `image` and return its RGB JPEG bytes, raising BadImage with the reason when unusable."""
+    try:
+        data = read_bytes(image)
+    except OSError as exc:
+        raise imaging.BadImage(f"cannot read: {exc.strerror or exc}") from None
+    if len(data) < image.size:
+        raise imaging.BadImage(f"truncated: only {len(data)} of {image.size} bytes present")
+    return imaging.to_rgb_jpeg(data, resize_shorter)
+
+
+def _finished_record(out: Path, shard: PlannedShard, record_path: Path) -> dict[str, Any] | None:
+    """The record of `shard` if it was finished with the same inputs and its files are intact."""
+    try:
+        record: dict[str, Any] = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("fingerprint") != shard.fingerprint:
+        return None
+    tar, idx = out / f"{shard.name}.tar", out / f"{shard.name}.idx"
+    if not record["images"]:
+        return None if tar.exists() or idx.exists() else record
+    try:
+        if tar.stat().st_size != record["bytes"]:
+            return None
+        intact = _sha256(tar.read_bytes()) == record["sha256"] and _sha256(idx.read_bytes()) == record["index_sha256"]
+    except OSError:
+        return None
+    return record if intact else None
+
+
+def _build_all(plan: list[PlannedShard], out: Path, dataset: DatasetConfig, progress: bool) -> list[dict[str, Any]]:
+    """Build every planned shard (in `dataset.shards.workers` processes) with a progress bar on stderr."""
+    options, strict = _content_options(dataset), dataset.shards.strict
+    bar = tqdm(total=sum(len(s.items) for s in plan), unit="img", desc=f"shards {dataset.name}",
+               disable=not progress, file=sys.stderr)
+    records: dict[str, dict[str, Any]] = {}
+    with bar:
+        if dataset.shards.workers == 1 or len(plan) < 2:
+            for shard in plan:
+                records[shard.name] = build_shard(out, shard, options, strict)
+                bar.update(len(shard.items))
+        else:
+            with process_pool(min(dataset.shards.workers, len(plan))) as pool:
+                futures = {pool.submit(build_shard, out, s, options, strict): s for s in plan}
+                _collect(futures, records, bar)
+    return [records[shard.name] for shard in plan]
+
+
+def _collect(futures: dict[Future[dict[str, Any]], PlannedShard], records: dict[str, dict[str, Any]], bar: tqdm) -> None:
+    """Gather finished shards as they complete; on the first failure cancel the rest and re-raise."""
+    try:
+        for future in as_completed(futures):
+            shard = futures[future]
+            records[shard.name] = future.result()
+            bar.update(len(shard.items))
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+
+
+def _remove_leftovers(out: Path, planned: set[str]) -> None:
+    """Delete temporary files of interrupted runs and shards that are no longer in the plan."""
+    for folder in (out, out / RECORDS):
+        for path in folder.iterdir():
+            temporary = path.name.startswith(".") and path.name.endswith(".tmp")
+            stale = _SHARD_FILE.match(path.name) and path.name.rpartition(".")[0] not in planned
+            if path.is_file() and (temporary or stale):
+                path.unlink()
+
+
+def _manifest(dataset: DatasetConfig, source: Path, found: Scan, plan: list[PlannedShard],
+              records: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+    """The manifest: what was read, what was written (with checksums), what was skipped and why."""
+    counts = Counter[str]()
+    for record in records:
+        counts.update(record["classes"])
+    settings: dict[str, Any] = {**options, "strict": dataset.shards.strict}
+    if dataset.layout == "synthetic":
+        settings["synthetic"] = asdict(dataset.synthetic)
+    shards = [
+        {"name": f"{shard.name}.tar", "index": f"{shard.name}.idx", "images": r["images"],
+         "reencoded": r["reencoded"], "bytes": r["bytes"], "sha256": r["sha256"], "index_sha256": r["index_sha256"]}
+        for shard, r in zip(plan, records) if r["images"]
+    ]
+    return {
+        "dataset": dataset.name,
+        "layout": dataset.layout,
+        "source": str(source.resolve()),
+        "num_classes": dataset.num_classes,
+        "classes_found": len(found.synsets),
+        "images": sum(counts.values()),
+        "options": settings,
+        "counts_per_class": {synset: counts.get(synset, 0) for synset in found.synsets},
+        "shards": shards,
+        "skipped": found.skipped + [item for r in records for item in r["skipped"]],
+        "versions": _versions(),
+    }
+
+
+def _versions() -> dict[str, str]:
+    """Versions of what determines the shard bytes."""
+    from PIL import features
+
+    names = ("ralp-pipe", "pillow", "numpy", "tqdm")
+    found = {name: metadata.version(name) for name in names}
+    return {**found, "libjpeg": str(features.version("jpg")), "python": platform.python_version()}
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=1, sort_keys=False) + "\n"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Write `text` atomically unless the file already holds exactly it (keeps its mtime)."""
+    data = text.encode()
+    if not (path.is_file() and path.read_bytes() == data):
+        _write(path, data)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `ralp-pipe prepare-shards` (the dataset itself comes from Hydra overrides)."""
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Prepare the shards of the configured dataset and print a one-line summary."""
+    cfg = load(args.overrides)
+    try:
+        out = prepare(cfg, progress=not args.no_progress)
+    except SourceError as exc:
+        print(f"ralp-pipe prepare-shards: {exc}", file=sys.stderr)
+        return 1
+    manifest = read_manifest(out)
+    print(f"{manifest['images']} images of {manifest['classes_found']} classes in {len(manifest['shards'])} shards, "
+          f"{len(manifest['skipped'])} entries skipped -> {out}")
+    return 0

@@ -1,0 +1,78 @@
+"""Deterministic synthetic ImageNet twin: real JPEG files in the class-folder layout."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..config import SyntheticSource
+from .parallel import process_pool
+
+GENERATOR_VERSION = 1
+JPEG_QUALITY = 90
+
+
+def synset_ids(num_classes: int) -> list[str]:
+    """Synset-like class ids `n00000000`, `n00000001`, ... in label order."""
+    return [_synset(index) for index in range(num_classes)]
+
+
+def class_images(synset_index: int, options: SyntheticSource) -> list[bytes]:
+    """The JPEG bytes of one class: a class colour plus per-image noise, fixed by the seed."""
+    rng = np.random.default_rng([options.seed, synset_index])
+    colour = rng.integers(40, 216, size=3)
+    images = []
+    for _ in range(options.images_per_class):
+        noise = rng.integers(-40, 41, size=(options.height, options.width, 3))
+        pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels, "RGB").save(out, format="JPEG", quality=JPEG_QUALITY)
+        images.append(out.getvalue())
+    return images
+
+
+def generate(target: Path, num_classes: int, options: SyntheticSource, workers: int = 1) -> Path:
+    """Write the collection to `target` (class folders of `<synset>_<i>.JPEG`) unless it is already there.
+
+    A `target.json` stamp beside the folder records the settings of a finished collection; with
+    the same settings nothing is rewritten, otherwise the folder is rebuilt under a temporary name
+    and swapped in.
+    """
+    stamp = target.with_name(target.name + ".json")
+    settings = {"generator": GENERATOR_VERSION, "num_classes": num_classes, **vars(options)}
+    if target.is_dir() and stamp.is_file() and json.loads(stamp.read_text()) == settings:
+        return target
+    building = target.with_name(f".{target.name}.building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    bounds = [num_classes * part // workers for part in range(workers + 1)]
+    if workers == 1:
+        _write_classes(building, 0, num_classes, options)
+    else:
+        with process_pool(workers) as pool:
+            for done in [pool.submit(_write_classes, building, a, b, options) for a, b in zip(bounds, bounds[1:])]:
+                done.result()
+    stamp.unlink(missing_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(building, target)
+    stamp.write_text(json.dumps(settings, sort_keys=True) + "\n")
+    return target
+
+
+def _write_classes(folder: Path, start: int, stop: int, options: SyntheticSource) -> None:
+    """Write the class folders with labels in [start, stop) under `folder`."""
+    for index in range(start, stop):
+        synset = _synset(index)
+        (folder / synset).mkdir()
+        for number, data in enumerate(class_images(index, options)):
+            (folder / synset / f"{synset}_{number}.JPEG").write_bytes(data)
+
+
+def _synset(index: int) -> str:
+    return f"n{index:08d}"
