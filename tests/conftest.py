@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny ImageNet-like source trees and configs for the data layer tests."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ralp_pipe.config import Config, load
+
+
+def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
+    """Bytes of `image` saved in `fmt`."""
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return out.getvalue()
+
+
+def noise_image(seed: int, mode: str = "RGB", size: tuple[int, int] = (40, 32)) -> Image.Image:
+    """A small random image (width, height = size) in `mode`."""
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "CMYK": 4, "L": 1}[mode]
+    pixels = rng.integers(0, 256, size=(size[1], size[0], channels), dtype=np.uint8)
+    return Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
+
+
+@pytest.fixture
+def rgb_tree(tmp_path: Path) -> Path:
+    """Class folders n00000000..n00000002 with 2, 3 and 4 plain RGB JPEGs."""
+    root = tmp_path / "imagenet"
+    for label, count in enumerate((2, 3, 4)):
+        folder = root / f"n{label:08d}"
+        folder.mkdir(parents=True)
+        for number in range(count):
+            (folder / f"n{label:08d}_{number}.JPEG").write_bytes(encode(noise_image(label * 10 + number)))
+    return root
+
+
+def folders_to_tars(root: Path, target: Path) -> Path:
+    """The ImageNet-21K distribution of `root`: one `<synset>.tar` per class folder."""
+    target.mkdir()
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        with tarfile.open(target / f"{folder.name}.tar", "w") as archive:
+            for path in sorted(folder.iterdir()):
+                archive.add(path, arcname=path.name)
+    return target
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., Config]:
+    """Build a validated Config for a source tree, writing results under tmp_path/results."""
+
+    def build(source: Path | None, *overrides: str, layout: str = "folders") -> Config:
+        base = [f"paths.results={tmp_path / 'results'}", "dataset.num_classes=5",
+                "dataset.shards.images_per_shard=3", "dataset.shards.workers=1", "dataset.shards.resize_shorter=null"]
+        if source is not None:
+            base = ["dataset=imagenet1k", f"dataset.layout={layout}", f"dataset.source={source}", *base]
+        return load([*base, *overrides])
+
+    return build
