@@ -10,7 +10,8 @@ The workflow's own settings come from Snakemake's ``--config`` (see :func:`parse
 ``dataset_overrides``
     per-dataset ``dataset.*`` overrides, e.g. ``{imagenet1k: [dataset.source=/data/train]}``;
 ``launcher``
-    ``local`` (default) or ``slurm``: set by ``profiles/slurm``, it runs training with ``cluster=slurm``.
+    ``local`` (default) or ``slurm``: set by ``profiles/slurm``; stages then compose ``cluster=slurm``
+    (training runs its ranks with ``srun``) and jobs ask SLURM for ``cluster.slurm.*`` resources.
 
 Each stage is given only the overrides that can change what it computes (:data:`STAGE_KEYS`),
 and the resolved values of those keys become the rule's ``params``, so Snakemake reruns a stage
@@ -41,11 +42,13 @@ STAGE_DIMS: dict[str, tuple[str, ...]] = {
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset", "paths"),
     "profile": (
-        "dataset.name", "dataset.num_classes", "model", "cluster", "network",
+        "dataset.name", "dataset.num_classes", "model", "network",
+        "cluster.kind", "cluster.gpus", "cluster.device", "cluster.backend", "cluster.init_timeout_s",
         "train.batch_size", "train.image_size", "train.lr", "train.momentum", "train.seed", "train.amp",
     ),
     "plan": (
-        "dataset.name", "dataset.num_classes", "model", "strategy.num_ps", "cluster", "network",
+        "dataset.name", "dataset.num_classes", "model", "strategy.num_ps", "network",
+        "cluster.kind", "cluster.gpus", "cluster.device", "cluster.backend",
         "train.batch_size", "train.image_size", "train.amp",
     ),
     "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
@@ -130,7 +133,7 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
                 f"e.g. 'experiment.models=[vgg11]' or 'experiment.gpus=[2,4]' (plans come from the plan stage)"
             )
         if slurm and key == "cluster":
-            raise ConfigError(f"override {override!r}: the slurm profile runs training with cluster=slurm")
+            raise ConfigError(f"override {override!r}: the slurm profile runs every stage with cluster=slurm")
     raw = config.get("dataset_overrides") or {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"dataset_overrides={raw!r} must map dataset names to override lists")
@@ -164,7 +167,7 @@ class Matrix:
 
     def __init__(self, settings: Settings, config_dir: Path = CONFIG_DIR) -> None:
         self.settings = settings
-        head = [f"experiment={settings.experiment}", *settings.overrides]
+        head = [f"experiment={settings.experiment}", *self.launcher_args(), *settings.overrides]
         self.base = load(head, config_dir)
         e = self.base.experiment
         unknown = sorted(set(settings.dataset_overrides) - set(e.datasets))
@@ -182,11 +185,13 @@ class Matrix:
                     raise ConfigError(f"{group} '{option}' sets {group}.name={section.name!r}: outputs are named by "
                                       f"the option, so keep {group}.name equal to it")
                 self._sections[group, option] = section
-        self.cluster = self._compose(head + ["cluster=slurm"], "cluster", "slurm").cluster if settings.slurm \
-            else self.base.cluster
         self.runs = [Run(d, m, s, g, n) for d in e.datasets for m in e.models for s in e.strategies
                      for g in e.gpus for n in e.networks]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
+
+    def launcher_args(self) -> list[str]:
+        """``cluster=slurm`` when the workflow runs under the slurm profile: every stage runs in SLURM jobs."""
+        return ["cluster=slurm"] if self.settings.slurm else []
 
     @staticmethod
     def _compose(overrides: list[str], group: str, option: str) -> Config:
@@ -203,7 +208,9 @@ class Matrix:
     def _config(self, run: Run, dims: Sequence[str]) -> Config:
         """`run`'s config where the matrix chooses `dims`; other groups keep the experiment's default."""
         sections = {g: self._sections[g, getattr(run, g)] for g in MATRIX_GROUPS if g in dims}
-        cluster = self.cluster if "strategy" in dims else self.base.cluster
+        if "strategy" in sections:  # training reads its split from the plan stage's output
+            sections["strategy"] = dataclasses.replace(sections["strategy"], plan=self.path("plan", run))
+        cluster = self.base.cluster
         if "gpus" in dims:
             cluster = dataclasses.replace(cluster, gpus=run.gpus)
         cfg = dataclasses.replace(self.base, cluster=cluster, **sections)
@@ -243,15 +250,15 @@ class Matrix:
         user's overrides of keys it reads."""
         keys, dims = STAGE_KEYS[stage], STAGE_DIMS[stage]
         args = [f"experiment={self.settings.experiment}"]
+        if relevant("cluster", keys):
+            args += self.launcher_args()
         for group in MATRIX_GROUPS:
             if group in dims:
                 args += self.group_args(group, getattr(run, group))
         if "gpus" in dims:
             args.append(f"cluster.gpus={run.gpus}")
         if stage == "train":
-            args.append(f"strategy.plan={self.path('plan', run)}")
-            if self.settings.slurm:
-                args.append("cluster=slurm")
+            args.append(f"strategy.plan={self.config(run).strategy.plan}")
         args += [o for o in self.settings.overrides if relevant(override_key(o), keys)]
         return args
 

@@ -15,4 +15,4 @@ rule prepare_shards:
         runtime=slurm_resource("prepare_shards", "runtime"),
         slurm_partition=slurm_resource("prepare_shards", "slurm_partition", ""),
     shell:
-        "{RALP} prepare-shards {params.args} > {log:q} 2>&1"
+        "{RALP} prepare-shards --no-progress {params.args} > {log:q} 2>&1"

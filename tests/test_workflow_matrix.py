@@ -1,0 +1,112 @@
+"""The experiment matrix: configs per run, per-stage overrides and params, refusal of unsafe values."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ralp_pipe.config import ConfigError, load, to_dict
+from ralp_pipe.matrix import STAGE_DIMS, STAGE_KEYS, Matrix, parse_settings, select
+from workflow_helpers import snakemake
+
+
+@pytest.fixture(scope="module")
+def local() -> Matrix:
+    return Matrix(parse_settings({"experiment": "local", "overrides": ["train.measure_steps=7"]}))
+
+
+def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
+    assert len(local.runs) == 2 * 2 * 4  # datasets x models x strategies (N and network: one each)
+    for run in local.runs[::3]:
+        full = load(["experiment=local", "train.measure_steps=7", f"dataset={run.dataset}", f"model={run.model}",
+                     f"strategy={run.strategy}", f"network={run.network}", f"cluster.gpus={run.gpus}",
+                     f"strategy.plan=results/plans/{run.dataset}/{run.model}/n{run.gpus}-{run.network}.json"])
+        assert to_dict(local.config(run)) == to_dict(full)
+
+
+def test_each_stage_composes_the_params_it_is_keyed_by(local: Matrix) -> None:
+    run = local.runs[-1]
+    for stage, keys in STAGE_KEYS.items():
+        params = json.loads(local.stage_params(stage, run))
+        composed = select(to_dict(load(local.stage_args(stage, run))), keys)
+        assert composed == params["config"], stage
+
+
+def test_overrides_reach_only_the_stages_that_read_them() -> None:
+    settings = parse_settings({"experiment": "smoke", "overrides": "train.measure_steps=9 dataset.synthetic.seed=3"})
+    matrix = Matrix(settings)
+    run = matrix.runs[0]
+    assert "train.measure_steps=9" in matrix.stage_args("train", run)
+    assert all("train.measure_steps=9" not in matrix.stage_args(s, run) for s in ("prepare_shards", "profile", "plan"))
+    assert "dataset.synthetic.seed=3" in matrix.stage_args("prepare_shards", run)
+    assert "dataset.synthetic.seed=3" not in matrix.stage_args("profile", run)
+    assert matrix.stage_args("prepare_shards", run) == ["experiment=smoke", "dataset=synthetic1k",
+                                                        "dataset.synthetic.seed=3"]
+    assert set(STAGE_DIMS) == set(STAGE_KEYS)
+
+
+def test_slurm_launcher_trains_with_cluster_slurm_and_asks_one_task_per_rank() -> None:
+    matrix = Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm",
+                                    "overrides": ["cluster.slurm.mem_mb=1500", "cluster.slurm.partition=debug"]}))
+    ps = matrix.first(strategy="ps")
+    assert "cluster=slurm" in matrix.stage_args("train", ps)
+    assert matrix.config(ps).cluster.kind == "slurm"
+    assert "cluster=slurm" in matrix.stage_args("profile", ps)
+    assert "cluster.slurm.mem_mb=1500" not in matrix.stage_args("profile", ps)
+    assert matrix.stage_args("prepare_shards", ps) == ["experiment=smoke", "dataset=synthetic1k"]
+    resources = matrix.slurm_resources(ps, "train")
+    assert resources["tasks"] == 3 and resources["mem_mb"] == 1500 and resources["slurm_partition"] == "debug"
+    assert matrix.slurm_resources(matrix.first(strategy="ralp_h"), "train")["tasks"] == 2
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"overrides": ["model=vgg16"]}, "would fight the experiment matrix"),
+        ({"overrides": ["experiment=paper"]}, "would fight the experiment matrix"),
+        ({"colour": "blue"}, "unknown workflow setting"),
+        ({"launcher": "pbs"}, "launcher='pbs' is not allowed"),
+        ({"dataset_overrides": {"synthetic1k": ["train.lr=1"]}}, "is not a dataset.\\* override"),
+        ({"dataset_overrides": {"imagenet1k": ["dataset.source=/x"]}}, "not in experiment.datasets"),
+    ],
+)
+def test_bad_workflow_settings_are_refused(config: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Matrix(parse_settings({"experiment": "smoke", **config}))
+
+
+def test_missing_dataset_path_fails_before_any_stage_naming_it(tmp_path: Path) -> None:
+    result = snakemake(tmp_path, "--cores", "1", config={"experiment": "paper"})
+    assert result.returncode != 0
+    assert "dataset.source is missing for dataset 'imagenet1k'" in result.stdout + result.stderr
+    bad = tmp_path / "no-such-imagenet"
+    result = snakemake(tmp_path, "--cores", "1", config={
+        "experiment": "paper", "dataset_overrides": {"imagenet1k": [f"dataset.source={bad}"]}})
+    assert f"dataset.source='{bad}'" in result.stdout + result.stderr and result.returncode != 0
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("override", ["model.name=vgg11; touch {marker}", "experiment.models=['vgg11; touch {marker}']",
+                                      "network.name=$(touch {marker})"])
+def test_shell_metacharacters_in_config_values_are_refused_and_never_run(tmp_path: Path, override: str) -> None:
+    marker = tmp_path / "pwned"
+    result = snakemake(tmp_path, "--cores", "1", config={"experiment": "smoke",
+                                                         "overrides": [override.format(marker=marker)]})
+    assert result.returncode != 0
+    assert "configuration error" in result.stdout + result.stderr
+    assert not marker.exists() and not (tmp_path / "results").exists()
+
+
+def test_values_with_spaces_and_quotes_reach_the_stage_as_one_argument(tmp_path: Path) -> None:
+    source = tmp_path / "image net; $(touch pwned) 'x'"
+    source.mkdir()
+    config = {"experiment": "smoke", "overrides": ["experiment.datasets=[imagenet1k]"],
+              "dataset_overrides": {"imagenet1k": [f'dataset.source="{source}"', "dataset.num_classes=2"]}}
+    result = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "1", config=config)
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if "prepare-shards" in x)
+    quoted = os.popen(f"printf '%s\\n' {line.split('prepare-shards', 1)[1].split('>')[0]}").read().splitlines()
+    assert f'dataset.source="{source}"' in quoted and not (tmp_path / "pwned").exists()
