@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import tarfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -174,3 +177,29 @@ def test_changed_options_rebuild_and_drop_stale_shards(rgb_tree, make_config):
     prepare(make_config(rgb_tree, "dataset.shards.images_per_shard=4"), progress=False)
     assert sorted(p.name for p in out.glob("shard-*")) == [f"shard-00000{i}.{e}" for i in range(3) for e in ("idx", "tar")]
     assert len(shard_contents(out)) == 9
+
+
+def test_killed_run_resumes_and_ends_like_a_clean_run(tmp_path, make_config):
+    root = tmp_path / "big"
+    for label in range(3):
+        (root / f"n{label:08d}").mkdir(parents=True)
+        for number in range(20):  # PNGs under .JPEG names: each one is re-encoded, so the run takes a while
+            image = noise_image(label * 100 + number, size=(384, 384))
+            (root / f"n{label:08d}" / f"n{label:08d}_{number}.JPEG").write_bytes(encode(image, "PNG"))
+    argv = [sys.executable, "-m", "ralp_pipe.cli", "prepare-shards", "--no-progress", "dataset=imagenet1k",
+            f"dataset.source={root}", "dataset.num_classes=5", "dataset.shards.images_per_shard=1",
+            "dataset.shards.workers=1", "dataset.shards.resize_shorter=null", f"paths.results={tmp_path / 'results'}"]
+    out = tmp_path / "results" / "data" / "imagenet1k"
+    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(out.glob("parts/shard-*.json"))) < 3:
+        time.sleep(0.01)
+    run.kill()
+    run.wait()
+    finished = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+    assert 3 <= len(finished) < 60 and not (out / "manifest.json").exists()
+    prepare(make_config(root, "dataset.shards.images_per_shard=1"), progress=False)
+    assert {name: (out / name).stat().st_mtime_ns for name in finished} == finished
+    clean = prepare(make_config(root, "dataset.shards.images_per_shard=1", f"paths.results={tmp_path / 'clean'}"),
+                    progress=False)
+    assert (out / "manifest.json").read_bytes() == (clean / "manifest.json").read_bytes()

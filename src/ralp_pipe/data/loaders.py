@@ -98,7 +98,7 @@ def _dali(shards: list[tuple[Path, Path]], batch_size: int, image_size: int, ran
 
     on_gpu = torch.device(device).type == "cuda"
 
-    @pipeline_def(enable_conditionals=False)
+    @pipeline_def
     def pipeline() -> tuple[Any, Any]:
         jpegs, labels = fn.readers.webdataset(
             paths=[str(tar) for tar, _ in shards], index_paths=[str(idx) for _, idx in shards],
@@ -113,7 +113,8 @@ def _dali(shards: list[tuple[Path, Path]], batch_size: int, image_size: int, ran
         )
         return images, labels
 
-    device_id = (torch.device(device).index or torch.cuda.current_device()) if on_gpu else None
+    index = torch.device(device).index
+    device_id = (torch.cuda.current_device() if index is None else index) if on_gpu else None
     pipe = pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed * 1000 + rank)
     pipe.build()
     for batch in DALIGenericIterator([pipe], ["images", "labels"]):

@@ -80,7 +80,7 @@ def prepare(cfg: Config, progress: bool = True) -> Path:
     plan = make_plan(found, options)
     (out / RECORDS).mkdir(exist_ok=True)
     _remove_leftovers(out, {shard.name for shard in plan})
-    records = _build_all(plan, out, dataset, progress)
+    records = _build_all(plan, out, dataset, options, progress)
     _write_if_changed(out / CLASSES, _json({synset: label for label, synset in enumerate(found.synsets)}))
     _write_if_changed(out / MANIFEST, _json(_manifest(dataset, source, found, plan, records, options)))
     return out
@@ -208,9 +208,10 @@ def _finished_record(out: Path, shard: PlannedShard, record_path: Path) -> dict[
     return record if intact else None
 
 
-def _build_all(plan: list[PlannedShard], out: Path, dataset: DatasetConfig, progress: bool) -> list[dict[str, Any]]:
+def _build_all(plan: list[PlannedShard], out: Path, dataset: DatasetConfig, options: dict[str, Any],
+               progress: bool) -> list[dict[str, Any]]:
     """Build every planned shard (in `dataset.shards.workers` processes) with a progress bar on stderr."""
-    options, strict = _content_options(dataset), dataset.shards.strict
+    strict = dataset.shards.strict
     bar = tqdm(total=sum(len(s.items) for s in plan), unit="img", desc=f"shards {dataset.name}",
                disable=not progress, file=sys.stderr)
     records: dict[str, dict[str, Any]] = {}
