@@ -1,0 +1,229 @@
+"""The explicit cost model shared by `plan` and `simulate`: one synchronous step, phase by phase.
+
+Inputs: a profile (per-unit forward/backward seconds at measured batches, seconds per
+parameter byte of gradient aggregation and of the SGD update), the bytes each category moves
+per step (exactly :func:`ralp_pipe.volume.step_bytes`), and a link (bytes/s and latency per
+message) that every host has, full duplex.
+
+Phases of one step, in order (no overlap, as a synchronous implementation runs them):
+
+- `ps`: workers run forward+backward of every unit at batch b and flatten their gradients;
+  all W workers push them over the PS links (fan-in: the PS links carry the sum, split over
+  `num_ps` servers); the PSes stack and sum W gradient sets and apply SGD; the workers pull
+  the parameters (fan-out, again the sum over the PS links) and copy them into the model.
+- `allreduce`: workers run forward+backward; a ring all-reduce sends gradients/N bytes over
+  each worker's link in 2(N-1) latency-bound steps, adding (N-1)/N of a gradient set; each
+  worker applies SGD to all parameters.
+- `ralp_h` / `ralp_n`: workers run the lower units forward at batch b; activations go up
+  the PS device's link; the PS device runs the upper units forward+backward at batch W*b;
+  activation gradients come down; workers run the lower units backward; lower gradients go
+  up; the PS device aggregates them and applies SGD to every parameter; lower parameters come
+  down. Every one of those transfers crosses the single PS device link.
+
+Compute phases on ranks that share hardware (all ranks on one CPU machine) take longer by the
+number of ranks computing at once divided by the number of profiled machines they share.
+Unit times at batches that were not profiled are interpolated linearly between measured
+batches and scaled proportionally beyond them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+# tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
+TCP_PAYLOAD_PER_WIRE_BYTE = 1448 / 1514
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def rate_bytes_per_s(rate: str) -> float | None:
+    """Bytes/s of a tc rate such as "1gbit" ("unlimited": None); tc's k/m/g are powers of 1000."""
+    if rate == "unlimited":
+        return None
+    match = _RATE.match(rate)
+    if not match:
+        raise ValueError(f"network rate {rate!r} is not a tc rate: use e.g. 100mbit, 1gbit, 10gbit or unlimited")
+    return float(match.group(1)) * _RATE_UNITS[match.group(2)] / 8
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """Measured forward/backward seconds of one placement unit at the profiled batches."""
+
+    name: str
+    param_bytes: int
+    batches: tuple[int, ...]
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+
+    def fwd(self, batch: int) -> float:
+        """Forward seconds at `batch`."""
+        return _at_batch(self.batches, self.fwd_s, batch)
+
+    def bwd(self, batch: int) -> float:
+        """Backward seconds at `batch`."""
+        return _at_batch(self.batches, self.bwd_s, batch)
+
+
+def _at_batch(batches: Sequence[int], values: Sequence[float], batch: int) -> float:
+    if batch <= batches[0]:
+        return values[0] * batch / batches[0]
+    if batch >= batches[-1]:
+        return values[-1] * batch / batches[-1]
+    return float(np.interp(batch, batches, values))
+
+
+@dataclass(frozen=True)
+class ComputeCosts:
+    """What the cost model needs from a profile: unit costs and per-byte update costs."""
+
+    units: tuple[UnitCost, ...]
+    update_s_per_byte: float
+    aggregate_s_per_byte: float
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of all trainable parameters."""
+        return sum(u.param_bytes for u in self.units)
+
+    def fwd(self, units: slice, batch: int) -> float:
+        """Forward seconds of `units` at `batch`."""
+        return sum(u.fwd(batch) for u in self.units[units])
+
+    def bwd(self, units: slice, batch: int) -> float:
+        """Backward seconds of `units` at `batch`."""
+        return sum(u.bwd(batch) for u in self.units[units])
+
+
+def compute_costs(profile: Mapping[str, Any]) -> ComputeCosts:
+    """The :class:`ComputeCosts` of a profile document written by `ralp-pipe profile`."""
+    units = []
+    for row in profile["units"]:
+        batches = sorted(row["by_batch"], key=int)
+        units.append(UnitCost(
+            name=row["name"],
+            param_bytes=int(row["param_bytes"]),
+            batches=tuple(int(b) for b in batches),
+            fwd_s=tuple(float(row["by_batch"][b]["fwd_s"]) for b in batches),
+            bwd_s=tuple(float(row["by_batch"][b]["bwd_s"]) for b in batches),
+        ))
+    update = profile["update"]
+    return ComputeCosts(tuple(units), float(update["update_s_per_byte"]), float(update["aggregate_s_per_byte"]))
+
+
+@dataclass(frozen=True)
+class Link:
+    """One host's network link: payload bytes/s each direction and seconds per message."""
+
+    bytes_per_s: float
+    latency_s: float = 0.0
+    source: str = ""
+
+
+@dataclass
+class Prediction:
+    """Predicted step time and its phases for one strategy, N and split."""
+
+    strategy: str
+    gpus: int
+    split: int | None
+    images_per_step: int
+    compute_s: float
+    server_s: float
+    comm_s: float
+    bytes_per_step: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def step_time_s(self) -> float:
+        """Seconds of one synchronous step."""
+        return self.compute_s + self.server_s + self.comm_s
+
+    @property
+    def images_per_sec(self) -> float:
+        """Images processed by all workers per second."""
+        return self.images_per_step / self.step_time_s
+
+    @property
+    def gb_per_step(self) -> dict[str, float]:
+        """`bytes_per_step` in GB (10^9 bytes)."""
+        return {k: v / 1e9 for k, v in self.bytes_per_step.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for plan tables and Parquet rows."""
+        return {
+            "split": self.split,
+            "predicted_step_time_s": self.step_time_s,
+            "predicted_images_per_sec": self.images_per_sec,
+            "predicted_compute_s": self.compute_s,
+            "predicted_server_s": self.server_s,
+            "predicted_comm_s": self.comm_s,
+            "predicted_bytes_per_step": dict(self.bytes_per_step),
+            "predicted_gb_per_step": self.gb_per_step,
+        }
+
+
+def _sharing(concurrent: int, machines: int | None) -> float:
+    """Slow-down of `concurrent` ranks computing at once on `machines` profiled machines."""
+    return 1.0 if machines is None else max(1.0, concurrent / machines)
+
+
+def predict(
+    strategy: str,
+    costs: ComputeCosts,
+    num_workers: int,
+    gpus: int,
+    batch_size: int,
+    volume: Mapping[str, int],
+    link: Link,
+    split: int | None = None,
+    num_ps: int = 1,
+    machines: int | None = None,
+) -> Prediction:
+    """Predicted step of `strategy` with `num_workers` workers moving `volume` bytes (see module doc)."""
+    w, b = num_workers, batch_size
+    total_param = costs.param_bytes
+    copy = costs.aggregate_s_per_byte  # one pass over memory, per byte
+    sent = volume["total"]
+    if strategy in ("ps", "allreduce"):
+        # forward+backward, then flattening the gradients and copying back the parameters
+        compute = (costs.fwd(slice(None), b) + costs.bwd(slice(None), b) + 2 * total_param * copy)
+        compute *= _sharing(w, machines)
+    if strategy == "ps":
+        # stack the W gradient sets, sum them, SGD; servers hold 1/num_ps of the parameters each
+        server = (2 * w * copy + costs.update_s_per_byte) * total_param / num_ps * _sharing(num_ps, machines)
+        comm = sent / num_ps / link.bytes_per_s + 2 * link.latency_s
+    elif strategy == "allreduce":
+        server = ((w - 1) / w * copy + costs.update_s_per_byte) * total_param * _sharing(w, machines)
+        comm = (sent / w / link.bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
+    elif strategy in ("ralp_h", "ralp_n"):
+        if split is None or not 1 <= split < len(costs.units):
+            raise ValueError(f"{strategy} needs a split point in 1..{len(costs.units) - 1}, got {split}")
+        lower, upper = slice(0, split), slice(split, None)
+        lower_param = sum(u.param_bytes for u in costs.units[lower])
+        compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + 2 * lower_param * copy) * _sharing(w, machines)
+        server = (costs.fwd(upper, w * b) + costs.bwd(upper, w * b)
+                  + 2 * w * lower_param * copy + total_param * costs.update_s_per_byte)
+        comm = sent / link.bytes_per_s + 4 * link.latency_s
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}")
+    return Prediction(strategy, gpus, split, w * b, compute, server, comm, dict(volume))
+
+
+def effective_link(measured_bytes_per_s: float | None, rate: str | None, latency_s: float = 0.0) -> Link:
+    """The slower of the measured link and the configured rate's TCP payload bandwidth."""
+    candidates: list[tuple[float, str]] = []
+    if measured_bytes_per_s:
+        candidates.append((float(measured_bytes_per_s), "measured"))
+    configured = rate_bytes_per_s(rate) if rate else None
+    if configured:
+        candidates.append((configured * TCP_PAYLOAD_PER_WIRE_BYTE, f"configured {rate}"))
+    if not candidates:
+        raise ValueError("no link bandwidth: the profile has no measured bandwidth and the rate is unlimited; "
+                         "profile without --no-bandwidth or set network.rate")
+    value, source = min(candidates)
+    return Link(value, latency_s, source)
+

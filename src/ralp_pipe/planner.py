@@ -1,0 +1,197 @@
+"""`ralp-pipe plan`: choose the RALP split point and predict every strategy's throughput.
+
+For each strategy and GPU count the planner asks :mod:`ralp_pipe.costmodel` for the step time
+of every admissible configuration (every split 1..len(units)-1 for `ralp_h` / `ralp_n`) with
+bytes per step from :func:`ralp_pipe.volume.step_bytes`, keeps the fastest, and compares it
+with the `ps` baseline. A RALP variant whose best split is not faster than `ps` is kept in the
+plan with ``pays: false`` and a reason, so the engine can still run it as the comparison.
+The engine reads ``plan["strategies"][name]["split"]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from . import models
+from .atomic import write_json_atomic
+from .config import STRATEGIES, Config, ConfigError, load
+from .costmodel import ComputeCosts, Link, Prediction, compute_costs, effective_link, predict
+from .topology import topology
+from .volume import step_bytes
+
+RALP = ("ralp_h", "ralp_n")
+SHAPED_KINDS = ("emulated", "slurm")  # cluster kinds whose links run at network.rate
+
+VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """A profile JSON written by `ralp-pipe profile`, with a clear error when it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read profile {path}: {exc}; write one with `ralp-pipe profile --out {path}`") from exc
+    missing = [k for k in ("model", "num_classes", "image_size", "units", "update", "link") if k not in doc]
+    if missing:
+        raise ConfigError(f"profile {path} lacks {', '.join(missing)}: re-run `ralp-pipe profile --out {path}`")
+    return doc
+
+
+def check_profile_matches(profile: Mapping[str, Any], cfg: Config, path: str | Path) -> None:
+    """Refuse a profile of another model, class count or image size than `cfg`."""
+    wanted = {"model": cfg.model.name, "num_classes": cfg.dataset.num_classes, "image_size": cfg.train.image_size}
+    for key, value in wanted.items():
+        if profile[key] != value:
+            raise ConfigError(
+                f"profile {path} has {key}={profile[key]!r} but the configuration asks for {value!r}: "
+                f"profile that configuration or pass matching overrides"
+            )
+
+
+def cluster_link(profile: Mapping[str, Any], cfg: Config) -> Link:
+    """The link the run will see: measured, capped by network.rate where the cluster is shaped."""
+    measured = profile["link"].get("measured") or {}
+    rate = cfg.network.rate if cfg.cluster.kind in SHAPED_KINDS else None
+    try:
+        return effective_link(measured.get("bytes_per_s"), rate, float(measured.get("latency_s", 0.0)))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (profile of {profile['model']}, network.rate={cfg.network.rate})") from exc
+
+
+def shared_machines(cfg: Config, device: str) -> int | None:
+    """Profiled machines the ranks share: 1 where every rank runs on this one CPU, else one each."""
+    return 1 if device == "cpu" and cfg.cluster.kind in ("local", "emulated") else None
+
+
+def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
+    """Memoised ``(strategy, gpus, split) -> volume.step_bytes(...)`` for one model."""
+    cache: dict[tuple[str, int, int | None], dict[str, int]] = {}
+
+    def volume(strategy: str, gpus: int, split: int | None) -> dict[str, int]:
+        key = (strategy, gpus, split)
+        if key not in cache:
+            topo = topology(strategy, gpus, num_ps)
+            cache[key] = step_bytes(strategy, units, split, topo, batch_size, image_size)
+        return cache[key]
+
+    return volume
+
+
+def best_prediction(
+    strategy: str, costs: ComputeCosts, volume: VolumeFn, gpus: int, batch_size: int, link: Link,
+    num_ps: int = 1, machines: int | None = None,
+) -> tuple[Prediction, list[Prediction]]:
+    """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
+    topo = topology(strategy, gpus, num_ps)
+    splits: Sequence[int | None] = range(1, len(costs.units)) if strategy in RALP else [None]
+    table = [
+        predict(strategy, costs, topo.num_workers, gpus, batch_size, volume(strategy, gpus, k), link, k,
+                num_ps=num_ps, machines=machines)
+        for k in splits
+    ]
+    return max(table, key=lambda p: p.images_per_sec), table
+
+
+def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: Sequence[str]) -> str:
+    speedup = best.images_per_sec / baseline.images_per_sec
+    where = f"split {best.split} (after '{unit_names[best.split - 1]}')" if best.split else strategy
+    moved = (f"{best.bytes_per_step['total'] / 1e9:.4g} GB/step instead of ps's "
+             f"{baseline.bytes_per_step['total'] / 1e9:.4g}")
+    phases = f"compute {best.compute_s:.4g} s, server {best.server_s:.4g} s, network {best.comm_s:.4g} s per step"
+    if speedup > 1:
+        return f"{where} predicts {speedup:.3g}x the ps baseline's images/sec, moving {moved} ({phases})"
+    return (f"does not pay: the best, {where}, predicts {speedup:.3g}x the ps baseline's images/sec "
+            f"while moving {moved} ({phases})")
+
+
+def plan_gpus(
+    costs: ComputeCosts, unit_names: Sequence[str], volume: VolumeFn, gpus: int, batch_size: int, link: Link,
+    num_ps: int = 1, machines: int | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
+    entries: dict[str, dict[str, Any]] = {}
+    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, machines)
+    for strategy in STRATEGIES:
+        if strategy in RALP and gpus < 2:
+            continue
+        best, table = best_prediction(strategy, costs, volume, gpus, batch_size, link, num_ps, machines)
+        topo = topology(strategy, gpus, num_ps)
+        speedup = best.images_per_sec / baseline.images_per_sec
+        entry = {
+            **best.as_dict(),
+            "roles": topo.roles,
+            "world_size": topo.world_size,
+            "num_workers": topo.num_workers,
+            "speedup_over_ps": speedup,
+            "pays": None if strategy == "ps" else speedup > 1.0,
+            "reason": "the baseline" if strategy == "ps" else _reason(strategy, best, baseline, unit_names),
+        }
+        if strategy in RALP:
+            entry["split_after_unit"] = unit_names[best.split - 1]
+            entry["table"] = [{**p.as_dict(), "after_unit": unit_names[p.split - 1]} for p in table]
+        entries[strategy] = entry
+    return entries
+
+
+def build_plan(profile: Mapping[str, Any], profile_path: str | Path, cfg: Config, gpus: Sequence[int]) -> dict[str, Any]:
+    """The plan document for `cfg` at every GPU count in `gpus` (the first one is the main entry)."""
+    check_profile_matches(profile, cfg, profile_path)
+    units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    names = [u.name for u in units]
+    if names != [u["name"] for u in profile["units"]]:
+        raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")
+    costs = compute_costs(profile)
+    link = cluster_link(profile, cfg)
+    machines = shared_machines(cfg, profile.get("device", "cpu"))
+    num_ps = cfg.strategy.num_ps
+    volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
+    by_gpus = {
+        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, machines) for n in gpus
+    }
+    best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
+    return {
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "num_classes": cfg.dataset.num_classes,
+        "image_size": cfg.train.image_size,
+        "batch_size": cfg.train.batch_size,
+        "gpus": gpus[0],
+        "network": cfg.network.name,
+        "cluster_kind": cfg.cluster.kind,
+        "bandwidth_bytes_per_s": link.bytes_per_s,
+        "bandwidth_source": link.source,
+        "latency_s": link.latency_s,
+        "shared_machines": machines,
+        "profile": str(profile_path),
+        "recommended": best[0],
+        "strategies": by_gpus[str(gpus[0])],
+        "by_gpus": by_gpus,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `ralp-pipe plan`."""
+    parser.add_argument("--profile", required=True, type=Path, help="profile JSON from `ralp-pipe profile`")
+    parser.add_argument("--out", required=True, type=Path, help="plan JSON file to write")
+    parser.add_argument("--gpus", type=int, nargs="+", help="GPU counts to plan for (default: cluster.gpus)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Plan every strategy for the configured model and write the plan file."""
+    cfg = load(args.overrides)
+    gpus = args.gpus or [cfg.cluster.gpus]
+    if min(gpus) < 1:
+        raise ConfigError(f"--gpus {' '.join(map(str, gpus))}: every GPU count must be at least 1")
+    plan = build_plan(read_profile(args.profile), args.profile, cfg, gpus)
+    write_json_atomic(args.out, plan)
+    for name, entry in plan["strategies"].items():
+        split = f" split {entry['split']:>2}" if entry["split"] else " " * 9
+        print(f"{name:9s}{split}  {entry['predicted_images_per_sec']:10.2f} img/s  "
+              f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
+              f"{entry['reason'] if name in RALP else ''}")
+    print(f"plan for {plan['model']}/{plan['dataset']} at N={plan['gpus']} "
+          f"({plan['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, {plan['bandwidth_source']}) -> {args.out}")
+    return 0

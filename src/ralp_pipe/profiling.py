@@ -1,0 +1,480 @@
+"""Hardware profile of one model: per-unit compute time, bytes and memory, plus the link bandwidth.
+
+`ralp-pipe profile --out FILE.json <overrides>` writes one JSON file per model x dataset x
+hardware. For every placement unit it records forward and backward time (median of
+`repeats` after `warmup` runs, each unit timed in isolation on an input of the right shape)
+at the per-worker batch and at the PS device's concatenated batches (ralp_n and ralp_h at
+`cluster.gpus`), parameter bytes, output activation bytes and peak memory. Peak memory is
+``torch.cuda.max_memory_allocated`` during the unit's forward+backward on GPU; on CPU it is
+the bytes of parameters + gradients + input + output + every tensor autograd saves for the
+backward pass (counted with ``saved_tensors_hooks``). It also records the SGD update and
+gradient-aggregation cost per parameter byte, the hardware, and the point-to-point bandwidth
+between two ranks measured with the backend training uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from . import models
+from .config import ConfigError, load
+from .costmodel import rate_bytes_per_s
+from .atomic import write_json_atomic
+from .topology import topology
+
+DEFAULT_MESSAGE_BYTES = 64 * 2**20
+PACKAGES = ("torch", "torchvision", "nvidia-dali-cuda130", "numpy", "pandas", "hydra-core")
+
+
+def resolve_device(name: str) -> torch.device:
+    """`cluster.device` as a torch device: auto is cuda where available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("cluster.device=cuda but torch sees no GPU here: use cluster.device=cpu or auto")
+    return torch.device(name)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall seconds of one call of `fn`, synchronising the device before and after."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _median_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median wall time of `repeats` calls of `fn` after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(_timed(fn, device) for _ in range(repeats))
+
+
+def _tensor_bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def profile_unit(
+    unit: models.Unit, input_shape: Sequence[int], device: torch.device, warmup: int, repeats: int, input_grad: bool
+) -> dict[str, Any]:
+    """Forward/backward median time, sample spread and peak memory of one unit on a random input."""
+    module = unit.module.to(device).train()
+    x = torch.randn(*input_shape, device=device, requires_grad=input_grad)
+    params = [p for p in module.parameters() if p.requires_grad]
+    state: dict[str, torch.Tensor] = {}
+
+    def forward() -> None:
+        state["out"] = module(x)
+
+    def backward() -> None:
+        out = state.pop("out")
+        if out.requires_grad:
+            out.backward(torch.ones_like(out))
+
+    def forward_backward() -> None:
+        forward()
+        backward()
+
+    for _ in range(warmup):
+        forward_backward()
+    fwd_times: list[float] = []
+    bwd_times: list[float] = []
+    for _ in range(repeats):
+        fwd_times.append(_timed(forward, device))
+        bwd_times.append(_timed(backward, device))
+    return {
+        "fwd_s": statistics.median(fwd_times),
+        "bwd_s": statistics.median(bwd_times),
+        "fwd_samples_s": fwd_times,
+        "bwd_samples_s": bwd_times,
+        "peak_memory_bytes": _peak_memory(module, x, params, device),
+    }
+
+
+def _peak_memory(module: nn.Module, x: torch.Tensor, params: list[torch.Tensor], device: torch.device) -> int:
+    """Peak bytes of one forward+backward (see the module docstring for the CPU measure)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        out = module(x)
+        out.backward(torch.ones_like(out))
+        _sync(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+    out_bytes = out.numel() * out.element_size()
+    if out.requires_grad:
+        out.backward(torch.ones_like(out))
+    return 2 * _tensor_bytes(params) + _tensor_bytes([x]) + out_bytes + sum(saved.values())
+
+
+def profile_update(model: nn.Module, device: torch.device, warmup: int, repeats: int, lr: float, momentum: float) -> dict[str, float]:
+    """Seconds per parameter byte of one SGD step and of adding one gradient into an accumulator."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    accum = [torch.zeros_like(p) for p in params]
+    nbytes = _tensor_bytes(params)
+
+    def aggregate() -> None:
+        for a, p in zip(accum, params):
+            a.add_(p.grad)
+
+    update_s = _median_time(optimizer.step, device, warmup, repeats)
+    aggregate_s = _median_time(aggregate, device, warmup, repeats)
+    return {
+        "param_bytes": nbytes,
+        "update_s": update_s,
+        "aggregate_s": aggregate_s,
+        "update_s_per_byte": update_s / nbytes,
+        "aggregate_s_per_byte": aggregate_s / nbytes,
+    }
+
+
+def profile_model(
+    name: str,
+    num_classes: int,
+    image_size: int,
+    batches: Sequence[int],
+    device: torch.device,
+    warmup: int = 1,
+    repeats: int = 3,
+    dropout: float = 0.5,
+    lr: float = 0.01,
+    momentum: float = 0.9,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Per-unit table (times per batch, bytes, memory) and update cost of model `name`."""
+    torch.manual_seed(seed)
+    model = models.build(name, num_classes, dropout)
+    units = models.placement_units(model)
+    shapes = models.activation_shapes(units, image_size)
+    in_shapes = [(3, image_size, image_size), *(s[1:] for s in shapes[:-1])]
+    dense_index = next((i for i, u in enumerate(units) if u.is_dense), len(units))
+    rows = []
+    for index, (unit, in_shape, out_shape) in enumerate(zip(units, in_shapes, shapes)):
+        params = [p for p in unit.module.parameters() if p.requires_grad]
+        rows.append({
+            "index": index,
+            "name": unit.name,
+            "is_dense": unit.is_dense,
+            "before_first_dense": index < dense_index,
+            "param_count": sum(p.numel() for p in params),
+            "param_bytes": _tensor_bytes(params),
+            "activation_shape": list(out_shape[1:]),
+            "activation_bytes_per_sample": 4 * math.prod(out_shape[1:]),
+            "by_batch": {
+                str(b): profile_unit(unit, (b, *in_shape), device, warmup, repeats, input_grad=index > 0)
+                for b in batches
+            },
+        })
+    model.to(device)
+    return {"units": rows, "update": profile_update(model, device, warmup, repeats, lr, momentum)}
+
+
+def unit_macs(units: Sequence[models.Unit], image_size: int) -> list[int]:
+    """Multiply-accumulates of each unit's forward pass for one image (conv and linear layers)."""
+    counts: dict[int, int] = {}
+    hooks = []
+
+    def count(module: nn.Module, _: Any, output: torch.Tensor) -> None:
+        spatial = output.shape[2] * output.shape[3] if output.dim() == 4 else 1
+        counts[id(module)] = module.weight.numel() * spatial
+
+    for unit in units:
+        hooks += [m.register_forward_hook(count) for m in unit.module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    try:
+        models.activation_shapes(list(units), image_size)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [sum(counts.get(id(m), 0) for m in u.module.modules()) for u in units]
+
+
+def analytic_profile(
+    name: str,
+    num_classes: int,
+    image_size: int,
+    batches: Sequence[int],
+    macs_per_s: float,
+    bandwidth_bytes_per_s: float | None,
+    memory_bytes_per_s: float,
+    latency_s: float = 0.0,
+) -> dict[str, Any]:
+    """A profile document computed instead of measured, for hardware not at hand.
+
+    Forward time is the unit's multiply-accumulates / `macs_per_s` (backward twice that);
+    gradient aggregation and the SGD update stream parameters at `memory_bytes_per_s`
+    (aggregation reads and writes once, the update with momentum three times).
+    """
+    units = models.placement_units(models.build(name, num_classes))
+    shapes = models.activation_shapes(units, image_size)
+    dense_index = next((i for i, u in enumerate(units) if u.is_dense), len(units))
+    rows = []
+    for index, (unit, shape, macs) in enumerate(zip(units, shapes, unit_macs(units, image_size))):
+        params = [p for p in unit.module.parameters() if p.requires_grad]
+        rows.append({
+            "index": index,
+            "name": unit.name,
+            "is_dense": unit.is_dense,
+            "before_first_dense": index < dense_index,
+            "param_count": sum(p.numel() for p in params),
+            "param_bytes": _tensor_bytes(params),
+            "macs_per_sample": macs,
+            "activation_shape": list(shape[1:]),
+            "activation_bytes_per_sample": 4 * math.prod(shape[1:]),
+            "by_batch": {str(b): {"fwd_s": macs * b / macs_per_s, "bwd_s": 2 * macs * b / macs_per_s} for b in batches},
+        })
+    param_bytes = sum(r["param_bytes"] for r in rows)
+    return {
+        "model": name, "num_classes": num_classes, "image_size": image_size, "device": "analytic",
+        "batches": {str(b): b for b in batches},
+        "units": rows,
+        "update": {
+            "param_bytes": param_bytes,
+            "update_s_per_byte": 3 / memory_bytes_per_s,
+            "aggregate_s_per_byte": 1 / memory_bytes_per_s,
+        },
+        "link": {"measured": None if bandwidth_bytes_per_s is None
+                 else {"bytes_per_s": bandwidth_bytes_per_s, "latency_s": latency_s}},
+    }
+
+
+def hardware() -> dict[str, Any]:
+    """CPU model and count, GPU name and memory, OS and library versions of this machine."""
+    cpu_model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    gpus = [
+        {"name": torch.cuda.get_device_name(i), "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+        for i in range(torch.cuda.device_count())
+    ]
+    versions = {"python": platform.python_version()}
+    for package in PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpus": gpus,
+        "cuda": torch.version.cuda,
+        "versions": versions,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure_bandwidth(
+    backend: str = "gloo",
+    message_bytes: int = DEFAULT_MESSAGE_BYTES,
+    repeats: int = 3,
+    argv_prefixes: Sequence[Sequence[str]] = ((), ()),
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    rank_env: Sequence[Mapping[str, str]] = ({}, {}),
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
+    """Point-to-point bytes/s between two spawned ranks, both directions, with `backend`.
+
+    Rank r runs as ``[*argv_prefixes[r], python, -m, ralp_pipe.profiling, ...]`` with
+    ``rank_env[r]`` added to its environment, so each rank can start inside its own network
+    namespace (prefix ``ip netns exec NS``, env ``GLOO_SOCKET_IFNAME=eth0``) with rank 0
+    listening on `master_addr`.
+    """
+    if len(argv_prefixes) != 2 or len(rank_env) != 2:
+        raise ValueError("measure_bandwidth needs exactly two argv prefixes and two env mappings (ranks 0 and 1)")
+    port = master_port or _free_port()
+    procs = []
+    for rank in (0, 1):
+        argv = [
+            *argv_prefixes[rank], sys.executable, "-m", "ralp_pipe.profiling",
+            "--rank", str(rank), "--init", f"tcp://{master_addr}:{port}", "--backend", backend,
+            "--bytes", str(message_bytes), "--repeats", str(repeats), "--timeout", str(timeout_s),
+        ]
+        env = {**os.environ, **rank_env[rank]}
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout_s))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+        raise RuntimeError(f"bandwidth probe did not finish within {timeout_s} s ({master_addr}:{port}, {backend})")
+    for rank, (proc, (_, err)) in enumerate(zip(procs, outputs)):
+        if proc.returncode != 0:
+            raise RuntimeError(f"bandwidth probe rank {rank} exited with {proc.returncode}: {err.strip()[-2000:]}")
+    result = json.loads(outputs[0][0].strip().splitlines()[-1])
+    result["bytes_per_s"] = min(result["directions"].values())
+    return result
+
+
+def _bandwidth_rank(rank: int, init: str, backend: str, message_bytes: int, repeats: int, timeout_s: float) -> dict[str, Any] | None:
+    """One rank of the probe: timed send + 1-element acknowledgement, in both directions."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    message = torch.ones(message_bytes // 4, dtype=torch.float32)
+    ack = torch.zeros(1)
+
+    def round_trip(sender: int, payload: torch.Tensor) -> float:
+        peer = 1 - rank
+        start = time.perf_counter()
+        if rank == sender:
+            dist.send(payload, peer)
+            dist.recv(ack, peer)
+        else:
+            dist.recv(payload, peer)
+            dist.send(ack, peer)
+        return time.perf_counter() - start
+
+    directions: dict[str, float] = {}
+    latency: list[float] = []
+    for sender in (0, 1):
+        round_trip(sender, message)
+        samples = [round_trip(sender, message) for _ in range(repeats)]
+        latency += [round_trip(sender, torch.ones(1)) / 2 for _ in range(repeats)]
+        directions[f"{sender}->{1 - sender}"] = message_bytes / statistics.median(samples)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return {
+        "backend": backend, "message_bytes": message_bytes, "repeats": repeats,
+        "directions": directions, "latency_s": statistics.median(latency),
+    }
+
+
+def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
+    """Per-worker batch and the PS device's concatenated batch of ralp_n and ralp_h at `gpus`."""
+    batches = {"worker": batch_size}
+    if gpus >= 2:
+        for strategy in ("ralp_n", "ralp_h"):
+            batches[f"ps_{strategy}"] = batch_size * topology(strategy, gpus).num_workers
+    return batches
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `ralp-pipe profile`."""
+    parser.add_argument("--out", required=True, type=Path, help="profile JSON file to write")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per unit and batch (median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per unit and batch")
+    parser.add_argument("--message-mb", type=float, default=64.0, help="bandwidth probe message size (MiB)")
+    parser.add_argument("--bandwidth-repeats", type=int, default=3, help="timed messages per direction")
+    parser.add_argument("--no-bandwidth", action="store_true", help="skip the two-rank bandwidth probe")
+
+
+def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandwidth_repeats: int, bandwidth: bool) -> dict[str, Any]:
+    """The whole profile document of `cfg`'s model, dataset and this machine."""
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"--repeats={repeats} must be >= 1 and --warmup={warmup} >= 0")
+    device = resolve_device(cfg.cluster.device)
+    batches = worker_and_ps_batches(cfg.train.batch_size, cfg.cluster.gpus)
+    started = time.perf_counter()
+    body = profile_model(
+        cfg.model.name, cfg.dataset.num_classes, cfg.train.image_size, sorted(set(batches.values())), device,
+        warmup, repeats, cfg.model.dropout, cfg.train.lr, cfg.train.momentum, cfg.train.seed,
+    )
+    backend = cfg.cluster.backend if cfg.cluster.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    link: dict[str, Any] = {"measured": None}
+    if bandwidth:
+        # The probe moves CPU tensors, so it uses gloo even where training would use NCCL.
+        link["measured"] = measure_bandwidth("gloo", message_bytes, bandwidth_repeats)
+    link["configured_rate"] = cfg.network.rate if cfg.cluster.kind == "emulated" else None
+    link["configured_bytes_per_s"] = rate_bytes_per_s(cfg.network.rate) if cfg.cluster.kind == "emulated" else None
+    return {
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "num_classes": cfg.dataset.num_classes,
+        "image_size": cfg.train.image_size,
+        "batch_size": cfg.train.batch_size,
+        "gpus": cfg.cluster.gpus,
+        "batches": batches,
+        "device": device.type,
+        "training_backend": backend,
+        "cluster_kind": cfg.cluster.kind,
+        "warmup": warmup,
+        "repeats": repeats,
+        "memory_method": "cuda.max_memory_allocated" if device.type == "cuda"
+        else "params + grads + input + output + autograd-saved tensors (bytes)",
+        "hardware": hardware(),
+        "link": link,
+        **body,
+        "profile_seconds": time.perf_counter() - started,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    """Profile the configured model on this machine and write the JSON file."""
+    cfg = load(args.overrides)
+    doc = build_profile(cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats,
+                        not args.no_bandwidth)
+    write_json_atomic(args.out, doc)
+    bw = doc["link"]["measured"]
+    bw_text = f", link {bw['bytes_per_s'] / 1e9:.2f} GB/s" if bw else ""
+    print(f"profile {doc['model']}/{doc['dataset']} on {doc['device']}: {len(doc['units'])} units, "
+          f"{doc['profile_seconds']:.1f} s{bw_text} -> {args.out}")
+    return 0
+
+
+def _rank_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description="one rank of the bandwidth probe")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--init", required=True)
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--bytes", type=int, default=DEFAULT_MESSAGE_BYTES)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    a = parser.parse_args(argv)
+    result = _bandwidth_rank(a.rank, a.init, a.backend, a.bytes, a.repeats, a.timeout)
+    if result is not None:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1:]))

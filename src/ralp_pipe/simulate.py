@@ -1,0 +1,163 @@
+"""`ralp-pipe simulate`: predict every strategy on clusters this machine is not.
+
+With the cost model of :mod:`ralp_pipe.costmodel` and the unit costs of one profile, it
+predicts images/sec and GB/step for N = 2..1024 GPUs (powers of two) and links of 1..400
+Gbit/s, one device per rank (the PS device computing at the profiled speed), choosing the
+best split for each RALP variant at every point. It writes ``simulation.parquet``, a plot of
+images/sec against N (one panel per strategy, one line per link speed), a plot of the speedup
+over `ps`, and prints a short summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from . import models
+from .atomic import atomic_path
+from .config import STRATEGIES, ConfigError, load
+from .costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, compute_costs
+from .planner import RALP, VolumeFn, best_prediction, check_profile_matches, read_profile, volume_function
+from .topology import topology
+
+GPUS = tuple(2**i for i in range(1, 11))
+LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)
+
+
+def scaled_volume(exact: VolumeFn, num_ps: int) -> VolumeFn:
+    """`exact` for allreduce; for ps and RALP its one-worker figures times the number of workers.
+
+    volume.step_bytes defines every ps/RALP category as (workers x per-worker bytes), so this
+    equals it while computing the split's activation shape once per split instead of once per N.
+    """
+    def volume(strategy: str, gpus: int, split: int | None) -> dict[str, int]:
+        if strategy == "allreduce":
+            return exact(strategy, gpus, split)
+        one = exact(strategy, 1 if strategy == "ps" else 2, split)
+        workers = topology(strategy, gpus, num_ps).num_workers
+        return {k: v * workers for k, v in one.items()}
+
+    return volume
+
+
+def simulate(
+    profile: Mapping[str, Any],
+    units: list[models.Unit],
+    batch_size: int,
+    gpus: Sequence[int] = GPUS,
+    link_gbit: Sequence[float] = LINK_GBIT,
+    num_ps: int = 1,
+) -> pd.DataFrame:
+    """One row per strategy x N x link speed with the best configuration's predictions."""
+    costs = compute_costs(profile)
+    names = [u.name for u in units]
+    exact = volume_function(units, batch_size, int(profile["image_size"]), num_ps)
+    volume = scaled_volume(exact, num_ps)
+    latency = float((profile["link"].get("measured") or {}).get("latency_s", 0.0))
+    rows = []
+    for gbit in link_gbit:
+        link = Link(gbit * 1e9 / 8 * TCP_PAYLOAD_PER_WIRE_BYTE, latency, f"{gbit} Gbit/s")
+        for n in gpus:
+            baseline = None
+            for strategy in STRATEGIES:
+                best, _ = best_prediction(strategy, costs, volume, n, batch_size, link, num_ps)
+                if best.bytes_per_step != exact(strategy, n, best.split):
+                    raise RuntimeError(f"scaled bytes/step of {strategy} at N={n} differ from volume.step_bytes")
+                baseline = baseline or best
+                rows.append({
+                    "model": profile["model"],
+                    "num_classes": profile["num_classes"],
+                    "strategy": strategy,
+                    "gpus": n,
+                    "link_gbit": gbit,
+                    "split": best.split,
+                    "split_after_unit": names[best.split - 1] if strategy in RALP else None,
+                    "images_per_sec": best.images_per_sec,
+                    "step_time_s": best.step_time_s,
+                    "compute_s": best.compute_s,
+                    "server_s": best.server_s,
+                    "comm_s": best.comm_s,
+                    "gb_per_step": best.bytes_per_step["total"] / 1e9,
+                    **{f"gb_{k}": v / 1e9 for k, v in best.bytes_per_step.items() if k != "total"},
+                    "speedup_over_ps": best.images_per_sec / baseline.images_per_sec,
+                })
+    return pd.DataFrame(rows)
+
+
+def plot(frame: pd.DataFrame, column: str, ylabel: str, path: Path, strategies: Sequence[str], log_y: bool) -> None:
+    """One panel per strategy: `column` against N, one line per link speed; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(strategies), figsize=(4.2 * len(strategies), 3.8), sharey=True, squeeze=False)
+    for ax, strategy in zip(axes[0], strategies):
+        part = frame[frame.strategy == strategy]
+        for gbit, line in part.groupby("link_gbit"):
+            ax.plot(line.gpus, line[column], marker="o", markersize=3, label=f"{gbit:g} Gbit/s")
+        ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_title(strategy)
+        ax.set_xlabel("GPUs (N)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=7)
+    model = frame.model.iloc[0]
+    fig.suptitle(f"{model}, {frame.num_classes.iloc[0]} classes (predicted)")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """simulation.parquet, images_per_sec.png and speedup_over_ps.png under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = out / "simulation.parquet"
+    with atomic_path(table) as tmp:
+        frame.to_parquet(tmp, index=False)
+    throughput, speedup = out / "images_per_sec.png", out / "speedup_over_ps.png"
+    plot(frame, "images_per_sec", "images/sec", throughput, STRATEGIES, log_y=True)
+    plot(frame, "speedup_over_ps", "speedup over ps", speedup, [s for s in STRATEGIES if s != "ps"], log_y=True)
+    return [table, throughput, speedup]
+
+
+def summary(frame: pd.DataFrame) -> str:
+    """Best strategy per link speed at the smallest and largest N, as short text lines."""
+    lines = []
+    for gbit in sorted(frame.link_gbit.unique()):
+        for n in (frame.gpus.min(), frame.gpus.max()):
+            part = frame[(frame.link_gbit == gbit) & (frame.gpus == n)]
+            best = part.loc[part.images_per_sec.idxmax()]
+            split = f" split {int(best.split)}" if best.strategy in RALP else ""
+            lines.append(f"{gbit:>5g} Gbit/s N={n:<5d} best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, "
+                         f"{best.speedup_over_ps:.2f}x ps, {best.gb_per_step:.3g} GB/step")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `ralp-pipe simulate`."""
+    parser.add_argument("--profile", required=True, type=Path, help="profile JSON from `ralp-pipe profile`")
+    parser.add_argument("--out", required=True, type=Path, help="folder for simulation.parquet and the PNG plots")
+    parser.add_argument("--gpus", type=int, nargs="+", default=list(GPUS), help="GPU counts (default 2..1024)")
+    parser.add_argument("--link-gbit", type=float, nargs="+", default=list(LINK_GBIT), help="link speeds in Gbit/s")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Simulate every strategy over N and link speed and write the table and plots."""
+    cfg = load(args.overrides)
+    if min(args.gpus) < 2 or min(args.link_gbit) <= 0:
+        raise ConfigError(f"--gpus {args.gpus} must all be >= 2 and --link-gbit {args.link_gbit} all positive")
+    profile = read_profile(args.profile)
+    check_profile_matches(profile, cfg, args.profile)
+    units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    frame = simulate(profile, units, cfg.train.batch_size, args.gpus, args.link_gbit, cfg.strategy.num_ps)
+    paths = write_outputs(frame, args.out)
+    print(summary(frame))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
