@@ -18,6 +18,7 @@ from .config import ConfigError
 STAGES: dict[str, tuple[str, str]] = {
     "prepare-shards": ("ralp_pipe.data.shards", "turn an image collection into webdataset shards"),
     "train": ("ralp_pipe.train", "run one distributed training measurement"),
+    "concurrent": ("ralp_pipe.concurrent", "run several training jobs at once on one emulated network"),
     "profile": ("ralp_pipe.profiling", "measure per-unit compute, memory and link bandwidth"),
     "plan": ("ralp_pipe.planner", "choose the split point and predict throughput from a profile"),
     "simulate": ("ralp_pipe.simulate", "predict throughput for clusters this machine is not"),

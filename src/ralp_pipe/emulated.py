@@ -20,6 +20,7 @@ Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.pr
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -30,14 +31,18 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from .config import ConfigError
+
+if TYPE_CHECKING:
+    from .launch import RankPlacement
 
 SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespaces
 INTERFACE = "eth0"
 SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
 HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host: the host's index (its link)
+PLACEMENT_ENV = "RALP_PIPE_EMULATED_PLACEMENT"  # JSON: where a child launcher puts its ranks on a shared cluster
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
 _SIZE = re.compile(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit|bit)?$")
@@ -218,6 +223,14 @@ class EmulatedCluster:
         self._check_host(host)
         return {"GLOO_SOCKET_IFNAME": INTERFACE, "MASTER_ADDR": self.address(master_host), HOST_ENV: str(host)}
 
+    def share(self, hosts_of_ranks: Sequence[int], master_host: int) -> dict[str, str]:
+        """Environment that makes a child launcher put rank r on host ``hosts_of_ranks[r]`` of this cluster."""
+        ranks = [
+            {"prefix": self.prefix(host), "env": self.env(host, master_host), "master_addr": self.address(master_host)}
+            for host in hosts_of_ranks
+        ]
+        return {PLACEMENT_ENV: json.dumps({"ranks": ranks})}
+
     def run(self, host: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
         return subprocess.run([*self.prefix(host), *argv], capture_output=True, text=True, timeout=timeout)
@@ -344,6 +357,30 @@ def emulation_available() -> tuple[bool, str]:
             return True, f"network namespaces with tc tbf ({cluster.mode})"
     except EmulationUnavailable as exc:
         return False, str(exc)
+
+
+@contextmanager
+def rank_placement(world_size: int, rate: str, burst: str) -> Iterator[Callable[[int], "RankPlacement"]]:
+    """Placement of the ranks of one emulated run (for ``launch_local``).
+
+    Inside a shared cluster (``PLACEMENT_ENV`` set by :meth:`EmulatedCluster.share`, e.g. by the
+    `concurrent` stage) the ranks join its hosts; otherwise a cluster of `world_size` hosts with
+    `rate` per link is built for the run, rank r on host r, and removed afterwards.
+    """
+    from .launch import RankPlacement
+
+    shared = os.environ.get(PLACEMENT_ENV)
+    if shared:
+        ranks = json.loads(shared)["ranks"]
+        if len(ranks) != world_size:
+            raise ConfigError(
+                f"{PLACEMENT_ENV} places {len(ranks)} ranks but this run has {world_size}; "
+                f"the job's strategy or cluster.gpus differ from what the shared cluster was laid out for"
+            )
+        yield lambda rank: RankPlacement(list(ranks[rank]["prefix"]), dict(ranks[rank]["env"]), ranks[rank]["master_addr"])
+        return
+    with EmulatedCluster(world_size, rate, burst) as cluster:
+        yield lambda rank: RankPlacement(cluster.prefix(rank), cluster.env(rank), cluster.address(0))
 
 
 def _die_with_parent() -> None:

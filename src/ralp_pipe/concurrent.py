@@ -1,0 +1,139 @@
+"""Several training jobs at once on one emulated network, each also measured alone.
+
+Layout: the parameter-server ranks (PS or RALP PS device) of every job share host 0, so their
+traffic meets on one host link, as when jobs share a parameter-server machine; every other
+rank gets a host of its own. Each job runs as a ``ralp-pipe train`` child whose launcher
+joins the shared cluster through :meth:`ralp_pipe.emulated.EmulatedCluster.share`.
+First each job runs alone on the same layout, then all together; ``concurrent.json`` holds
+each job's images/sec alone and together and the slowdown (alone / together).
+
+CLI: ``ralp-pipe concurrent --out DIR --job "strategy=ps model=vgg11" --job "strategy=ps" [overrides]``
+(the trailing overrides apply to every job; ``cluster=emulated`` is implied).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .atomic import write_json_atomic
+from .config import Config, ConfigError, load
+from .emulated import EmulatedCluster, stop, wait_all
+from .topology import topology
+
+SHARED_HOST = 0
+METRICS = "metrics.json"
+THROUGHPUT = "images_per_sec"
+
+
+def layout(configs: Sequence[Config]) -> tuple[list[list[int]], int]:
+    """Host of every rank of every job (server ranks on the shared host 0) and the number of hosts."""
+    hosts, next_host = [], SHARED_HOST + 1
+    for cfg in configs:
+        topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
+        placed = []
+        for rank in range(topo.world_size):
+            if rank in topo.ps:
+                placed.append(SHARED_HOST)
+            else:
+                placed.append(next_host)
+                next_host += 1
+        hosts.append(placed)
+    return hosts, next_host
+
+
+def _train_command(out: Path, overrides: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides]
+
+
+def _run_jobs(
+    cluster: EmulatedCluster, jobs: Sequence[tuple[Path, list[str], list[int]]], timeout_s: float
+) -> None:
+    """Run ``(out, overrides, hosts)`` train jobs at once on `cluster`; raise if any fails."""
+    procs, logs = [], []
+    try:
+        for out, overrides, hosts in jobs:
+            out.mkdir(parents=True, exist_ok=True)
+            logs.append(out / "train.log")
+            env = {**os.environ, **cluster.share(hosts, master_host=hosts[0])}
+            with open(logs[-1], "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        _train_command(out, overrides), env=env, stdout=log,
+                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    )
+                )
+        codes = wait_all(procs, timeout_s, fail_fast=True)
+    finally:
+        stop(procs)
+    failed = [str(logs[i]) for i, code in enumerate(codes) if code != 0]
+    if failed:
+        raise RuntimeError(f"concurrent training jobs failed (exit {codes}); see {', '.join(failed)}")
+
+
+def _throughput(out: Path) -> float:
+    path = out / METRICS
+    try:
+        return float(json.loads(path.read_text())[THROUGHPUT])
+    except (OSError, KeyError, ValueError) as exc:
+        raise RuntimeError(f"{path} has no readable {THROUGHPUT!r}: {exc}") from exc
+
+
+def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Path) -> dict[str, Any]:
+    """Run each job (its overrides + `common`) alone, then all together; write and return concurrent.json."""
+    if len(jobs) < 2:
+        raise ConfigError(f"concurrent needs at least 2 jobs, got {len(jobs)}: give --job once per job")
+    overrides = [[*common, "cluster=emulated", *job] for job in jobs]
+    configs = [load(o) for o in overrides]
+    networks = {(c.network.rate, c.network.burst) for c in configs}
+    if len(networks) != 1:
+        raise ConfigError(f"the jobs ask for different networks {sorted(networks)}; they must share one network")
+    rate, burst = networks.pop()
+    hosts, n_hosts = layout(configs)
+    timeout_s = max(c.cluster.timeout_s for c in configs)
+    for i, job_overrides in enumerate(overrides):
+        with EmulatedCluster(n_hosts, rate, burst) as cluster:
+            _run_jobs(cluster, [(out / f"job{i}" / "alone", job_overrides, hosts[i])], timeout_s)
+    with EmulatedCluster(n_hosts, rate, burst) as cluster:
+        _run_jobs(
+            cluster, [(out / f"job{i}" / "together", o, hosts[i]) for i, o in enumerate(overrides)], timeout_s
+        )
+    summary: dict[str, Any] = {"network": {"rate": rate, "burst": burst}, "shared_host": SHARED_HOST, "jobs": []}
+    for i, job in enumerate(jobs):
+        alone, together = _throughput(out / f"job{i}" / "alone"), _throughput(out / f"job{i}" / "together")
+        summary["jobs"].append({
+            "job": i,
+            "overrides": list(job),
+            "hosts": hosts[i],
+            "alone_images_per_sec": alone,
+            "together_images_per_sec": together,
+            "slowdown": alone / together,
+        })
+    write_json_atomic(out / "concurrent.json", summary)
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the `concurrent` stage."""
+    parser.add_argument("--out", type=Path, required=True, help="folder for job*/alone|together and concurrent.json")
+    parser.add_argument(
+        "--job", action="append", required=True, metavar="OVERRIDES",
+        help='one job\'s Hydra overrides as one quoted string, e.g. --job "strategy=ps model=vgg11"; repeat per job',
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the `concurrent` stage and print each job's slowdown."""
+    summary = run_concurrent([shlex.split(job) for job in args.job], args.overrides, args.out)
+    for job in summary["jobs"]:
+        print(
+            f"job {job['job']} ({' '.join(job['overrides'])}): alone {job['alone_images_per_sec']:.2f} img/s, "
+            f"together {job['together_images_per_sec']:.2f} img/s, slowdown {job['slowdown']:.2f}x"
+        )
+    return 0
