@@ -46,6 +46,9 @@ def test_overrides_reach_only_the_stages_that_read_them() -> None:
     assert matrix.stage_args("prepare_shards", run) == ["experiment=smoke", "dataset=synthetic1k",
                                                         "dataset.synthetic.seed=3"]
     assert set(STAGE_DIMS) == set(STAGE_KEYS)
+    fast = Matrix(parse_settings({"experiment": "smoke", "stage_options": {"profile": "--repeats 1"}}))
+    assert fast.stage_args("profile", run)[:2] == ["--repeats", "1"]
+    assert "--repeats" not in fast.stage_args("plan", run)
 
 
 def test_slurm_launcher_trains_with_cluster_slurm_and_asks_one_task_per_rank() -> None:
@@ -71,6 +74,8 @@ def test_slurm_launcher_trains_with_cluster_slurm_and_asks_one_task_per_rank() -
         ({"launcher": "pbs"}, "launcher='pbs' is not allowed"),
         ({"dataset_overrides": {"synthetic1k": ["train.lr=1"]}}, "is not a dataset.\\* override"),
         ({"dataset_overrides": {"imagenet1k": ["dataset.source=/x"]}}, "not in experiment.datasets"),
+        ({"stage_options": {"train": "rm -rf x"}}, "must start with an option"),
+        ({"stage_options": {"shell": "--x"}}, "must map stage names"),
     ],
 )
 def test_bad_workflow_settings_are_refused(config: dict, message: str) -> None:

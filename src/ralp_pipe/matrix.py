@@ -9,6 +9,8 @@ The workflow's own settings come from Snakemake's ``--config`` (see :func:`parse
     e.g. ``train.measure_steps=5 cluster=emulated``; ``experiment.*`` keys reshape the matrix;
 ``dataset_overrides``
     per-dataset ``dataset.*`` overrides, e.g. ``{imagenet1k: [dataset.source=/data/train]}``;
+``stage_options``
+    extra command-line options per stage (not config keys), e.g. ``{profile: "--repeats 1"}``;
 ``launcher``
     ``local`` (default) or ``slurm``: set by ``profiles/slurm``; stages then compose ``cluster=slurm``
     (training runs its ranks with ``srun``) and jobs ask SLURM for ``cluster.slurm.*`` resources.
@@ -65,7 +67,7 @@ PATHS = {
     "logs": "logs",
 }
 WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
-SETTINGS_KEYS = ("experiment", "overrides", "dataset_overrides", "launcher")
+SETTINGS_KEYS = ("experiment", "overrides", "dataset_overrides", "stage_options", "launcher")
 LAUNCHERS = ("local", "slurm")
 
 
@@ -93,6 +95,7 @@ class Settings:
     overrides: tuple[str, ...] = ()
     dataset_overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     slurm: bool = False
+    stage_options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _override_list(where: str, value: Any) -> tuple[str, ...]:
@@ -142,7 +145,14 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
         for override in values:
             if not override_key(override).startswith("dataset."):
                 raise ConfigError(f"dataset_overrides.{name}: {override!r} is not a dataset.* override")
-    return Settings(experiment, overrides, per_dataset, slurm)
+    raw = config.get("stage_options") or {}
+    if not isinstance(raw, Mapping) or not set(raw) <= set(STAGE_KEYS):
+        raise ConfigError(f"stage_options={raw!r} must map stage names ({', '.join(STAGE_KEYS)}) to option lists")
+    options = {str(stage): _override_list(f"stage_options.{stage}", value) for stage, value in raw.items()}
+    for stage, values in options.items():
+        if values and not values[0].startswith("--"):
+            raise ConfigError(f"stage_options.{stage}={list(values)!r} must start with an option like --repeats")
+    return Settings(experiment, overrides, per_dataset, slurm, options)
 
 
 def relevant(key: str, keys: Sequence[str]) -> bool:
@@ -249,7 +259,7 @@ class Matrix:
         """The Hydra overrides `stage` gets for `run`: the matrix choices it is keyed by, plus the
         user's overrides of keys it reads."""
         keys, dims = STAGE_KEYS[stage], STAGE_DIMS[stage]
-        args = [f"experiment={self.settings.experiment}"]
+        args = [*self.settings.stage_options.get(stage, ()), f"experiment={self.settings.experiment}"]
         if relevant("cluster", keys):
             args += self.launcher_args()
         for group in MATRIX_GROUPS:
@@ -301,6 +311,7 @@ class Matrix:
                 "overrides": list(self.settings.overrides),
                 "dataset_overrides": {k: list(v) for k, v in self.settings.dataset_overrides.items()},
                 "launcher": "slurm" if self.settings.slurm else "local",
+                "stage_options": {k: list(v) for k, v in self.settings.stage_options.items()},
             },
             "experiment": to_dict(self.base),
             "runs": self.resolved(),

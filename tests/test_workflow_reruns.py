@@ -1,0 +1,103 @@
+"""Reruns of the real workflow: a failed training run resumes alone; only stages whose inputs changed rerun.
+
+One module-scoped run of a trimmed `smoke` experiment (two datasets, ps and ralp_n) does the work;
+one of its training runs is killed mid-run (a rank gets SIGKILL) to prove the resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ralp_pipe.verify import verify_bundle
+from workflow_helpers import SNAKEMAKE, cmdline, config_args, descendants, pending, snakemake
+
+CONFIG = {
+    "experiment": "smoke",
+    "overrides": ["experiment.datasets=[synthetic1k,synthetic22k]", "experiment.strategies=[ps,ralp_n]"],
+    "dataset_overrides": {"synthetic22k": ["dataset.num_classes=40"]},
+    "stage_options": {"profile": "--repeats 1 --warmup 0 --message-mb 1 --bandwidth-repeats 1"},
+}
+VICTIM = "runs/synthetic22k/resnet18/n2-loopback/ralp_n"
+RUN = "dataset={}, model=resnet18, gpus=2, network=loopback"
+TAIL = {("aggregate", ""), ("bundle", ""), ("all", "")}
+
+
+def kill_one_rank(snake: subprocess.Popen[str], run_dir: str, timeout_s: float = 240) -> None:
+    """SIGKILL a rank of the training run writing `run_dir`, once its ranks are up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and snake.poll() is None:
+        for pid in descendants(snake.pid):
+            line = cmdline(pid)
+            if " train " in f" {line} " and run_dir in line and "--out" in line:
+                ranks = [p for p in descendants(pid) if "python" in cmdline(p)]
+                if ranks:
+                    os.kill(ranks[-1], signal.SIGKILL)
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"the training run {run_dir} never started its ranks")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A smoke workflow that lost one training run, then completed by a second invocation."""
+    work = tmp_path_factory.mktemp("workflow")
+    command = [*SNAKEMAKE, "--directory", str(work), "--cores", "2", "--keep-going", *config_args(CONFIG)]
+    with subprocess.Popen(command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as snake:
+        try:
+            kill_one_rank(snake, VICTIM)
+            first, _ = snake.communicate(timeout=400)
+        finally:
+            if snake.poll() is None:
+                snake.kill()
+    results = work / "results"
+    assert snake.returncode != 0, first
+    finished = sorted(p.parent.relative_to(results).as_posix() for p in results.glob("runs/**/metrics.json"))
+    assert finished == ["runs/synthetic1k/resnet18/n2-loopback/ps", "runs/synthetic1k/resnet18/n2-loopback/ralp_n",
+                        "runs/synthetic22k/resnet18/n2-loopback/ps"], first
+    assert not (results / VICTIM / "metrics.json").exists() and not (results / "tables").exists()
+    assert pending(work, CONFIG) == TAIL | {("train", RUN.format("synthetic22k") + ", strategy=ralp_n")}
+    second = snakemake(work, "--cores", "2", config=CONFIG, timeout=400)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert (results / VICTIM / "metrics.json").exists()
+    return work
+
+
+def test_resumed_workflow_produces_tables_and_a_verifying_bundle(workdir: Path) -> None:
+    results = workdir / "results"
+    runs = pd.read_parquet(results / "tables" / "runs.parquet")
+    assert sorted(runs["run"]) == sorted(f"{d}/resnet18/n2-loopback/{s}" for d in ("synthetic1k", "synthetic22k")
+                                         for s in ("ps", "ralp_n"))
+    assert set(runs[runs.dataset == "synthetic22k"]["classes"]) == {40}
+    assert (runs.images_per_sec > 0).all()
+    bundles = list((results / "bundles").glob("smoke-*.tar.gz"))
+    assert len(bundles) == 1 and verify_bundle(bundles[0]).runs == 4
+    resolved = json.loads((results / "configs" / "smoke.json").read_text())
+    assert resolved["settings"]["dataset_overrides"] == {"synthetic22k": ["dataset.num_classes=40"]}
+
+
+def test_nothing_reruns_without_a_change(workdir: Path) -> None:
+    assert pending(workdir, CONFIG) == set()
+
+
+def test_a_training_option_reruns_only_training_aggregation_and_bundle(workdir: Path) -> None:
+    changed = {**CONFIG, "overrides": [*CONFIG["overrides"], "train.measure_steps=3"]}
+    trains = {("train", RUN.format(d) + f", strategy={s}") for d in ("synthetic1k", "synthetic22k")
+              for s in ("ps", "ralp_n")}
+    assert pending(workdir, changed) == TAIL | trains | {("resolved_config", "")}
+
+
+def test_a_dataset_option_reruns_that_dataset_downstream_and_nothing_else(workdir: Path) -> None:
+    changed = {**CONFIG, "dataset_overrides": {"synthetic22k": ["dataset.num_classes=40", "dataset.synthetic.seed=7"]}}
+    expected = TAIL | {("resolved_config", ""), ("prepare_shards", "dataset=synthetic22k"),
+                       ("profile", RUN.format("synthetic22k")), ("plan", RUN.format("synthetic22k")),
+                       ("train", RUN.format("synthetic22k") + ", strategy=ps"),
+                       ("train", RUN.format("synthetic22k") + ", strategy=ralp_n")}
+    assert pending(workdir, changed) == expected
