@@ -1,0 +1,59 @@
+"""The launcher places ranks on emulated hosts: its own cluster, or a shared one handed down by env."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ralp_pipe.emulated import PLACEMENT_ENV, EmulatedCluster, rank_placement
+from ralp_pipe.launch import launch_local
+
+pytestmark = pytest.mark.netns
+
+RANK = textwrap.dedent(
+    """
+    import datetime, os, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    netns = os.readlink("/proc/self/ns/net")
+    with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as out:
+        out.write(f"{os.environ['RALP_PIPE_HOST']} {os.environ['MASTER_ADDR']} {int(total)} {netns}")
+    dist.destroy_process_group()
+    """
+)
+
+
+def _ranks(folder: Path, world_size: int) -> list[list[str]]:
+    return [(folder / str(rank)).read_text().split() for rank in range(world_size)]
+
+
+def test_a_run_gets_a_host_per_rank_on_its_own_cluster(tmp_path: Path) -> None:
+    with rank_placement(3, "1gbit", "1mb") as placement:
+        launch_local([sys.executable, "-c", RANK, str(tmp_path)], 3, 120, tmp_path, placement=placement)
+    ranks = _ranks(tmp_path, 3)
+    assert [r[:3] for r in ranks] == [["0", "10.213.0.1", "3"], ["1", "10.213.0.1", "3"], ["2", "10.213.0.1", "3"]]
+    assert len({r[3] for r in ranks}) == 3 and os.readlink("/proc/self/ns/net") not in {r[3] for r in ranks}
+
+
+def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with EmulatedCluster(3, "1gbit") as cluster:
+        monkeypatch.setenv(PLACEMENT_ENV, cluster.share([2, 0], master_host=2)[PLACEMENT_ENV])
+        with rank_placement(2, "unlimited", "1mb") as placement:
+            launch_local([sys.executable, "-c", RANK, str(tmp_path)], 2, 120, tmp_path, placement=placement)
+        host_namespaces = [cluster.run(h, ["readlink", "/proc/self/ns/net"]).stdout.strip() for h in (2, 0)]
+    ranks = _ranks(tmp_path, 2)
+    assert [r[:3] for r in ranks] == [["2", "10.213.0.3", "2"], ["0", "10.213.0.3", "2"]]
+    assert [r[3] for r in ranks] == host_namespaces
+
+
+def test_a_shared_layout_for_another_world_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with EmulatedCluster(2) as cluster:
+        monkeypatch.setenv(PLACEMENT_ENV, cluster.share([0, 1], master_host=0)[PLACEMENT_ENV])
+        with pytest.raises(ValueError, match="places 2 ranks but this run has 3"):
+            with rank_placement(3, "1gbit", "1mb"):
+                pass
