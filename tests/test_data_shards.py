@@ -113,6 +113,8 @@ def test_damaged_member_of_a_synset_tar_is_skipped(rgb_tree, make_config, tmp_pa
     assert "cannot read tar" in reasons["n00000009.tar"]
     assert "notes.txt" in reasons
     assert len(shard_contents(out)) == 9
+    with pytest.raises(SourceError, match="n00000009.tar: cannot read tar"):
+        prepare(make_config(tars, "dataset.shards.strict=true", layout="tars"), progress=False)
 
 
 def test_strict_mode_stops_naming_the_file(rgb_tree, make_config, tmp_path, capsys):
@@ -196,7 +198,8 @@ def test_killed_run_resumes_and_ends_like_a_clean_run(tmp_path, make_config):
         time.sleep(0.01)
     run.kill()
     run.wait()
-    finished = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+    # A shard is finished once its record is written (after its tar and index are in place).
+    finished = {f"{p.stem}.tar": (out / f"{p.stem}.tar").stat().st_mtime_ns for p in out.glob("parts/shard-*.json")}
     assert 3 <= len(finished) < 60 and not (out / "manifest.json").exists()
     prepare(make_config(root, "dataset.shards.images_per_shard=1"), progress=False)
     assert {name: (out / name).stat().st_mtime_ns for name in finished} == finished

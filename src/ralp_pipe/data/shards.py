@@ -76,6 +76,9 @@ def prepare(cfg: Config, progress: bool = True) -> Path:
             f"{source} holds {len(found.synsets)} classes but dataset.num_classes={dataset.num_classes}: "
             f"labels would not fit the model; raise dataset.num_classes or remove the extra class folders"
         )
+    if dataset.shards.strict and found.damaged:
+        raise SourceError(f"unreadable source data in {source}: {found.damaged[0]} "
+                          f"(dataset.shards.strict=true stops here; set it to false to skip and list it)")
     options = _content_options(dataset)
     plan = make_plan(found, options)
     (out / RECORDS).mkdir(exist_ok=True)

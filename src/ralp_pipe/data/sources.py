@@ -41,10 +41,13 @@ class Scan:
     images: list[SourceImage] = field(default_factory=list)
     synsets: list[str] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)  # "<ref>: <reason>" of unreadable folders and tars
 
-    def skip(self, ref: str, reason: str) -> None:
-        """Record an entry that is not used, with the reason."""
+    def skip(self, ref: str, reason: str, damaged: bool = False) -> None:
+        """Record an entry that is not used, with the reason; `damaged` marks data that could not be read."""
         self.skipped.append({"path": ref, "reason": reason})
+        if damaged:
+            self.damaged.append(f"{ref}: {reason}")
 
 
 def scan(root: Path, layout: str) -> Scan:
@@ -77,7 +80,7 @@ def _sorted_entries(folder: Path, root: Path, result: Scan) -> list[os.DirEntry[
     except OSError as exc:
         if folder == root:
             raise SourceError(f"cannot list the source folder {root}: {exc}") from exc
-        result.skip(_rel(folder, root), f"cannot list folder: {exc.strerror or exc}")
+        result.skip(_rel(folder, root), f"cannot list folder: {exc.strerror or exc}", damaged=True)
         return []
     visible = []
     for entry in entries:
@@ -106,7 +109,7 @@ def _scan_folder_entry(root: Path, entry: os.DirEntry[str], result: Scan) -> Non
         try:
             stat = item.stat()
         except OSError as exc:
-            result.skip(item_rel, f"cannot stat: {exc.strerror or exc}")
+            result.skip(item_rel, f"cannot stat: {exc.strerror or exc}", damaged=True)
             continue
         result.images.append(SourceImage(item_rel, entry.name, item.path, 0, stat.st_size, stat.st_mtime_ns))
 
@@ -138,7 +141,7 @@ def _scan_tar_entry(entry: os.DirEntry[str], result: Scan) -> None:
                         SourceImage(member_rel, synset, entry.path, member.offset_data, member.size, stat.st_mtime_ns)
                     )
     except (tarfile.TarError, OSError) as exc:
-        result.skip(rel, f"cannot read tar: {exc}")
+        result.skip(rel, f"cannot read tar: {exc}", damaged=True)
 
 
 def _members(archive: tarfile.TarFile, rel: str, result: Scan) -> Iterator[tarfile.TarInfo]:
@@ -147,7 +150,7 @@ def _members(archive: tarfile.TarFile, rel: str, result: Scan) -> Iterator[tarfi
         try:
             member = archive.next()
         except tarfile.TarError as exc:
-            result.skip(rel, f"tar damaged after {len(archive.members)} members: {exc}")
+            result.skip(rel, f"tar damaged after {len(archive.members)} members: {exc}", damaged=True)
             return
         if member is None:
             return
