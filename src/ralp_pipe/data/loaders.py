@@ -182,7 +182,7 @@ def _torchvision(shards: list[tuple[Path, Path]], batch_size: int, image_size: i
         raise ConfigError(f"rank {rank} of {world_size} gets no samples: the shards hold only {len(dataset)}")
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, sampler=EndlessSampler(part, shuffle, seed * 1000 + rank),
-        num_workers=threads, persistent_workers=True, pin_memory=torch.device(device).type == "cuda",
+        num_workers=threads, persistent_workers=threads > 0, pin_memory=torch.device(device).type == "cuda",
         generator=torch.Generator().manual_seed(seed * 1000 + rank),
     )
     target = torch.device(device)
