@@ -7,6 +7,7 @@
 #
 # `--config` keys are documented in src/ralp_pipe/matrix.py (experiment, overrides,
 # dataset_overrides, launcher). The configuration is composed once here, at parse time.
+import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError

@@ -12,7 +12,8 @@ import pytest
 from ralp_pipe.aggregate import PLOT_NAMES, build_tables, load_records
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import ConfigError
-from workflow_records import THROUGHPUT, write_results
+from ralp_pipe.aggregate import load_workloads
+from workflow_records import THROUGHPUT, write_concurrent, write_results
 
 
 def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_path: Path) -> None:
@@ -70,3 +71,13 @@ def test_cli_writes_tables_and_every_plot(tmp_path: Path) -> None:
     assert (out / "summary.md").read_text().startswith("# Results")
     for name in PLOT_NAMES:
         assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_concurrent_workloads_get_a_table_and_a_summary_section(tmp_path: Path) -> None:
+    runs = write_results(tmp_path, models=("vgg11",), gpus=(2,))
+    workloads = load_workloads([write_concurrent(tmp_path)])
+    tables = build_tables(load_records(runs, tmp_path / "plans"), workloads)
+    assert list(tables.concurrent.slowdown) == pytest.approx([2.0, 100 / 60])
+    assert "## Concurrent workloads on one network" in tables.summary
+    assert "| w0 | 1 | `strategy=ps model=resnet18` | 100.0 | 60.0 | 1.67x |" in tables.summary.splitlines()
+    assert build_tables(load_records(runs, tmp_path / "plans")).concurrent.empty

@@ -14,7 +14,7 @@ import pytest
 from ralp_pipe.bundle import CHECKSUMS, make_bundle
 from ralp_pipe.cli import main as cli
 from ralp_pipe.verify import BundleError, verify_bundle
-from workflow_records import write_results
+from workflow_records import write_concurrent, write_results
 
 LOCK = Path(__file__).resolve().parents[1] / "envs" / "requirements.lock"
 
@@ -26,10 +26,11 @@ def bundle(tmp_path: Path) -> Path:
     write_results(root, models=("vgg11",), gpus=(2, 4))
     (root / "configs").mkdir()
     (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
+    concurrent = write_concurrent(root)
     assert cli(["aggregate", "--runs", str(root / "runs"), "--plans", str(root / "plans"),
-                "--out", str(root / "tables")]) == 0
+                "--concurrent", str(concurrent), "--out", str(root / "tables")]) == 0
     out = root / "bundles" / "smoke-0123.tar.gz"
-    includes = [str(root / name) for name in ("configs", "runs", "plans", "tables")]
+    includes = [str(root / name) for name in ("configs", "runs", "plans", "concurrent", "tables")]
     assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(out)]) == 0
     return out
 
@@ -54,7 +55,8 @@ def test_good_bundle_verifies_and_holds_records_tables_environment_and_checksums
     assert result.top == "smoke-0123" and result.runs == 8
     names = set(members(bundle))
     for name in ("runs/synthetic1k/vgg11/n2-1gbit/ps/metrics.json", "runs/synthetic1k/vgg11/n4-1gbit/ralp_n/steps.parquet",
-                 "tables/runs.parquet", "tables/summary.md", "tables/plots/speedup.png", "configs/smoke.json",
+                 "tables/runs.parquet", "tables/summary.md", "tables/concurrent.parquet",
+                 "concurrent/w0/concurrent.json", "tables/plots/speedup.png", "configs/smoke.json",
                  "environment.json", "requirements.lock", CHECKSUMS):
         assert f"smoke-0123/{name}" in names
     assert cli(["verify", str(bundle)]) == 0
@@ -63,7 +65,7 @@ def test_good_bundle_verifies_and_holds_records_tables_environment_and_checksums
 def test_bundle_bytes_are_reproducible(bundle: Path, tmp_path: Path) -> None:
     root = bundle.parents[1]
     again = tmp_path / "again" / bundle.name
-    make_bundle(again, root, [root / n for n in ("configs", "runs", "plans", "tables")], LOCK)
+    make_bundle(again, root, [root / n for n in ("configs", "runs", "plans", "concurrent", "tables")], LOCK)
     assert again.read_bytes() == bundle.read_bytes()
 
 
@@ -139,3 +141,14 @@ def test_unsafe_member_paths_are_refused_without_extracting(tmp_path: Path, info
         verify_bundle(path)
     assert set(os.listdir(tmp_path)) == before
     assert not Path("/etc/evil").exists()
+
+
+def test_tampered_concurrent_table_fails_recomputation(bundle: Path, tmp_path: Path) -> None:
+    files = members(bundle)
+    name = "smoke-0123/concurrent/w0/concurrent.json"
+    data = files[name].replace(b'"slowdown": 2.0', b'"slowdown": 1.0')
+    sums = files[f"smoke-0123/{CHECKSUMS}"].replace(
+        hashlib.sha256(files[name]).hexdigest().encode(), hashlib.sha256(data).hexdigest().encode())
+    forged = rewrite(bundle, tmp_path / "forged.tar.gz", {name: data, f"smoke-0123/{CHECKSUMS}": sums})
+    with pytest.raises(BundleError, match="concurrent.parquet differs"):
+        verify_bundle(forged)

@@ -50,3 +50,15 @@ def write_results(root: Path, models=("vgg11", "resnet18"), strategies=tuple(THR
                 pd.DataFrame({"step": [0, 1], "step_time_s": [0.1, 0.1]}).to_parquet(run / "steps.parquet")
                 runs.append(run)
     return runs
+
+
+def write_concurrent(root: Path, name: str = "w0") -> Path:
+    """A concurrent.json of two ps jobs sharing one link, in the concurrent stage's format."""
+    doc = {"network": {"rate": "1gbit", "burst": "1mb"}, "shared_host": 0, "jobs": [
+        {"job": i, "overrides": ["strategy=ps", f"model={m}"], "hosts": [1, 2, 0],
+         "alone_images_per_sec": 100.0, "together_images_per_sec": 50.0 + 10 * i, "slowdown": 100.0 / (50.0 + 10 * i)}
+        for i, m in enumerate(("vgg11", "resnet18"))]}
+    path = root / "concurrent" / name / "concurrent.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path

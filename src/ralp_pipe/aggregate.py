@@ -21,7 +21,8 @@ from .matrix import PATHS
 
 CATEGORIES = ("total", "gradients", "parameters", "activations", "activation_gradients")
 GROUP = ["model", "dataset", "gpus", "network"]
-TABLE_FILES = ("runs.parquet", "speedups.parquet", "summary.md")
+TABLE_FILES = ("runs.parquet", "speedups.parquet", "concurrent.parquet", "summary.md")
+CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
 PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # drawn by ralp_pipe.plots
 _COPIED = (
     "model", "dataset", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate", "batch_size",
@@ -36,6 +37,7 @@ class Tables:
 
     runs: pd.DataFrame
     speedups: pd.DataFrame
+    concurrent: pd.DataFrame
     summary: str
 
 
@@ -136,6 +138,28 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def concurrent_table(workloads: Sequence[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
+    """concurrent.parquet: each job of each concurrent workload, alone and together, and its slowdown."""
+    rows = [
+        {"workload": name, "job": int(job["job"]), "overrides": " ".join(job["overrides"]),
+         "alone_images_per_sec": float(job["alone_images_per_sec"]),
+         "together_images_per_sec": float(job["together_images_per_sec"]), "slowdown": float(job["slowdown"])}
+        for name, doc in workloads for job in doc["jobs"]
+    ]
+    frame = pd.DataFrame(rows, columns=CONCURRENT_COLUMNS)
+    return frame.sort_values(["workload", "job"]).reset_index(drop=True)
+
+
+def concurrent_markdown(concurrent: pd.DataFrame) -> str:
+    """The summary's section on concurrent workloads ('' when there are none)."""
+    if concurrent.empty:
+        return ""
+    rows = [[r.workload, str(r.job), f"`{r.overrides}`", _fmt(r.alone_images_per_sec),
+             _fmt(r.together_images_per_sec), _fmt(r.slowdown, 2, "x")] for r in concurrent.itertuples()]
+    header = ["workload", "job", "overrides", "alone (img/s)", "together (img/s)", "slowdown"]
+    return "\n".join(["## Concurrent workloads on one network", "", _markdown(header, rows), ""])
+
+
 def summary_markdown(runs: pd.DataFrame) -> str:
     """summary.md: the paper's tables (throughput and speedup per strategy, GB/step, prediction error)."""
     present = [s for s in STRATEGIES if s in set(runs["strategy"])]
@@ -164,10 +188,18 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def build_tables(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]) -> Tables:
-    """All tables of an experiment from (metrics record, plan) pairs."""
+def build_tables(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]],
+                 workloads: Sequence[tuple[str, dict[str, Any]]] = ()) -> Tables:
+    """All tables of an experiment from (metrics record, plan) pairs and (name, concurrent.json) pairs."""
     runs = runs_table(records)
-    return Tables(runs=runs, speedups=speedups_table(runs), summary=summary_markdown(runs))
+    concurrent = concurrent_table(workloads)
+    summary = summary_markdown(runs) + concurrent_markdown(concurrent)
+    return Tables(runs=runs, speedups=speedups_table(runs), concurrent=concurrent, summary=summary)
+
+
+def load_workloads(paths: Iterable[str | Path]) -> list[tuple[str, dict[str, Any]]]:
+    """(workload name = its folder's name, concurrent.json) of each concurrent result file."""
+    return [(Path(path).parent.name, read_json(Path(path))) for path in paths]
 
 
 def load_records(run_paths: Iterable[str | Path], plans: Path) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
@@ -178,7 +210,8 @@ def load_records(run_paths: Iterable[str | Path], plans: Path) -> list[tuple[dic
 def write_tables(tables: Tables, out: Path) -> None:
     """Write runs.parquet, speedups.parquet and summary.md into `out` atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups)):
+    for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups),
+                        ("concurrent.parquet", tables.concurrent)):
         with atomic_path(out / name) as tmp:
             frame.to_parquet(tmp, index=False)
     with atomic_path(out / "summary.md") as tmp:
@@ -189,6 +222,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe aggregate`."""
     parser.add_argument("--runs", nargs="+", required=True, help="run folders, metrics.json files or folders above them")
     parser.add_argument("--plans", type=Path, required=True, help="plans folder (plans/<dataset>/<model>/n<N>-<net>.json)")
+    parser.add_argument("--concurrent", nargs="*", default=[], help="concurrent.json files of concurrent workloads")
     parser.add_argument("--out", type=Path, required=True, help="tables folder to write")
 
 
@@ -196,7 +230,7 @@ def main(args: argparse.Namespace) -> int:
     """Aggregate the given runs into tables and plots."""
     from .plots import write_plots
 
-    tables = build_tables(load_records(args.runs, args.plans))
+    tables = build_tables(load_records(args.runs, args.plans), load_workloads(args.concurrent))
     write_tables(tables, args.out)
     write_plots(tables.runs, args.out / "plots")
     print(f"aggregate: {len(tables.runs)} runs -> {args.out}")

@@ -62,6 +62,7 @@ PATHS = {
     "profile": "profiles/{dataset}/{model}/n{gpus}-{network}.json",
     "plan": "plans/{dataset}/{model}/n{gpus}-{network}.json",
     "run": "runs/{dataset}/{model}/n{gpus}-{network}/{strategy}",
+    "concurrent": "concurrent/w{index}",
     "tables": "tables",
     "bundles": "bundles",
     "logs": "logs",
@@ -198,6 +199,7 @@ class Matrix:
         self.runs = [Run(d, m, s, g, n) for d in e.datasets for m in e.models for s in e.strategies
                      for g in e.gpus for n in e.networks]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
+        self._check_workloads()
 
     def launcher_args(self) -> list[str]:
         """``cluster=slurm`` when the workflow runs under the slurm profile: every stage runs in SLURM jobs."""
@@ -239,10 +241,12 @@ class Matrix:
         """The results folder every stage writes under."""
         return self.base.paths.results
 
-    def path(self, name: str, run: Run | None = None) -> str:
-        """Output `name` of :data:`PATHS` below the results folder, for `run` (or as a wildcard pattern)."""
+    def path(self, name: str, run: Run | None = None, **fields: Any) -> str:
+        """Output `name` of :data:`PATHS` below the results folder, for `run` or `fields` (else a pattern)."""
         template = f"{self.results}/{PATHS[name]}"
-        return template.format(**run.wildcards) if run else template
+        if run or fields:
+            return template.format(**(run.wildcards if run else {}), **fields)
+        return template
 
     def first(self, **wildcards: str) -> Run:
         """A run matching the given wildcard values (stages shared by several runs use any of them)."""
@@ -250,6 +254,31 @@ class Matrix:
             if all(run.wildcards[k] == str(v) for k, v in wildcards.items()):
                 return run
         raise ConfigError(f"no run of experiment '{self.settings.experiment}' matches {wildcards}")
+
+    @property
+    def workloads(self) -> list[list[str]]:
+        """The concurrent workloads of the experiment: each a list of jobs (Hydra override strings)."""
+        return [list(w) for w in self.base.experiment.concurrent]
+
+    def concurrent_args(self, index: int) -> list[str]:
+        """Arguments of `ralp-pipe concurrent` for workload `index`: its jobs, then the overrides
+        every job shares (the experiment and the user's training overrides)."""
+        jobs = [arg for job in self.workloads[index] for arg in ("--job", job)]
+        common = [o for o in self.settings.overrides if relevant(override_key(o), STAGE_KEYS["train"])]
+        return [*jobs, f"experiment={self.settings.experiment}", *common]
+
+    def concurrent_params(self, index: int) -> str:
+        """Rerun key of a concurrent workload: its arguments and the resolved training config."""
+        data = {"args": self.concurrent_args(index), "config": select(to_dict(self.base), STAGE_KEYS["train"])}
+        return json.dumps(data, sort_keys=True)
+
+    def _check_workloads(self) -> None:
+        head = [f"experiment={self.settings.experiment}", *self.settings.overrides, "cluster=emulated"]
+        for index, workload in enumerate(self.workloads):
+            if len(workload) < 2:
+                raise ConfigError(f"experiment.concurrent[{index}]={workload!r} needs at least 2 jobs")
+            for job in workload:
+                self._compose(head + shlex.split(job), "concurrent job", job)
 
     def stage_config(self, stage: str, run: Run) -> Config:
         """The config `stage` composes for `run` (equal to the run's config on every key it reads)."""

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
-from .aggregate import TABLE_FILES, build_tables, load_records
+from .aggregate import TABLE_FILES, build_tables, load_records, load_workloads
 from .bundle import CHECKSUMS
 from .config import ConfigError
 
@@ -101,14 +101,16 @@ def check_checksums(tar: tarfile.TarFile, files: dict[str, tarfile.TarInfo], top
 def compare_tables(folder: Path) -> int:
     """Recompute the tables from the raw records below `folder` and compare; returns the run count."""
     try:
-        tables = build_tables(load_records([folder / "runs"], folder / "plans"))
+        workloads = load_workloads(sorted((folder / "concurrent").glob("*/concurrent.json")))
+        tables = build_tables(load_records([folder / "runs"], folder / "plans"), workloads)
     except ConfigError as exc:
         raise BundleError(f"the raw records do not aggregate: {exc}") from exc
     stored = folder / "tables"
     for name in TABLE_FILES:
         if not (stored / name).is_file():
             raise BundleError(f"bundle lacks tables/{name}")
-    for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups)):
+    for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups),
+                        ("concurrent.parquet", tables.concurrent)):
         try:
             pd.testing.assert_frame_equal(pd.read_parquet(stored / name), frame, check_exact=True)
         except AssertionError as exc:

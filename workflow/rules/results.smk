@@ -5,6 +5,7 @@ RUNS = [MATRIX.path("run", run) for run in MATRIX]
 PLANS = sorted({MATRIX.path("plan", run) for run in MATRIX})
 PROFILES = sorted({MATRIX.path("profile", run) for run in MATRIX})
 TABLES = MATRIX.path("tables")
+CONCURRENT = [MATRIX.path("concurrent", index=i) for i in range(len(MATRIX.workloads))]
 
 
 rule aggregate:
@@ -12,9 +13,11 @@ rule aggregate:
         metrics=[f"{run}/metrics.json" for run in RUNS],
         steps=[f"{run}/steps.parquet" for run in RUNS],
         plans=PLANS,
+        concurrent=[f"{folder}/concurrent.json" for folder in CONCURRENT],
     output:
         runs=report(f"{TABLES}/runs.parquet", category="Tables", labels={"table": "runs"}),
         speedups=report(f"{TABLES}/speedups.parquet", category="Tables", labels={"table": "speedups"}),
+        concurrent=report(f"{TABLES}/concurrent.parquet", category="Tables", labels={"table": "concurrent"}),
         summary=report(f"{TABLES}/summary.md", category="Tables", labels={"table": "summary"}),
         plots=[
             report(f"{TABLES}/plots/{name}.png", category="Plots", labels={"plot": name}) for name in PLOT_NAMES
@@ -25,7 +28,8 @@ rule aggregate:
     log:
         f"{MATRIX.path('logs')}/aggregate.log",
     shell:
-        "{RALP} aggregate --runs {params.runs:q} --plans {params.plans:q} --out {TABLES:q} > {log:q} 2>&1"
+        "{RALP} aggregate --runs {params.runs:q} --plans {params.plans:q} --concurrent {input.concurrent:q}"
+        " --out {TABLES:q} > {log:q} 2>&1"
 
 
 rule resolved_config:
@@ -45,7 +49,7 @@ rule bundle:
     output:
         BUNDLE,
     params:
-        include=[*rules.resolved_config.output, *RUNS, *PLANS, *PROFILES, TABLES],
+        include=[*rules.resolved_config.output, *RUNS, *PLANS, *PROFILES, *CONCURRENT, TABLES],
     log:
         f"{MATRIX.path('logs')}/bundle.log",
     shell:

@@ -26,3 +26,20 @@ rule train:
         mpi=slurm_resource("train", "mpi"),
     shell:
         "{RALP} train --out {params.out:q} {params.args} > {log:q} 2>&1"
+
+
+# Several training jobs at once on one emulated network (experiment.concurrent), each also alone.
+rule concurrent:
+    output:
+        f"{MATRIX.path('concurrent')}/concurrent.json",
+    params:
+        key=lambda wildcards: MATRIX.concurrent_params(int(wildcards.index)),
+        args=lambda wildcards: shlex.join(MATRIX.concurrent_args(int(wildcards.index))),
+        out=MATRIX.path("concurrent"),
+    log:
+        f"{MATRIX.path('logs')}/concurrent/w{{index}}.log",
+    wildcard_constraints:
+        index=r"\d+",
+    threads: workflow.cores  # throughput measurements run alone
+    shell:
+        "{RALP} concurrent --out {params.out:q} {params.args} > {log:q} 2>&1"
