@@ -1,0 +1,73 @@
+"""Wall time of the whole default workflow (`snakemake --cores all`, experiment `local`) against its budget.
+
+Target: at most 15 minutes on a 2-core machine, shard generation included. Runs in a fresh
+scratch folder (nothing is reused), then prints the measured time, the budget and their ratio,
+and the time spent per rule from Snakemake's own benchmark-free log timestamps.
+Run: `python benchmarks/workflow_local.py [--experiment local] [--keep DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGET_S = 15 * 60
+
+
+def rule_times(log: str) -> dict[str, float]:
+    """Seconds between each job's start stamp and its 'Finished' stamp, summed per rule."""
+    stamps = re.compile(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$")
+    totals: dict[str, float] = defaultdict(float)
+    started: dict[str, tuple[str, datetime]] = {}
+    now = None
+    rule = None
+    for line in log.splitlines():
+        match = stamps.match(line.strip())
+        if match:
+            now = datetime.strptime(match.group(1), "%a %b %d %H:%M:%S %Y")
+            continue
+        head = re.match(r"^(?:local)?rule (\w+):$", line.strip())
+        if head:
+            rule = head.group(1)
+        job = re.match(r"^jobid: (\d+)$", line.strip())
+        if job and rule and now:
+            started[job.group(1)] = (rule, now)
+        done = re.match(r"^Finished jobid: (\d+)", line.strip())
+        if done and now and done.group(1) in started:
+            name, begin = started.pop(done.group(1))
+            totals[name] += (now - begin).total_seconds()
+    return dict(totals)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", default="local")
+    parser.add_argument("--keep", type=Path, help="run in this folder instead of a temporary one")
+    args = parser.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="ralp-workflow-"))
+    work.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
+               "--cores", "all", "--config", f"experiment={args.experiment}"]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    for name, seconds in sorted(rule_times(result.stdout + result.stderr).items(), key=lambda kv: -kv[1]):
+        print(f"  {name:16s} {seconds:8.0f} s")
+    print(f"workflow {args.experiment}: {elapsed:.0f} s measured, budget {BUDGET_S} s, "
+          f"ratio {elapsed / BUDGET_S:.2f} ({'within' if elapsed <= BUDGET_S else 'OVER'} budget); "
+          f"exit {result.returncode}; results in {work}")
+    if result.returncode != 0:
+        print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
