@@ -21,7 +21,7 @@ except ConfigError as exc:
     raise WorkflowError(f"configuration error: {exc}") from None
 
 RESULTS = MATRIX.results
-RALP = f"{sys.executable} -m ralp_pipe.cli"
+RALP = shlex.join([sys.executable, "-m", "ralp_pipe.cli"])
 EXPERIMENT = MATRIX.settings.experiment
 BUNDLE = f"{MATRIX.path('bundles')}/{EXPERIMENT}-{MATRIX.digest()}.tar.gz"
 

@@ -2,7 +2,7 @@
 
 Target: at most 15 minutes on a 2-core machine, shard generation included. Runs in a fresh
 scratch folder (nothing is reused), then prints the measured time, the budget and their ratio,
-and the time spent per rule from Snakemake's own benchmark-free log timestamps.
+and the time spent per rule, read from the timestamps of Snakemake's log.
 Run: `python benchmarks/workflow_local.py [--experiment local] [--keep DIR]`.
 """
 

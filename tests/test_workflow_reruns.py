@@ -101,3 +101,13 @@ def test_a_dataset_option_reruns_that_dataset_downstream_and_nothing_else(workdi
                        ("train", RUN.format("synthetic22k") + ", strategy=ps"),
                        ("train", RUN.format("synthetic22k") + ", strategy=ralp_n")}
     assert pending(workdir, changed) == expected
+
+
+def test_report_shows_the_tables_and_plots(workdir: Path) -> None:
+    report = workdir / "report.html"
+    result = snakemake(workdir, "--report", str(report), config=CONFIG, timeout=200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    html = report.read_text(errors="replace")
+    for name in ("throughput_vs_n.png", "gb_per_step.png", "speedup.png", "predicted_vs_measured.png",
+                 "runs.parquet", "summary.md"):
+        assert name in html
