@@ -10,8 +10,9 @@ below the split, A activation elements per image at the split and batch b per wo
   the chunks the ring schedule gives it (:func:`ring_send_elements`, chunks as
   ``torch.tensor_split`` cuts them), which sums to exactly 2*(N-1)*n over the N ranks, so
   gradients = 2*(W-1)*P elements whatever the bucket layout.
-- `ralp_h` / `ralp_n`: each worker sends b*A activations and P_low gradients; the PS device
-  sends back b*A activation gradients and P_low parameters to each worker.
+- `ralp_h` / `ralp_n`: each worker sends b*A activations, its b labels (int64, the PS device
+  computes the loss) and P_low gradients; the PS device sends back b*A activation gradients
+  and P_low parameters to each worker.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import math
 from .models import Unit, activation_shapes, parameter_count
 from .topology import Topology
 
-CATEGORIES = ("gradients", "parameters", "activations", "activation_gradients")
+CATEGORIES = ("gradients", "parameters", "activations", "activation_gradients", "labels")
+LABEL_BYTES = 8  # labels travel as int64
 
 
 def ring_chunks(numel: int, world: int) -> list[int]:
@@ -82,5 +84,7 @@ def step_bytes(
         elements["activations"] = workers * activations
         elements["activation_gradients"] = workers * activations
     result = {name: count * bytes_per_element for name, count in elements.items()}
+    if strategy in ("ralp_h", "ralp_n"):
+        result["labels"] = workers * batch_size * LABEL_BYTES
     result["total"] = sum(result.values())
     return result

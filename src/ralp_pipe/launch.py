@@ -1,0 +1,314 @@
+"""Starting the ranks of one run: locally as subprocesses, under SLURM, or as spawned functions.
+
+- :func:`launch_local` starts one subprocess per rank on this machine, each in its own
+  process group and killed with its parent. A :class:`RankPlacement` hook gives each rank an
+  argv prefix, extra environment and the master address, e.g.
+  ``RankPlacement(["ip", "netns", "exec", "h1"], {"GLOO_SOCKET_IFNAME": "eth0"}, "10.0.0.1")``
+  to run rank 1 inside network namespace `h1`.
+- :func:`launch_slurm` runs the ranks with ``srun`` inside an allocation (one task per rank,
+  one GPU per task where the job has GPUs); :func:`RankEnv.from_environ` reads a rank's
+  identity from torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or
+  from SLURM_* variables.
+- :func:`spawn_function` runs a Python function on every rank of a gloo group (tests,
+  benchmarks).
+
+If any rank exits non-zero, or the run outlives its deadline, every other rank is stopped
+(SIGTERM, then SIGKILL after a grace period) and :class:`RankFailure` names the rank and the
+cause with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+class RankFailure(RuntimeError):
+    """A rank failed or hung; the message names the rank, the cause and its last log lines."""
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """How to start one rank: argv prefix, extra environment and the address of rank 0."""
+
+    prefix: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    master_addr: str = "127.0.0.1"
+
+
+Placement = Callable[[int], RankPlacement]
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """The identity of one rank and where its group meets."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+    @staticmethod
+    def from_environ(environ: dict[str, str] | None = None) -> "RankEnv":
+        """Read torchrun-style variables, else SLURM_* variables (srun task)."""
+        env = dict(os.environ if environ is None else environ)
+        if "RANK" in env and "WORLD_SIZE" in env:
+            rank = int(env["RANK"])
+            return RankEnv(
+                rank=rank,
+                world_size=int(env["WORLD_SIZE"]),
+                local_rank=int(env.get("LOCAL_RANK", rank)),
+                master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                master_port=int(env["MASTER_PORT"]),
+            )
+        if "SLURM_PROCID" in env:
+            nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+            if "MASTER_ADDR" not in env and not nodelist:
+                raise RankFailure("SLURM task without SLURM_JOB_NODELIST or MASTER_ADDR: cannot find rank 0's host")
+            return RankEnv(
+                rank=int(env["SLURM_PROCID"]),
+                world_size=int(env["SLURM_NTASKS"]),
+                local_rank=int(env.get("SLURM_LOCALID", "0")),
+                master_addr=env.get("MASTER_ADDR") or first_host(nodelist or ""),
+                master_port=int(env.get("MASTER_PORT") or slurm_port(env.get("SLURM_JOB_ID", "0"))),
+            )
+        raise RankFailure("no rank identity: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or run under srun")
+
+
+def first_host(nodelist: str) -> str:
+    """First host name of a SLURM node list such as ``node[03-05,9]`` (via ``scontrol show hostnames``)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RankFailure(f"cannot expand SLURM node list {nodelist!r} with scontrol: {exc}") from exc
+    hosts = out.split()
+    if not hosts:
+        raise RankFailure(f"SLURM node list {nodelist!r} expands to no host")
+    return hosts[0]
+
+
+def slurm_port(job_id: str) -> int:
+    """A rendezvous port derived from the job id, so every task of the job agrees on it."""
+    return 20000 + int(job_id) % 20000
+
+
+def free_port() -> int:
+    """A TCP port that is free on this machine right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_group(env: RankEnv, backend: str, init_timeout_s: float, timeout_s: float) -> None:
+    """Join the process group: rendezvous bounded by `init_timeout_s`, collectives by `timeout_s`."""
+    store = dist.TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        is_master=env.rank == 0,
+        timeout=timedelta(seconds=init_timeout_s),
+    )
+    dist.init_process_group(
+        backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s)
+    )
+    dist.barrier()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the launching process dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every rank's process group, SIGKILL whatever is left after the grace period."""
+    for sig, grace in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise _Terminated(f"launcher received signal {signum}")
+
+
+def supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout_s: float, what: str) -> None:
+    """Wait for all `procs`; stop all and raise :class:`RankFailure` on the first failure or at the deadline."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                first = failed[0]
+                _stop(procs)
+                others = ", ".join(f"{what} {i}: exit {procs[i].returncode}" for i in range(len(procs)) if i != first)
+                raise RankFailure(
+                    f"{what} {first} failed with exit status {codes[first]} ({_describe(codes[first])}); "
+                    f"stopped the others ({others}). Last lines of {what} {first}'s log:\n{_tail(logs[first])}"
+                )
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                hung = [i for i, c in enumerate(codes) if c is None]
+                _stop(procs)
+                raise RankFailure(
+                    f"{what}s {hung} still running after the {timeout_s:.0f} s limit (cluster.timeout_s); "
+                    f"stopped them. Last lines of {what} {hung[0]}'s log:\n{_tail(logs[hung[0]])}"
+                )
+            time.sleep(0.1)
+    except BaseException:
+        _stop(procs)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _describe(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return "raised an error" if code else "ok"
+
+
+def launch_local(
+    command: list[str],
+    world_size: int,
+    timeout_s: float,
+    log_dir: Path,
+    placement: Placement | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Run `command` once per rank on this machine (torchrun-style environment) and supervise the ranks."""
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
+    try:
+        for rank in range(world_size):
+            where = placement(rank) if placement else RankPlacement()
+            rank_env = {
+                **os.environ,
+                **(env or {}),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": where.master_addr,
+                "MASTER_PORT": str(port),
+                **where.env,
+            }
+            logs.append(log_dir / f"rank{rank}.log")
+            with open(logs[-1], "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [*where.prefix, *command],
+                        env=rank_env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        preexec_fn=_die_with_parent,
+                    )
+                )
+    except BaseException:
+        _stop(procs)
+        raise
+    supervise(procs, logs, timeout_s, "rank")
+
+
+def in_slurm_step(world_size: int, environ: dict[str, str] | None = None) -> bool:
+    """True when this process is one of `world_size` srun tasks (so it is a rank itself)."""
+    env = os.environ if environ is None else environ
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and env.get("SLURM_NTASKS") == str(world_size)
+
+
+def launch_slurm(command: list[str], world_size: int, timeout_s: float, log_dir: Path, gpus_per_task: int = 0) -> None:
+    """Run `command` as `world_size` srun tasks of the current allocation and supervise srun."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        raise RankFailure(
+            "cluster=slurm outside a SLURM allocation (no SLURM_JOB_ID): submit with sbatch/salloc "
+            "or use cluster=local"
+        )
+    srun = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", "--overlap", "--label", "--unbuffered"]
+    if gpus_per_task:
+        srun.append(f"--gpus-per-task={gpus_per_task}")
+    env = {**os.environ, "MASTER_PORT": str(slurm_port(job))}
+    log = log_dir / "srun.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*srun, *command], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+    supervise([proc], [log], timeout_s, "srun of all ranks")
+
+
+def _run_function(
+    rank: int, fn: Callable[..., Any], world_size: int, port: int, out: str, args: tuple[Any, ...], threads: int
+) -> None:
+    torch.set_num_threads(threads)
+    env = RankEnv(rank, world_size, rank, "127.0.0.1", port)
+    init_group(env, "gloo", 60, 300)
+    try:
+        torch.save(fn(rank, world_size, *args), Path(out) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_function(
+    fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = (), timeout_s: float = 300, threads: int = 1
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on `world_size` spawned ranks of a gloo group (`threads` torch threads each)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="ralp-spawn-") as out:
+        context = mp.start_processes(
+            _run_function, args=(fn, world_size, port, out, args, threads), nprocs=world_size, join=False, start_method="spawn"
+        )
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                for proc in context.processes:
+                    proc.kill()
+                raise RankFailure(f"spawned ranks still running after {timeout_s:.0f} s")
+        return [torch.load(Path(out) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+def python_module_command(module: str, *args: str) -> list[str]:
+    """argv running `module` with this interpreter."""
+    return [sys.executable, "-m", module, *args]

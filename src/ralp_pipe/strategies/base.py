@@ -1,0 +1,138 @@
+"""What every strategy shares: its inputs, the step interface and the parameter-server pieces.
+
+A parameter server (:class:`ShardServer`) holds a set of parameters as one flat tensor; every
+step it receives one flat gradient per worker, reduces them, applies SGD and sends the flat
+parameters back. :class:`ShardClient` is the worker side: it pushes its gradients and pulls
+the parameters of one shard. SGD acts element by element, so one flat tensor gives exactly the
+update per-tensor SGD gives.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..comm import Comm, Handle
+from ..models import Unit
+from ..topology import Topology
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Optim:
+    """Synchronous SGD settings."""
+
+    lr: float
+    momentum: float
+    weight_decay: float
+
+    def sgd(self, params: list[torch.Tensor]) -> torch.optim.SGD:
+        """A torch SGD optimiser over `params` with these settings."""
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+@dataclass
+class StepSetup:
+    """Everything a strategy needs on one rank."""
+
+    topology: Topology
+    comm: Comm
+    units: list[Unit]
+    split: int | None
+    optim: Optim
+    device: torch.device
+    batch_size: int
+    image_size: int
+    amp: bool = False
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self.comm.rank
+
+    @property
+    def role(self) -> str:
+        """This rank's role in the topology."""
+        return self.topology.role(self.rank)
+
+    def network(self) -> nn.Sequential:
+        """The whole model as a Sequential of its units, on this rank's device."""
+        return nn.Sequential(*(u.module for u in self.units)).to(self.device)
+
+    def autocast(self) -> torch.autocast:
+        """Mixed precision (bfloat16) for forward passes when `amp` is set on a CUDA device."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp and self.device.type == "cuda")
+
+
+class Strategy(ABC):
+    """One synchronous SGD step of the global batch, as seen from one rank."""
+
+    @abstractmethod
+    def step(self, batch: Batch | None) -> None:
+        """Run one training step; workers get their (images, labels), server ranks get None."""
+
+    @abstractmethod
+    def state(self) -> dict[str, torch.Tensor]:
+        """Parameters this rank holds authoritatively, by their name in the whole model."""
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the batch (the loss every strategy minimises)."""
+    return nn.functional.cross_entropy(logits.float(), labels)
+
+
+class ShardServer:
+    """A parameter server for `named` parameters: reduce worker gradients, SGD, send parameters."""
+
+    def __init__(self, comm: Comm, named: list[tuple[str, torch.Tensor]], workers: list[int], optim: Optim, mean: bool):
+        self.comm = comm
+        self.names = [name for name, _ in named]
+        self.shapes = [tuple(t.shape) for _, t in named]
+        self.flat = nn.Parameter(torch.cat([t.detach().reshape(-1) for _, t in named]))
+        self.workers = workers
+        self.mean = mean
+        self.optimizer = optim.sgd([self.flat])
+        self.inbox = [torch.empty_like(self.flat.data) for _ in workers]
+
+    def step(self) -> None:
+        """Receive every worker's gradients, update the parameters and send them to every worker."""
+        self.comm.wait([self.comm.irecv(buf, w) for buf, w in zip(self.inbox, self.workers)])
+        grad = torch.stack(self.inbox).sum(dim=0)
+        if self.mean:
+            grad /= len(self.workers)
+        self.flat.grad = grad
+        self.optimizer.step()
+        self.comm.wait([self.comm.isend(self.flat.data, w, "parameters") for w in self.workers])
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The held parameters by name, in their own shapes."""
+        sizes = [int(torch.Size(s).numel()) for s in self.shapes]
+        pieces = torch.split(self.flat.detach(), sizes)
+        return {n: p.reshape(s).clone() for n, p, s in zip(self.names, pieces, self.shapes)}
+
+
+class ShardClient:
+    """A worker's link to one parameter server: push the shard's gradients, pull its parameters."""
+
+    def __init__(self, comm: Comm, params: list[torch.Tensor], server: int):
+        self.comm = comm
+        self.params = params
+        self.server = server
+        self.inbox = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+
+    def push(self) -> list[Handle]:
+        """Start sending this shard's gradients as one flat tensor and receiving its new parameters."""
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        return [self.comm.isend(flat, self.server, "gradients"), self.comm.irecv(self.inbox, self.server)]
+
+    def apply(self) -> None:
+        """Copy the received parameters into the model (after the handles of :meth:`push` completed)."""
+        with torch.no_grad():
+            offset = 0
+            for p in self.params:
+                p.copy_(self.inbox[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()

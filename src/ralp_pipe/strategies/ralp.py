@@ -1,0 +1,88 @@
+"""RALP (`ralp_h`, `ralp_n`): workers run the lower layers, one PS device runs the upper ones.
+
+Per step each worker runs units[:split] on its batch and sends the activations and labels to
+the PS device, which concatenates them into the global batch, runs units[split:] and the loss,
+updates the upper parameters locally and returns each worker its slice of the activation
+gradients. Workers backpropagate the lower part and push its gradients to the PS device,
+which also serves the lower parameters: it sums the workers' gradients (each already carries
+the 1/global-batch factor of the loss), applies SGD and sends the parameters back. The result
+equals SGD on the global batch (BatchNorm below the split is per worker, as in DDP).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models import activation_shapes
+from ..topology import PS_DEVICE
+from .base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
+
+
+class LayerPlacementStrategy(Strategy):
+    """The RALP strategies on one rank (worker or PS device)."""
+
+    def __init__(self, setup: StepSetup):
+        if setup.split is None or not 1 <= setup.split < len(setup.units):
+            raise ValueError(f"split point {setup.split} out of range: choose 1..{len(setup.units) - 1}")
+        self.setup = setup
+        self.server_rank = setup.topology.ps[0]
+        split = setup.split
+        if setup.role == PS_DEVICE:
+            self.act_shape = (setup.batch_size, *activation_shapes(setup.units[:split], setup.image_size)[-1][1:])
+        net = setup.network()
+        self.lower, self.upper = net[:split], net[split:]
+        if setup.role == PS_DEVICE:
+            workers = setup.topology.workers
+            self.server = ShardServer(setup.comm, list(self.lower.named_parameters()), workers, setup.optim, mean=False)
+            self.upper_optimizer = setup.optim.sgd(list(self.upper.parameters()))
+            del self.lower
+        else:
+            self.client = ShardClient(setup.comm, list(self.lower.parameters()), self.server_rank)
+            del self.upper
+
+    def step(self, batch: Batch | None) -> None:
+        """Run this rank's part of one RALP step."""
+        if self.setup.role == PS_DEVICE:
+            self._serve()
+        else:
+            assert batch is not None, "a RALP worker needs a batch"
+            self._work(*batch)
+
+    def _work(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        comm = self.setup.comm
+        self.lower.zero_grad(set_to_none=True)
+        with self.setup.autocast():
+            activations = self.lower(images).float()
+        grad = torch.empty_like(activations)
+        comm.wait([
+            comm.isend(activations, self.server_rank, "activations"),
+            comm.isend(labels, self.server_rank, "labels"),
+            comm.irecv(grad, self.server_rank),
+        ])
+        activations.backward(grad)
+        comm.wait(self.client.push())
+        self.client.apply()
+
+    def _serve(self) -> None:
+        comm, device = self.setup.comm, self.setup.device
+        workers = self.setup.topology.workers
+        acts = [torch.empty(self.act_shape, device=device) for _ in workers]
+        labels = [torch.empty(self.act_shape[0], dtype=torch.int64, device=device) for _ in workers]
+        comm.wait([h for w, a, y in zip(workers, acts, labels) for h in (comm.irecv(a, w), comm.irecv(y, w))])
+        inputs = torch.cat(acts).requires_grad_()
+        self.upper.zero_grad(set_to_none=True)
+        with self.setup.autocast():
+            logits = self.upper(inputs)
+        loss_fn(logits, torch.cat(labels)).backward()
+        assert inputs.grad is not None
+        sends = [comm.isend(g, w, "activation_gradients") for g, w in zip(inputs.grad.split(self.act_shape[0]), workers)]
+        self.upper_optimizer.step()
+        comm.wait(sends)
+        self.server.step()
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The PS device holds every parameter (lower as a PS, upper as its own layers)."""
+        if self.setup.role != PS_DEVICE:
+            return {}
+        upper = {name: p.detach().clone() for name, p in self.upper.named_parameters()}
+        return {**self.server.state(), **upper}
