@@ -67,15 +67,27 @@ def shared_machines(cfg: Config, device: str) -> int | None:
 
 
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
-    """Memoised ``(strategy, gpus, split) -> volume.step_bytes(...)`` for one model."""
+    """``(strategy, gpus, split) -> volume.step_bytes(...)``, memoised, computing each split's shape once.
+
+    volume.step_bytes defines every `ps` and RALP category as workers x per-worker bytes, so
+    those are its one-worker figures times the workers (the split's activation shape, the
+    costly part, is then computed once per split rather than once per split and N); the
+    planner's tests compare every figure with a direct call.
+    """
     cache: dict[tuple[str, int, int | None], dict[str, int]] = {}
 
-    def volume(strategy: str, gpus: int, split: int | None) -> dict[str, int]:
+    def exact(strategy: str, gpus: int, split: int | None) -> dict[str, int]:
         key = (strategy, gpus, split)
         if key not in cache:
-            topo = topology(strategy, gpus, num_ps)
-            cache[key] = step_bytes(strategy, units, split, topo, batch_size, image_size)
+            cache[key] = step_bytes(strategy, units, split, topology(strategy, gpus, num_ps), batch_size, image_size)
         return cache[key]
+
+    def volume(strategy: str, gpus: int, split: int | None) -> dict[str, int]:
+        if strategy == "allreduce":
+            return exact(strategy, gpus, split)
+        one_worker = exact(strategy, 1 if strategy == "ps" else 2, split)
+        workers = topology(strategy, gpus, num_ps).num_workers
+        return {k: v * workers for k, v in one_worker.items()}
 
     return volume
 

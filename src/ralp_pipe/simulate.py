@@ -20,27 +20,10 @@ from . import models
 from .atomic import atomic_path
 from .config import STRATEGIES, ConfigError, load
 from .costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, compute_costs
-from .planner import RALP, VolumeFn, best_prediction, check_profile_matches, read_profile, volume_function
-from .topology import topology
+from .planner import RALP, best_prediction, check_profile_matches, read_profile, volume_function
 
 GPUS = tuple(2**i for i in range(1, 11))
 LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)
-
-
-def scaled_volume(exact: VolumeFn, num_ps: int) -> VolumeFn:
-    """`exact` for allreduce; for ps and RALP its one-worker figures times the number of workers.
-
-    volume.step_bytes defines every ps/RALP category as (workers x per-worker bytes), so this
-    equals it while computing the split's activation shape once per split instead of once per N.
-    """
-    def volume(strategy: str, gpus: int, split: int | None) -> dict[str, int]:
-        if strategy == "allreduce":
-            return exact(strategy, gpus, split)
-        one = exact(strategy, 1 if strategy == "ps" else 2, split)
-        workers = topology(strategy, gpus, num_ps).num_workers
-        return {k: v * workers for k, v in one.items()}
-
-    return volume
 
 
 def simulate(
@@ -54,8 +37,7 @@ def simulate(
     """One row per strategy x N x link speed with the best configuration's predictions."""
     costs = compute_costs(profile)
     names = [u.name for u in units]
-    exact = volume_function(units, batch_size, int(profile["image_size"]), num_ps)
-    volume = scaled_volume(exact, num_ps)
+    volume = volume_function(units, batch_size, int(profile["image_size"]), num_ps)
     latency = float((profile["link"].get("measured") or {}).get("latency_s", 0.0))
     rows = []
     for gbit in link_gbit:
@@ -64,8 +46,6 @@ def simulate(
             baseline = None
             for strategy in STRATEGIES:
                 best, _ = best_prediction(strategy, costs, volume, n, batch_size, link, num_ps)
-                if best.bytes_per_step != exact(strategy, n, best.split):
-                    raise RuntimeError(f"scaled bytes/step of {strategy} at N={n} differ from volume.step_bytes")
                 baseline = baseline or best
                 rows.append({
                     "model": profile["model"],

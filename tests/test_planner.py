@@ -1,0 +1,144 @@
+"""The planner: exact bytes per step, where it splits VGG, when RALP does not pay, the plan file."""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+
+import pytest
+
+from ralp_pipe import cli, models
+from ralp_pipe.config import STRATEGIES, load
+from ralp_pipe.planner import build_plan
+from ralp_pipe.profiling import analytic_profile
+from ralp_pipe.topology import topology
+from ralp_pipe.volume import step_bytes
+
+GPU_MACS = 5e12  # a V100-class device, multiply-accumulates per second
+CPU_MACS = 5e10  # a few CPU cores
+MEMORY = 5e11  # bytes/s streamed by the parameter update
+
+
+@lru_cache(maxsize=None)
+def _units(model: str, classes: int = 1000) -> list[models.Unit]:
+    return models.placement_units(models.build(model, classes))
+
+
+def _plan(model: str, image: int, overrides: list[str], macs: float, measured_bw: float | None, gpus: list[int],
+          batch: int = 8):
+    workers = {topology(s, n).num_workers for n in gpus for s in ("ralp_h", "ralp_n")}
+    profile = analytic_profile(model, 1000, image, sorted({batch, *(batch * w for w in workers)}), macs, measured_bw, MEMORY)
+    cfg = load([f"model={model}", f"train.image_size={image}", f"train.batch_size={batch}", *overrides])
+    return build_plan(profile, "analytic", cfg, gpus)
+
+
+def test_predicted_bytes_per_step_equal_volume_step_bytes_for_every_strategy_and_split() -> None:
+    plan = _plan("vgg11", 32, ["cluster=emulated", "network=1gbit"], CPU_MACS, 1e9, [4])
+    units = _units("vgg11")
+    checked = 0
+    for gpus, entries in plan["by_gpus"].items():
+        assert set(entries) == set(STRATEGIES)
+        for strategy, entry in entries.items():
+            rows = entry.get("table", [entry])
+            if strategy in ("ralp_h", "ralp_n"):
+                assert [r["split"] for r in rows] == list(range(1, len(units)))
+            for row in rows:
+                topo = topology(strategy, int(gpus))
+                expected = step_bytes(strategy, units, row["split"], topo, 8, 32)
+                assert row["predicted_bytes_per_step"] == expected
+                assert row["predicted_gb_per_step"]["total"] == expected["total"] / 1e9
+                checked += 1
+    assert checked == 2 + 2 * (len(units) - 1)
+
+
+@pytest.mark.parametrize("model", ["vgg11", "vgg16"])
+def test_vgg_on_1gbit_splits_right_after_a_pool_unit_before_the_classifier(model: str) -> None:
+    """At 32x32 on a GPU-class device the last convs (2x2 maps) are parameter-heavy and cheap,
+    so the planner may move them to the PS device too; what must hold is that the split is
+    after a pooling unit (the smallest activation around it), before avgpool/flatten (whose
+    25088 features would cross the link), and moves far fewer bytes than ps."""
+    plan = _plan(model, 32, ["cluster=slurm", "network=1gbit"], GPU_MACS, 1e11, [4])
+    units = _units(model)
+    names = [u.name for u in units]
+    first_dense = models.default_split(units)
+    shapes = models.activation_shapes(units, 32)
+    for strategy in ("ralp_h", "ralp_n"):
+        entry = plan["strategies"][strategy]
+        k = entry["split"]
+        assert names[k - 1].endswith("_pool"), (strategy, names[k - 1])
+        assert k < names.index("avgpool") < first_dense
+        assert math.prod(shapes[k - 1][1:]) < math.prod(shapes[first_dense - 1][1:])
+        assert entry["pays"] is True and entry["speedup_over_ps"] > 2
+        assert entry["predicted_bytes_per_step"]["total"] < plan["strategies"]["ps"]["predicted_bytes_per_step"]["total"] / 10
+
+
+def test_vgg_at_224_with_a_cpu_class_ps_device_splits_after_the_last_conv_pool_unit() -> None:
+    """When running a conv layer on the PS device costs more than shipping its parameters
+    (224x224 maps, the paper's batch of 32, a CPU-speed device), the split is exactly the
+    paper's: after the last conv/pool unit, the PS device running avgpool, flatten and the
+    classifier."""
+    plan = _plan("vgg11", 224, ["cluster=slurm", "network=1gbit"], CPU_MACS, 1e11, [4], batch=32)
+    names = [u.name for u in _units("vgg11")]
+    for strategy in ("ralp_h", "ralp_n"):
+        assert plan["strategies"][strategy]["split"] == names.index("avgpool")
+        assert plan["strategies"][strategy]["split_after_unit"] == "features.12_pool"
+
+
+@pytest.fixture(scope="module")
+def resnet50_unlimited() -> dict:
+    """ResNet-50, 1000 classes, the paper's 224x224 images and batch 32, GPU-class devices and a
+    10 TB/s (practically unlimited) link: compute, not the network, bounds every strategy."""
+    return _plan("resnet50", 224, ["cluster=local", "network=loopback"], GPU_MACS, 1e13, [4, 8], batch=32)
+
+
+def test_resnet50_with_1000_classes_on_an_unlimited_link_gains_nothing_from_ralp(resnet50_unlimited: dict) -> None:
+    plan = resnet50_unlimited
+    for gpus, entries in plan["by_gpus"].items():
+        for strategy in ("ralp_h", "ralp_n"):
+            entry = entries[strategy]
+            assert entry["speedup_over_ps"] < 1.1, (gpus, strategy, entry["reason"])
+            if not entry["pays"]:
+                assert entry["reason"].startswith("does not pay")
+                assert isinstance(entry["split"], int)  # still runnable as the comparison
+
+
+def test_ralp_that_does_not_pay_is_kept_with_a_reason_and_a_split(resnet50_unlimited: dict) -> None:
+    plan = resnet50_unlimited
+    ralp_h = plan["strategies"]["ralp_h"]  # half the workers on an unlimited link: slower than ps
+    assert ralp_h["pays"] is False
+    assert "does not pay" in ralp_h["reason"] and f"split {ralp_h['split']}" in ralp_h["reason"]
+    assert ralp_h["table"] and max(r["predicted_images_per_sec"] for r in ralp_h["table"]) == ralp_h["predicted_images_per_sec"]
+
+
+def test_configured_rate_caps_the_measured_link_only_on_shaped_clusters() -> None:
+    shaped = _plan("resnet18", 32, ["cluster=emulated", "network=1gbit"], CPU_MACS, 1e10, [2])
+    loopback = _plan("resnet18", 32, ["cluster=local", "network=1gbit"], CPU_MACS, 1e10, [2])
+    assert shaped["bandwidth_bytes_per_s"] == pytest.approx(1e9 / 8 * 1448 / 1514)
+    assert shaped["bandwidth_source"] == "configured 1gbit"
+    assert loopback["bandwidth_bytes_per_s"] == 1e10 and loopback["bandwidth_source"] == "measured"
+
+
+def test_plan_cli_writes_the_file_the_engine_reads(tmp_path) -> None:
+    profile = analytic_profile("resnet18", 1000, 32, [2, 4], CPU_MACS, 1e9, MEMORY)
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    out = tmp_path / "plans" / "plan.json"
+    overrides = ["model=resnet18", "train.image_size=32", "train.batch_size=2", "cluster.gpus=2"]
+    assert cli.main(["plan", "--profile", str(tmp_path / "p.json"), "--out", str(out), *overrides]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["gpus"] == 2 and plan["profile"] == str(tmp_path / "p.json")
+    assert plan["strategies"]["ps"]["split"] is None and plan["strategies"]["ps"]["roles"] == ["worker", "worker", "ps"]
+    assert plan["strategies"]["ralp_n"]["roles"] == ["worker", "ps_device"]
+    assert 1 <= plan["strategies"]["ralp_n"]["split"] < len(_units("resnet18"))
+    assert [p.name for p in out.parent.iterdir()] == ["plan.json"]  # no temporary file left behind
+
+
+def test_plan_refuses_a_profile_of_another_model(tmp_path, capsys) -> None:
+    profile = analytic_profile("resnet18", 1000, 32, [2], CPU_MACS, 1e9, MEMORY)
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    status = cli.main(["plan", "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path / "o.json"),
+                       "model=vgg11", "train.image_size=32"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "p.json" in err and "model='resnet18'" in err and "vgg11" in err
+    assert not (tmp_path / "o.json").exists()
