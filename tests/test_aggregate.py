@@ -24,6 +24,7 @@ def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_pa
     row = frame[(frame.model == "vgg11") & (frame.gpus == 4) & (frame.strategy == "ralp_n")].iloc[0]
     assert row.speedup_vs_ps == pytest.approx(THROUGHPUT["ralp_n"] / THROUGHPUT["ps"])
     assert row.prediction_error == pytest.approx(0.1)
+    assert row.predicted_gb_per_step == pytest.approx(0.5)
     assert row.workers == 3 and row.num_ps == 1 and row.classes == 1000
     assert row.gb_total == pytest.approx(0.06)
     assert json.loads(row.hardware) == {"cpu": "test", "cpus": 2}

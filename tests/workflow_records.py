@@ -39,7 +39,7 @@ def write_results(root: Path, models=("vgg11", "resnet18"), strategies=tuple(THR
     for model in models:
         for n in gpus:
             plan = {"strategies": {s: {"predicted_images_per_sec": THROUGHPUT[s] * n / 2 * 1.1,
-                                       "predicted_gb_per_step": 0.5, "split": 8, "pays": True} for s in strategies}}
+                                       "predicted_gb_per_step": {"gradients": 0.25, "total": 0.5}, "split": 8, "pays": True} for s in strategies}}
             plan_path = root / "plans" / "synthetic1k" / model / f"n{n}-1gbit.json"
             plan_path.parent.mkdir(parents=True, exist_ok=True)
             plan_path.write_text(json.dumps(plan))

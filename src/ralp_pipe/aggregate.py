@@ -99,7 +99,8 @@ def run_row(record: dict[str, Any], plan: dict[str, Any] | None) -> dict[str, An
     row["wire_gb_total"] = _gb(record.get("wire_gb_per_step"), "total")
     predicted = ((plan or {}).get("strategies") or {}).get(record["strategy"]) or {}
     row["predicted_images_per_sec"] = float(predicted.get("predicted_images_per_sec", math.nan) or math.nan)
-    row["predicted_gb_per_step"] = float(predicted.get("predicted_gb_per_step", math.nan) or math.nan)
+    volume = predicted.get("predicted_gb_per_step")
+    row["predicted_gb_per_step"] = _gb(volume, "total") if isinstance(volume, dict) else float(volume or math.nan)
     row["prediction_error"] = prediction_error(row["predicted_images_per_sec"], float(record["images_per_sec"]))
     row["hardware"] = json.dumps(record.get("hardware", {}), sort_keys=True)
     row["split"] = -1 if record["split"] is None else int(record["split"])
