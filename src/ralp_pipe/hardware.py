@@ -1,0 +1,63 @@
+"""What a run ran on: host, CPU, memory, GPUs, library versions and the git revision."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+PACKAGES = ("torch", "torchvision", "nvidia-dali-cuda130", "numpy", "pandas", "hydra-core", "snakemake")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe() -> dict[str, object]:
+    """Host name, CPU model and count, memory, and each visible GPU's name and memory."""
+    gpus = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            gpus.append({"name": props.name, "memory_gb": round(props.total_memory / 1e9, 2)})
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 2),
+        "gpus": gpus,
+        "platform": platform.platform(),
+    }
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of Python, CUDA (as torch was built) and the packages a run depends on."""
+    found: dict[str, str | None] = {"python": sys.version.split()[0], "cuda": torch.version.cuda}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_revision(where: Path = Path(__file__).resolve().parent) -> str | None:
+    """Commit of the checkout holding this package (suffixed "-dirty" with local changes), or None."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}-dirty" if dirty else rev
