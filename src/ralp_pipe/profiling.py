@@ -333,18 +333,23 @@ def measure_bandwidth(
         ]
         env = {**os.environ, **rank_env[rank]}
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    outputs = []
+    deadline = time.monotonic() + timeout_s
     try:
+        while any(proc.poll() is None for proc in procs):
+            failed = next((r for r, proc in enumerate(procs) if proc.poll() not in (None, 0)), None)
+            if failed is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
         for proc in procs:
-            outputs.append(proc.communicate(timeout=timeout_s))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-            proc.communicate()
-        raise RuntimeError(f"bandwidth probe did not finish within {timeout_s} s ({master_addr}:{port}, {backend})")
+            if proc.poll() is None:
+                proc.kill()
+        outputs = [proc.communicate() for proc in procs]
     for rank, (proc, (_, err)) in enumerate(zip(procs, outputs)):
-        if proc.returncode != 0:
+        if proc.returncode not in (0, -9):
             raise RuntimeError(f"bandwidth probe rank {rank} exited with {proc.returncode}: {err.strip()[-2000:]}")
+    if any(proc.returncode != 0 for proc in procs):
+        raise RuntimeError(f"bandwidth probe did not finish within {timeout_s} s ({master_addr}:{port}, {backend})")
     result = json.loads(outputs[0][0].strip().splitlines()[-1])
     result["bytes_per_s"] = min(result["directions"].values())
     return result

@@ -1,0 +1,91 @@
+"""Profiling on this machine: per-unit table, reproducibility, the two-rank bandwidth probe, the CLI."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from importlib import metadata
+
+import pytest
+import torch
+
+from ralp_pipe import cli, models
+from ralp_pipe.profiling import measure_bandwidth, profile_model, worker_and_ps_batches
+
+CPU = torch.device("cpu")
+
+
+def _total(profile: dict, batch: int, pick=statistics.median) -> float:
+    """Whole-model forward+backward seconds at `batch`, each unit's samples reduced by `pick`."""
+    rows = [u["by_batch"][str(batch)] for u in profile["units"]]
+    return sum(pick(r["fwd_samples_s"]) + pick(r["bwd_samples_s"]) for r in rows)
+
+
+def test_two_profiles_agree_on_bytes_exactly_and_on_time_within_the_measured_noise() -> None:
+    first = profile_model("resnet18", 10, 32, [2, 4], CPU, warmup=1, repeats=4)
+    second = profile_model("resnet18", 10, 32, [2, 4], CPU, warmup=1, repeats=4)
+    for a, b in zip(first["units"], second["units"]):
+        for key in ("name", "param_bytes", "param_count", "activation_shape", "activation_bytes_per_sample"):
+            assert a[key] == b[key]
+        for batch in ("2", "4"):
+            assert a["by_batch"][batch]["peak_memory_bytes"] == b["by_batch"][batch]["peak_memory_bytes"]
+    units = models.placement_units(models.build("resnet18", 10))
+    assert [u["param_count"] for u in first["units"]] == [models.parameter_count(u.module) for u in units]
+    for batch in (2, 4):
+        # noise band of one profile: every unit at its fastest .. every unit at its slowest sample
+        bands = [(_total(p, batch, min), _total(p, batch, max)) for p in (first, second)]
+        medians = [_total(p, batch) for p in (first, second)]
+        print(f"batch {batch}: medians {medians[0]:.4f} / {medians[1]:.4f} s (ratio {medians[0] / medians[1]:.2f}); "
+              f"bands {bands[0][0]:.4f}..{bands[0][1]:.4f} / {bands[1][0]:.4f}..{bands[1][1]:.4f} s")
+        assert bands[0][0] <= bands[1][1] and bands[1][0] <= bands[0][1], "the two noise bands do not overlap"
+
+
+def test_unit_table_has_times_memory_and_bytes_at_every_batch() -> None:
+    profile = profile_model("vgg11", 10, 32, [1, 3], CPU, warmup=0, repeats=1)
+    rows = {u["name"]: u for u in profile["units"]}
+    assert rows["features.0_conv"]["activation_bytes_per_sample"] == 64 * 32 * 32 * 4
+    assert rows["avgpool"]["activation_shape"] == [512, 7, 7]
+    fc = rows["classifier.0_fc"]
+    assert fc["param_bytes"] == (25088 * 4096 + 4096) * 4 and fc["is_dense"] and not fc["before_first_dense"]
+    for row in profile["units"]:
+        for stats in row["by_batch"].values():
+            assert stats["fwd_s"] > 0 and stats["bwd_s"] > 0
+            assert stats["peak_memory_bytes"] >= 2 * row["param_bytes"]
+        assert row["by_batch"]["3"]["peak_memory_bytes"] > row["by_batch"]["1"]["peak_memory_bytes"]
+    update = profile["update"]
+    assert update["param_bytes"] == sum(r["param_bytes"] for r in profile["units"])
+    assert update["update_s_per_byte"] > 0 and update["aggregate_s_per_byte"] > 0
+
+
+def test_ps_device_batches_follow_the_topologies() -> None:
+    assert worker_and_ps_batches(8, 4) == {"worker": 8, "ps_ralp_n": 24, "ps_ralp_h": 16}
+    assert worker_and_ps_batches(8, 1) == {"worker": 8}
+
+
+def test_bandwidth_probe_measures_both_directions_through_argv_prefixes() -> None:
+    prefixes = (["env", "RALP_PROBE_RANK=0"], ["env", "RALP_PROBE_RANK=1"])
+    result = measure_bandwidth("gloo", 4 * 2**20, repeats=2, argv_prefixes=prefixes, rank_env=({}, {}), timeout_s=90)
+    assert set(result["directions"]) == {"0->1", "1->0"}
+    assert all(v > 1e6 for v in result["directions"].values())
+    assert result["bytes_per_s"] == min(result["directions"].values())
+    assert 0 < result["latency_s"] < 1
+
+
+def test_bandwidth_probe_names_the_failing_rank() -> None:
+    with pytest.raises(RuntimeError, match="rank 1 exited"):
+        measure_bandwidth("gloo", 2**20, argv_prefixes=([], ["false"]), timeout_s=20)
+
+
+def test_profile_cli_writes_one_json_with_hardware_and_configured_rate(tmp_path) -> None:
+    out = tmp_path / "profiles" / "resnet18.json"
+    argv = ["profile", "--out", str(out), "--repeats", "1", "--warmup", "0", "--message-mb", "2",
+            "model=resnet18", "dataset=synthetic1k", "train.batch_size=2", "train.image_size=32",
+            "cluster=emulated", "cluster.gpus=2", "network=1gbit"]
+    assert cli.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "resnet18" and doc["num_classes"] == 1000 and doc["device"] == "cpu"
+    assert doc["batches"] == {"worker": 2, "ps_ralp_n": 2, "ps_ralp_h": 2}
+    assert doc["hardware"]["cpu_count"] >= 1 and doc["hardware"]["versions"]["torch"] == metadata.version("torch")
+    assert doc["link"]["measured"]["bytes_per_s"] > 0
+    assert doc["link"]["configured_rate"] == "1gbit" and doc["link"]["configured_bytes_per_s"] == 1.25e8
+    assert [p.name for p in out.parent.iterdir()] == ["resnet18.json"]
