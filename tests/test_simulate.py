@@ -1,0 +1,79 @@
+"""The simulator over N and link speed, and the prediction-error join of measured runs."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+from ralp_pipe import cli, models
+from ralp_pipe.config import STRATEGIES
+from ralp_pipe.profiling import analytic_profile
+from ralp_pipe.simulate import simulate
+from ralp_pipe.topology import topology
+from ralp_pipe.validation import plan_predictions, prediction_error
+from ralp_pipe.volume import step_bytes
+
+
+@pytest.fixture(scope="module")
+def vgg11() -> tuple[dict, list[models.Unit]]:
+    profile = analytic_profile("vgg11", 1000, 32, [4, 8, 4096], 5e12, None, 5e11)
+    return profile, models.placement_units(models.build("vgg11", 1000))
+
+
+def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> None:
+    profile, units = vgg11
+    frame = simulate(profile, units, 4, gpus=[2, 16, 1024], link_gbit=[1, 100])
+    assert len(frame) == len(STRATEGIES) * 3 * 2
+    assert set(frame.strategy) == set(STRATEGIES) and set(frame.gpus) == {2, 16, 1024}
+    for row in frame[frame.gpus == 1024].itertuples():
+        split = None if row.split != row.split or row.strategy in ("ps", "allreduce") else int(row.split)
+        expected = step_bytes(row.strategy, units, split, topology(row.strategy, 1024), 4, 32)
+        assert row.gb_per_step == expected["total"] / 1e9
+    ralp = frame[frame.strategy == "ralp_n"].set_index(["gpus", "link_gbit"]).speedup_over_ps
+    assert (ralp.xs(1, level="link_gbit") > ralp.xs(100, level="link_gbit")).all()  # RALP matters most on slow links
+    ps = frame[frame.strategy == "ps"].set_index(["gpus", "link_gbit"]).images_per_sec
+    assert ps[(1024, 1)] < 2 * ps[(16, 1)]  # the PS link caps the baseline however many GPUs join
+
+
+def test_simulate_cli_writes_parquet_and_png_curves(tmp_path, vgg11, capsys) -> None:
+    profile, _ = vgg11
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    out = tmp_path / "sim"
+    argv = ["simulate", "--profile", str(tmp_path / "p.json"), "--out", str(out),
+            "model=vgg11", "train.image_size=32", "train.batch_size=4", "--gpus", "2", "8", "--link-gbit", "1", "10"]
+    assert cli.main(argv) == 0
+    frame = pd.read_parquet(out / "simulation.parquet")
+    assert len(frame) == len(STRATEGIES) * 2 * 2
+    for name in ("images_per_sec.png", "speedup_over_ps.png"):
+        with Image.open(out / name) as image:
+            assert image.format == "PNG" and image.width > 400
+    assert "Gbit/s N=2" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["images_per_sec.png", "simulation.parquet", "speedup_over_ps.png"]
+
+
+def test_prediction_error_joins_runs_with_their_prediction() -> None:
+    measured = pd.DataFrame([
+        {"model": "vgg11", "dataset": "d", "strategy": "ps", "gpus": 2, "network": "loopback", "images_per_sec": 10.0},
+        {"model": "vgg11", "dataset": "d", "strategy": "ralp_n", "gpus": 2, "network": "loopback", "images_per_sec": 20.0},
+        {"model": "vgg11", "dataset": "d", "strategy": "ralp_n", "gpus": 4, "network": "loopback", "images_per_sec": 40.0},
+    ])
+    predicted = pd.DataFrame([
+        {"model": "vgg11", "dataset": "d", "strategy": s, "gpus": n, "network": "loopback", "images_per_sec": v}
+        for s, n, v in [("ps", 2, 12.0), ("ralp_n", 2, 15.0), ("ralp_n", 4, 42.0), ("ps", 4, 1.0)]
+    ])
+    joined, median = prediction_error(measured, predicted)
+    assert list(joined.relative_error.round(6)) == [0.2, -0.25, 0.05]
+    assert median == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="no prediction for measured runs"):
+        prediction_error(measured, predicted[predicted.gpus == 2])
+
+
+def test_plan_predictions_lists_every_strategy_and_gpu_count(tmp_path) -> None:
+    plan = {"model": "m", "dataset": "d", "network": "loopback", "by_gpus": {
+        "2": {s: {"split": 3 if s.startswith("ralp") else None, "predicted_images_per_sec": 1.0,
+                  "predicted_gb_per_step": {"total": 0.5}} for s in STRATEGIES}}}
+    frame = plan_predictions(plan)
+    assert sorted(frame.strategy) == sorted(STRATEGIES) and set(frame.gpus) == {2}
