@@ -146,6 +146,11 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+def _last_line(path: Path) -> str:
+    lines = [line for line in _tail(path, 200).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(empty log)"
+
+
 def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """SIGTERM every rank's process group, SIGKILL whatever is left after the grace period."""
     for sig, grace in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
@@ -177,12 +182,16 @@ def supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout_s:
             codes = [p.poll() for p in procs]
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                first = failed[0]
+                running = [i for i, c in enumerate(codes) if c is None]
                 _stop(procs)
-                others = ", ".join(f"{what} {i}: exit {procs[i].returncode}" for i in range(len(procs)) if i != first)
+                causes = "; ".join(
+                    f"{what} {i} exited with status {codes[i]} ({_describe(codes[i])}): {_last_line(logs[i])}"
+                    for i in failed
+                )
+                still = f"; stopped {what}s {running}, still running (hung?)" if running else ""
                 raise RankFailure(
-                    f"{what} {first} failed with exit status {codes[first]} ({_describe(codes[first])}); "
-                    f"stopped the others ({others}). Last lines of {what} {first}'s log:\n{_tail(logs[first])}"
+                    f"{what} {failed[0]} failed: {causes}{still}. Last lines of {what} {failed[0]}'s log:\n"
+                    f"{_tail(logs[failed[0]])}"
                 )
             if all(c == 0 for c in codes):
                 return

@@ -1,0 +1,51 @@
+"""A rank that raises, dies or hangs makes the whole run exit non-zero in bounded time, leaving nothing behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TIMEOUT_S = 10
+OVERRIDES = ["model=resnet18", "strategy=ps", "cluster.gpus=2", "train.batch_size=2", "train.image_size=32",
+             "train.warmup_steps=1", "train.measure_steps=3", f"cluster.timeout_s={TIMEOUT_S}", "cluster.init_timeout_s=20"]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(pid))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize(("rank", "step", "mode", "named"), [
+    (1, 2, "raise", "rank 1"),   # a worker raises mid-run
+    (2, 1, "kill", "rank 2"),    # the PS is killed (SIGKILL)
+    (0, 2, "hang", "rank"),      # a worker hangs: the others time out
+])
+def test_failing_rank_stops_the_run_without_output(tmp_path: Path, rank: int, step: int, mode: str, named: str) -> None:
+    out = tmp_path / "runs" / "run"
+    env = {**os.environ, "RALP_PIPE_FAIL_RANK": str(rank), "RALP_PIPE_FAIL_STEP": str(step), "RALP_PIPE_FAIL_MODE": mode}
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *OVERRIDES],
+                          env=env, capture_output=True, text=True, timeout=180)
+    elapsed = time.monotonic() - began
+    assert proc.returncode != 0
+    assert named in proc.stderr and "failed" in proc.stderr, proc.stderr
+    if mode == "kill":
+        assert "SIGKILL" in proc.stderr
+    if mode == "raise":
+        assert "fails at step 2" in proc.stderr
+    assert elapsed < TIMEOUT_S + 60
+    assert not out.exists(), "a failed run left its output folder"
+    assert list((tmp_path / "runs").iterdir()) == [], "a failed run left staging files"
+    assert _processes_mentioning(str(tmp_path)) == [], "ranks outlived the failed run"
