@@ -20,8 +20,9 @@ Phases of one step, in order (no overlap, as a synchronous implementation runs t
   up; the PS device aggregates them and applies SGD to every parameter; lower parameters come
   down. Every one of those transfers crosses the single PS device link.
 
-Compute phases on ranks that share hardware (all ranks on one CPU machine) take longer by the
-number of ranks computing at once divided by the number of profiled machines they share.
+Where all ranks share one CPU machine (:class:`SharedCpu`), a compute phase takes the profiled
+time x profile threads / the cores a rank gets: its own threads, or fewer when more ranks
+compute at once than there are cores.
 Unit times at batches that were not profiled are interpolated linearly between measured
 batches and scaled proportionally beyond them.
 """
@@ -166,9 +167,22 @@ class Prediction:
         }
 
 
-def _sharing(concurrent: int, machines: int | None) -> float:
-    """Slow-down of `concurrent` ranks computing at once on `machines` profiled machines."""
-    return 1.0 if machines is None else max(1.0, concurrent / machines)
+@dataclass(frozen=True)
+class SharedCpu:
+    """Ranks that all run on one CPU machine: its cores, the profile's threads, each rank's threads."""
+
+    cores: int
+    profile_threads: int
+    threads_per_rank: int | None = None  # None: the cores split evenly over the world
+
+    def slowdown(self, concurrent: int, world_size: int) -> float:
+        """Time factor against the profile for `concurrent` ranks computing at once."""
+        per_rank = self.threads_per_rank or max(1, self.cores // world_size)
+        return self.profile_threads / min(per_rank, self.cores / concurrent)
+
+
+def _slowdown(shared: SharedCpu | None, concurrent: int, world_size: int) -> float:
+    return 1.0 if shared is None else shared.slowdown(concurrent, world_size)
 
 
 def predict(
@@ -181,7 +195,7 @@ def predict(
     link: Link,
     split: int | None = None,
     num_ps: int = 1,
-    machines: int | None = None,
+    shared: SharedCpu | None = None,
 ) -> Prediction:
     """Predicted step of `strategy` with `num_workers` workers moving `volume` bytes (see module doc)."""
     w, b = num_workers, batch_size
@@ -191,22 +205,23 @@ def predict(
     if strategy in ("ps", "allreduce"):
         # forward+backward, then flattening the gradients and copying back the parameters
         compute = (costs.fwd(slice(None), b) + costs.bwd(slice(None), b) + 2 * total_param * copy)
-        compute *= _sharing(w, machines)
+        world = w + num_ps if strategy == "ps" else w
+        compute *= _slowdown(shared, w, world)
     if strategy == "ps":
         # stack the W gradient sets, sum them, SGD; servers hold 1/num_ps of the parameters each
-        server = (2 * w * copy + costs.update_s_per_byte) * total_param / num_ps * _sharing(num_ps, machines)
+        server = (2 * w * copy + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
         comm = sent / num_ps / link.bytes_per_s + 2 * link.latency_s
     elif strategy == "allreduce":
-        server = ((w - 1) / w * copy + costs.update_s_per_byte) * total_param * _sharing(w, machines)
+        server = ((w - 1) / w * copy + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
         comm = (sent / w / link.bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
     elif strategy in ("ralp_h", "ralp_n"):
         if split is None or not 1 <= split < len(costs.units):
             raise ValueError(f"{strategy} needs a split point in 1..{len(costs.units) - 1}, got {split}")
         lower, upper = slice(0, split), slice(split, None)
         lower_param = sum(u.param_bytes for u in costs.units[lower])
-        compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + 2 * lower_param * copy) * _sharing(w, machines)
+        compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + 2 * lower_param * copy) * _slowdown(shared, w, w + 1)
         server = (costs.fwd(upper, w * b) + costs.bwd(upper, w * b)
-                  + 2 * w * lower_param * copy + total_param * costs.update_s_per_byte)
+                  + 2 * w * lower_param * copy + total_param * costs.update_s_per_byte) * _slowdown(shared, 1, w + 1)
         comm = sent / link.bytes_per_s + 4 * link.latency_s
     else:
         raise ValueError(f"unknown strategy {strategy!r}")

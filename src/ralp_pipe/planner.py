@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import models
 from .atomic import write_json_atomic
 from .config import STRATEGIES, Config, ConfigError, load
-from .costmodel import ComputeCosts, Link, Prediction, compute_costs, effective_link, predict
+from .costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
 from .topology import topology
 from .volume import step_bytes
 
@@ -61,9 +61,12 @@ def cluster_link(profile: Mapping[str, Any], cfg: Config) -> Link:
         raise ConfigError(f"{exc} (profile of {profile['model']}, network.rate={cfg.network.rate})") from exc
 
 
-def shared_machines(cfg: Config, device: str) -> int | None:
-    """Profiled machines the ranks share: 1 where every rank runs on this one CPU, else one each."""
-    return 1 if device == "cpu" and cfg.cluster.kind in ("local", "emulated") else None
+def shared_cpu(cfg: Config, profile: Mapping[str, Any]) -> SharedCpu | None:
+    """The CPU every rank shares where a local or emulated run has no GPUs, else None (a device each)."""
+    if profile.get("device") != "cpu" or cfg.cluster.kind not in ("local", "emulated"):
+        return None
+    hw = profile["hardware"]
+    return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))
 
 
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
@@ -94,14 +97,14 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
 
 def best_prediction(
     strategy: str, costs: ComputeCosts, volume: VolumeFn, gpus: int, batch_size: int, link: Link,
-    num_ps: int = 1, machines: int | None = None,
+    num_ps: int = 1, shared: SharedCpu | None = None,
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
     topo = topology(strategy, gpus, num_ps)
     splits: Sequence[int | None] = range(1, len(costs.units)) if strategy in RALP else [None]
     table = [
         predict(strategy, costs, topo.num_workers, gpus, batch_size, volume(strategy, gpus, k), link, k,
-                num_ps=num_ps, machines=machines)
+                num_ps=num_ps, shared=shared)
         for k in splits
     ]
     return max(table, key=lambda p: p.images_per_sec), table
@@ -121,15 +124,15 @@ def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: S
 
 def plan_gpus(
     costs: ComputeCosts, unit_names: Sequence[str], volume: VolumeFn, gpus: int, batch_size: int, link: Link,
-    num_ps: int = 1, machines: int | None = None,
+    num_ps: int = 1, shared: SharedCpu | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
     entries: dict[str, dict[str, Any]] = {}
-    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, machines)
+    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared)
     for strategy in STRATEGIES:
         if strategy in RALP and gpus < 2:
             continue
-        best, table = best_prediction(strategy, costs, volume, gpus, batch_size, link, num_ps, machines)
+        best, table = best_prediction(strategy, costs, volume, gpus, batch_size, link, num_ps, shared)
         topo = topology(strategy, gpus, num_ps)
         speedup = best.images_per_sec / baseline.images_per_sec
         entry = {
@@ -157,11 +160,11 @@ def build_plan(profile: Mapping[str, Any], profile_path: str | Path, cfg: Config
         raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")
     costs = compute_costs(profile)
     link = cluster_link(profile, cfg)
-    machines = shared_machines(cfg, profile.get("device", "cpu"))
+    shared = shared_cpu(cfg, profile)
     num_ps = cfg.strategy.num_ps
     volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
     by_gpus = {
-        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, machines) for n in gpus
+        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared) for n in gpus
     }
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return {
@@ -176,7 +179,7 @@ def build_plan(profile: Mapping[str, Any], profile_path: str | Path, cfg: Config
         "bandwidth_bytes_per_s": link.bytes_per_s,
         "bandwidth_source": link.source,
         "latency_s": link.latency_s,
-        "shared_machines": machines,
+        "shared_cpu": None if shared is None else {"cores": shared.cores, "profile_threads": shared.profile_threads},
         "profile": str(profile_path),
         "recommended": best[0],
         "strategies": by_gpus[str(gpus[0])],

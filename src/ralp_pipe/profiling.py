@@ -291,6 +291,7 @@ def hardware() -> dict[str, Any]:
         "os": platform.platform(),
         "cpu_model": cpu_model,
         "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpus": gpus,
         "cuda": torch.version.cuda,
@@ -411,6 +412,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--message-mb", type=float, default=64.0, help="bandwidth probe message size (MiB)")
     parser.add_argument("--bandwidth-repeats", type=int, default=3, help="timed messages per direction")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the two-rank bandwidth probe")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads while profiling (default: torch's); use the threads a rank gets")
 
 
 def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandwidth_repeats: int, bandwidth: bool) -> dict[str, Any]:
@@ -456,6 +459,10 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
 def main(args: argparse.Namespace) -> int:
     """Profile the configured model on this machine and write the JSON file."""
     cfg = load(args.overrides)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads={args.threads} must be at least 1")
+        torch.set_num_threads(args.threads)
     doc = build_profile(cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats,
                         not args.no_bandwidth)
     write_json_atomic(args.out, doc)

@@ -1,0 +1,59 @@
+"""Predicted vs measured throughput on this machine: profile -> plan -> real training runs.
+
+Usage: python benchmarks/prediction.py [--models resnet18 vgg11] [--gpus 2] [--steps 3] [--out DIR]
+
+For each model it profiles the model here, plans every strategy, runs `ralp-pipe train` for
+each strategy with the plan (loopback, synthetic data, 1 warm-up + `--steps` measured steps)
+and prints predicted vs measured images/sec side by side with the median absolute error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from ralp_pipe import cli
+from ralp_pipe.config import STRATEGIES
+from ralp_pipe.validation import plan_predictions, prediction_error
+
+
+def main() -> int:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "vgg11"])
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="ralp-prediction-"))
+    measured, predicted = [], []
+    for model in args.models:
+        common = [f"model={model}", "dataset=synthetic1k", "network=loopback", "cluster=local",
+                  f"cluster.gpus={args.gpus}", f"train.batch_size={args.batch}", "train.image_size=32",
+                  "train.warmup_steps=1", f"train.measure_steps={args.steps}", "train.loader=synthetic"]
+        profile, plan = out / f"{model}.profile.json", out / f"{model}.plan.json"
+        assert cli.main(["profile", "--out", str(profile), "--repeats", "3", "--threads", "1", *common]) == 0
+        assert cli.main(["plan", "--profile", str(profile), "--out", str(plan), *common]) == 0
+        predicted.append(plan_predictions(json.loads(plan.read_text())))
+        for strategy in STRATEGIES:
+            run = out / f"{model}-{strategy}"
+            if cli.main(["train", "--out", str(run), *common, f"strategy={strategy}", f"strategy.plan={plan}"]) != 0:
+                print(f"{model}/{strategy}: the training run failed; left out of the comparison")
+                continue
+            metrics = json.loads((run / "metrics.json").read_text())
+            measured.append({k: metrics[k] for k in ("model", "dataset", "strategy", "gpus", "network",
+                                                     "images_per_sec", "split")})
+    joined, median = prediction_error(pd.DataFrame(measured), pd.concat(predicted, ignore_index=True))
+    columns = ["model", "strategy", "gpus", "split", "images_per_sec_measured", "images_per_sec_predicted", "relative_error"]
+    print(joined[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"median absolute relative error of images/sec: {median:.1%} (target <= 20%); files in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
