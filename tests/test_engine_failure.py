@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-TIMEOUT_S = 10
+TIMEOUT_S, INIT_TIMEOUT_S = 10, 60
 OVERRIDES = ["model=resnet18", "strategy=ps", "cluster.gpus=2", "train.batch_size=2", "train.image_size=32",
-             "train.warmup_steps=1", "train.measure_steps=3", f"cluster.timeout_s={TIMEOUT_S}", "cluster.init_timeout_s=20"]
+             "train.warmup_steps=1", "train.measure_steps=3", f"cluster.timeout_s={TIMEOUT_S}", f"cluster.init_timeout_s={INIT_TIMEOUT_S}"]
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -30,9 +30,9 @@ def _processes_mentioning(text: str) -> list[int]:
 @pytest.mark.parametrize(("rank", "step", "mode", "named"), [
     (1, 2, "raise", "rank 1"),   # a worker raises mid-run
     (2, 1, "kill", "rank 2"),    # the PS is killed (SIGKILL)
-    (0, 2, "hang", "rank"),      # a worker hangs: the others time out
+    (0, 2, "hang", None),        # a worker hangs: the PS's receive or the run's deadline times out
 ])
-def test_failing_rank_stops_the_run_without_output(tmp_path: Path, rank: int, step: int, mode: str, named: str) -> None:
+def test_failing_rank_stops_the_run_without_output(tmp_path: Path, rank: int, step: int, mode: str, named: str | None) -> None:
     out = tmp_path / "runs" / "run"
     env = {**os.environ, "RALP_PIPE_FAIL_RANK": str(rank), "RALP_PIPE_FAIL_STEP": str(step), "RALP_PIPE_FAIL_MODE": mode}
     began = time.monotonic()
@@ -40,12 +40,15 @@ def test_failing_rank_stops_the_run_without_output(tmp_path: Path, rank: int, st
                           env=env, capture_output=True, text=True, timeout=180)
     elapsed = time.monotonic() - began
     assert proc.returncode != 0
-    assert named in proc.stderr and "failed" in proc.stderr, proc.stderr
+    if named is None:
+        assert "Timed out" in proc.stderr or "still running after" in proc.stderr, proc.stderr
+    else:
+        assert f"{named} exited with status" in proc.stderr, proc.stderr
     if mode == "kill":
         assert "SIGKILL" in proc.stderr
     if mode == "raise":
         assert "fails at step 2" in proc.stderr
-    assert elapsed < TIMEOUT_S + 60
+    assert elapsed < INIT_TIMEOUT_S + TIMEOUT_S + 20  # the run's deadline, SIGTERM/SIGKILL grace, start-up
     assert not out.exists(), "a failed run left its output folder"
     assert list((tmp_path / "runs").iterdir()) == [], "a failed run left staging files"
     assert _processes_mentioning(str(tmp_path)) == [], "ranks outlived the failed run"

@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GRACE_S = 5.0
+SETTLE_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -182,6 +183,9 @@ def supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout_s:
             codes = [p.poll() for p in procs]
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
+                time.sleep(SETTLE_S)  # let ranks failing for the same cause exit, so all causes are reported
+                codes = [p.poll() for p in procs]
+                failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
                 running = [i for i, c in enumerate(codes) if c is None]
                 _stop(procs)
                 causes = "; ".join(
@@ -199,7 +203,7 @@ def supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout_s:
                 hung = [i for i, c in enumerate(codes) if c is None]
                 _stop(procs)
                 raise RankFailure(
-                    f"{what}s {hung} still running after the {timeout_s:.0f} s limit (cluster.timeout_s); "
+                    f"{what}s {hung} still running after the run's {timeout_s:.0f} s limit; "
                     f"stopped them. Last lines of {what} {hung[0]}'s log:\n{_tail(logs[hung[0]])}"
                 )
             time.sleep(0.1)
