@@ -1,7 +1,8 @@
 """Reruns of the real workflow: a failed training run resumes alone; only stages whose inputs changed rerun.
 
-One module-scoped run of a trimmed `smoke` experiment (two datasets, ps and ralp_n) does the work;
-one of its training runs is killed mid-run (a rank gets SIGKILL) to prove the resume.
+One module-scoped run of a trimmed `smoke` experiment (two 40-class datasets, allreduce only: two
+training runs) does the work; one training run is killed mid-run (a rank gets SIGKILL) to prove
+the resume.
 """
 
 from __future__ import annotations
@@ -17,27 +18,27 @@ import pandas as pd
 import pytest
 
 from ralp_pipe.verify import verify_bundle
-from workflow_helpers import SNAKEMAKE, cmdline, config_args, descendants, pending, snakemake
+from workflow_helpers import SNAKEMAKE, children, cmdline, config_args, descendants, pending, snakemake
 
 CONFIG = {
     "experiment": "smoke",
-    "overrides": ["experiment.datasets=[synthetic1k,synthetic22k]", "experiment.strategies=[ps,ralp_n]"],
-    "dataset_overrides": {"synthetic22k": ["dataset.num_classes=40"]},
+    "overrides": ["experiment.datasets=[synthetic1k,synthetic22k]", "experiment.strategies=[allreduce]"],
+    "dataset_overrides": {"synthetic1k": ["dataset.num_classes=40"], "synthetic22k": ["dataset.num_classes=40"]},
     "stage_options": {"profile": "--repeats 1 --warmup 0 --message-mb 1 --bandwidth-repeats 1"},
 }
-VICTIM = "runs/synthetic22k/resnet18/n2-loopback/ralp_n"
+VICTIM = "runs/synthetic22k/resnet18/n2-loopback/allreduce"
 RUN = "dataset={}, model=resnet18, gpus=2, network=loopback"
 TAIL = {("aggregate", ""), ("bundle", ""), ("all", "")}
 
 
-def kill_one_rank(snake: subprocess.Popen[str], run_dir: str, timeout_s: float = 240) -> None:
-    """SIGKILL a rank of the training run writing `run_dir`, once its ranks are up."""
+def kill_one_rank(snake: subprocess.Popen[str], run_dir: str, timeout_s: float = 400) -> None:
+    """SIGKILL a rank of the training run writing `run_dir`, once its launcher has started them."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and snake.poll() is None:
         for pid in descendants(snake.pid):
             line = cmdline(pid)
-            if " train " in f" {line} " and run_dir in line and "--out" in line:
-                ranks = [p for p in descendants(pid) if "python" in cmdline(p)]
+            if "ralp_pipe.cli train" in line and run_dir in line and not line.startswith("/bin/sh"):
+                ranks = children(pid)
                 if ranks:
                     os.kill(ranks[-1], signal.SIGKILL)
                     return
@@ -60,10 +61,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     results = work / "results"
     assert snake.returncode != 0, first
     finished = sorted(p.parent.relative_to(results).as_posix() for p in results.glob("runs/**/metrics.json"))
-    assert finished == ["runs/synthetic1k/resnet18/n2-loopback/ps", "runs/synthetic1k/resnet18/n2-loopback/ralp_n",
-                        "runs/synthetic22k/resnet18/n2-loopback/ps"], first
+    assert finished == ["runs/synthetic1k/resnet18/n2-loopback/allreduce"], first
     assert not (results / VICTIM / "metrics.json").exists() and not (results / "tables").exists()
-    assert pending(work, CONFIG) == TAIL | {("train", RUN.format("synthetic22k") + ", strategy=ralp_n")}
+    assert pending(work, CONFIG) == TAIL | {("train", RUN.format("synthetic22k") + ", strategy=allreduce")}
     second = snakemake(work, "--cores", "2", config=CONFIG, timeout=400)
     assert second.returncode == 0, second.stdout + second.stderr
     assert (results / VICTIM / "metrics.json").exists()
@@ -73,14 +73,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_resumed_workflow_produces_tables_and_a_verifying_bundle(workdir: Path) -> None:
     results = workdir / "results"
     runs = pd.read_parquet(results / "tables" / "runs.parquet")
-    assert sorted(runs["run"]) == sorted(f"{d}/resnet18/n2-loopback/{s}" for d in ("synthetic1k", "synthetic22k")
-                                         for s in ("ps", "ralp_n"))
-    assert set(runs[runs.dataset == "synthetic22k"]["classes"]) == {40}
+    assert sorted(runs["run"]) == [f"{d}/resnet18/n2-loopback/allreduce" for d in ("synthetic1k", "synthetic22k")]
+    assert set(runs["classes"]) == {40}
     assert (runs.images_per_sec > 0).all()
     bundles = list((results / "bundles").glob("smoke-*.tar.gz"))
-    assert len(bundles) == 1 and verify_bundle(bundles[0]).runs == 4
+    assert len(bundles) == 1 and verify_bundle(bundles[0]).runs == 2
     resolved = json.loads((results / "configs" / "smoke.json").read_text())
-    assert resolved["settings"]["dataset_overrides"] == {"synthetic22k": ["dataset.num_classes=40"]}
+    assert resolved["settings"]["dataset_overrides"] == CONFIG["dataset_overrides"]
 
 
 def test_nothing_reruns_without_a_change(workdir: Path) -> None:
@@ -89,17 +88,16 @@ def test_nothing_reruns_without_a_change(workdir: Path) -> None:
 
 def test_a_training_option_reruns_only_training_aggregation_and_bundle(workdir: Path) -> None:
     changed = {**CONFIG, "overrides": [*CONFIG["overrides"], "train.measure_steps=3"]}
-    trains = {("train", RUN.format(d) + f", strategy={s}") for d in ("synthetic1k", "synthetic22k")
-              for s in ("ps", "ralp_n")}
+    trains = {("train", RUN.format(d) + ", strategy=allreduce") for d in ("synthetic1k", "synthetic22k")}
     assert pending(workdir, changed) == TAIL | trains | {("resolved_config", "")}
 
 
 def test_a_dataset_option_reruns_that_dataset_downstream_and_nothing_else(workdir: Path) -> None:
-    changed = {**CONFIG, "dataset_overrides": {"synthetic22k": ["dataset.num_classes=40", "dataset.synthetic.seed=7"]}}
+    changed = {**CONFIG, "dataset_overrides": {**CONFIG["dataset_overrides"],
+                                               "synthetic22k": ["dataset.num_classes=40", "dataset.synthetic.seed=7"]}}
     expected = TAIL | {("resolved_config", ""), ("prepare_shards", "dataset=synthetic22k"),
                        ("profile", RUN.format("synthetic22k")), ("plan", RUN.format("synthetic22k")),
-                       ("train", RUN.format("synthetic22k") + ", strategy=ps"),
-                       ("train", RUN.format("synthetic22k") + ", strategy=ralp_n")}
+                       ("train", RUN.format("synthetic22k") + ", strategy=allreduce")}
     assert pending(workdir, changed) == expected
 
 
