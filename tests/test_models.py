@@ -1,0 +1,59 @@
+"""Placement units are torchvision's models exactly: same parameters, same outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision import models as tvm
+
+from ralp_pipe import models
+from ralp_pipe.config import MODELS
+
+# Published torchvision parameter counts (1000 classes).
+KNOWN = {"alexnet": 61_100_840, "vgg11": 132_863_336, "vgg16": 138_357_544, "resnet18": 11_689_512,
+         "resnet50": 25_557_032, "resnet152": 60_192_808}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_units_hold_exactly_the_torchvision_parameters(name: str) -> None:
+    model = models.build(name, 1000)
+    units = models.placement_units(model)
+    unit_params = [p for u in units for p in u.module.parameters()]
+    assert len({id(p) for p in unit_params}) == len(unit_params), "a parameter sits in two units"
+    assert {id(p) for p in unit_params} == {id(p) for p in model.parameters()}
+    total = sum(models.parameter_count(u.module) for u in units)
+    assert total == models.parameter_count(model) == sum(p.numel() for p in getattr(tvm, name)(weights=None).parameters())
+    if name in KNOWN:
+        assert total == KNOWN[name]
+
+
+def test_imagenet22k_head_changes_only_the_last_layer() -> None:
+    units = models.placement_units(models.build("vgg11", 21841))
+    assert sum(models.parameter_count(u.module) for u in units) == KNOWN["vgg11"] - 4097 * 1000 + 4097 * 21841
+
+
+@pytest.mark.parametrize(("name", "size"), [("alexnet", 64), ("vgg11_bn", 32), ("resnet50", 32), ("resnet18", 40)])
+def test_sequential_of_units_computes_the_model(name: str, size: int) -> None:
+    torch.manual_seed(0)
+    model = models.build(name, 10).eval()
+    units = models.placement_units(model)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.nn.Sequential(*(u.module for u in units))(x), model(x), rtol=0, atol=0)
+    assert models.activation_shapes(units, size, batch=2)[-1] == (2, 10)
+
+
+@pytest.mark.parametrize("name", ["vgg11", "resnet50", "alexnet"])
+def test_default_split_puts_every_dense_unit_on_the_ps_device(name: str) -> None:
+    units = models.placement_units(models.build(name, 10))
+    k = models.default_split(units)
+    lower, upper = models.split(units, k)
+    assert not any(u.is_dense for u in units[:k]) and units[k].is_dense
+    assert not any(isinstance(m, torch.nn.Linear) for m in lower.modules())
+    assert models.parameter_count(lower) + models.parameter_count(upper) == models.parameter_count(models.build(name, 10))
+
+
+def test_split_out_of_range_says_which_points_are_allowed() -> None:
+    units = models.placement_units(models.build("resnet18", 10))
+    with pytest.raises(ValueError, match=rf"choose 1..{len(units) - 1}"):
+        models.split(units, len(units))
