@@ -1,0 +1,70 @@
+"""`ralp-pipe train` end to end: files, keys, measured = analytic bytes; split resolution."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ralp_pipe import models
+from ralp_pipe.config import ConfigError, load
+from ralp_pipe.train import resolve_split
+
+KEYS = {"model", "dataset", "num_classes", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate",
+        "batch_size", "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec",
+        "images_per_step", "step_time_s", "gb_per_step", "analytic_gb_per_step", "wire_gb_per_step", "hardware",
+        "versions", "git_revision", "config_hash", "config"}
+CATEGORIES = {"total", "gradients", "parameters", "activations", "activation_gradients"}
+
+
+def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    overrides = ["model=resnet18", "strategy=ralp_h", "cluster.gpus=4", "train.batch_size=2", "train.image_size=32",
+                 "train.warmup_steps=1", "train.measure_steps=2", "dataset.num_classes=10"]
+    proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert KEYS <= metrics.keys()
+    assert CATEGORIES <= metrics["gb_per_step"].keys() and CATEGORIES <= metrics["analytic_gb_per_step"].keys()
+    assert (metrics["workers"], metrics["global_batch"], metrics["images_per_step"]) == (2, 4, 4)
+    assert metrics["split"] == models.default_split(models.placement_units(models.build("resnet18", 10)))
+    assert metrics["gb_per_step"] == pytest.approx(metrics["analytic_gb_per_step"], rel=1e-12)
+    assert metrics["gb_per_step"]["activations"] > 0 and metrics["wire_gb_per_step"] is None
+    assert metrics["images_per_sec"] == pytest.approx(4 * 2 / (metrics["step_time_s"] * 2))
+    assert metrics["config"]["strategy"]["name"] == "ralp_h" and len(metrics["config_hash"]) == 12
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert len(steps) == 3 * 3  # 3 ranks x (1 warm-up + 2 measured) steps
+    assert set(steps["role"]) == {"worker", "ps_device"} and set(steps["phase"]) == {"warmup", "measure"}
+    assert (steps["compute_s"] + steps["comm_wait_s"] - steps["step_time_s"]).abs().max() < 1e-9
+    measured = steps[steps["phase"] == "measure"]
+    assert measured["bytes_activations"].sum() / 2 / 1e9 == pytest.approx(metrics["gb_per_step"]["activations"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "staging files left next to the run"
+
+
+def test_split_comes_from_the_option_then_the_plan_then_the_default(tmp_path: Path) -> None:
+    units = models.placement_units(models.build("vgg11", 10))
+    base = ["model=vgg11", "strategy=ralp_n", "dataset.num_classes=10"]
+    assert resolve_split(load(base), units) == models.default_split(units)
+    assert resolve_split(load([*base, "strategy.split=3"]), units) == 3
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"strategies": {"ralp_n": {"split": 5}}}))
+    assert resolve_split(load([*base, f"strategy.plan={plan}"]), units) == 5
+    assert resolve_split(load(["model=vgg11", "strategy=ps", "dataset.num_classes=10"]), units) is None
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot be read"), ("{}", "strategies.ralp_n.split"), ('{"strategies": {"ralp_n": {"split": 99}}}', "out of range"),
+])
+def test_bad_plan_or_split_is_a_config_error_naming_the_file(tmp_path: Path, content: str | None, message: str) -> None:
+    plan = tmp_path / "plan.json"
+    if content is not None:
+        plan.write_text(content)
+    units = models.placement_units(models.build("vgg11", 10))
+    with pytest.raises(ConfigError, match=message) as err:
+        resolve_split(load(["model=vgg11", "strategy=ralp_n", f"strategy.plan={plan}"]), units)
+    assert str(plan) in str(err.value)
