@@ -116,23 +116,30 @@ class ShardServer:
 
 
 class ShardClient:
-    """A worker's link to one parameter server: push the shard's gradients, pull its parameters."""
+    """A worker's link to one parameter server: push the shard's gradients, pull its parameters.
+
+    The shard's parameters and gradients are views into two flat buffers, so gradients go out
+    and parameters come in without extra copies (the worker holds 2x the shard's bytes).
+    """
 
     def __init__(self, comm: Comm, params: list[torch.Tensor], server: int):
         self.comm = comm
-        self.params = params
         self.server = server
-        self.inbox = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        total = sum(p.numel() for p in params)
+        self.flat_params = torch.empty(total, dtype=params[0].dtype, device=params[0].device)
+        self.flat_grads = torch.zeros_like(self.flat_params)
+        offset = 0
+        for p in params:
+            view = slice(offset, offset + p.numel())
+            self.flat_params[view].copy_(p.detach().reshape(-1))
+            p.data = self.flat_params[view].view_as(p)
+            p.grad = self.flat_grads[view].view_as(p)
+            offset += p.numel()
+
+    def zero_grad(self) -> None:
+        """Zero the shard's gradients in place (the gradient views must stay attached)."""
+        self.flat_grads.zero_()
 
     def push(self) -> list[Handle]:
-        """Start sending this shard's gradients as one flat tensor and receiving its new parameters."""
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        return [self.comm.isend(flat, self.server, "gradients"), self.comm.irecv(self.inbox, self.server)]
-
-    def apply(self) -> None:
-        """Copy the received parameters into the model (after the handles of :meth:`push` completed)."""
-        with torch.no_grad():
-            offset = 0
-            for p in self.params:
-                p.copy_(self.inbox[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+        """Start sending the shard's gradients and receiving its new parameters straight into the model."""
+        return [self.comm.isend(self.flat_grads, self.server, "gradients"), self.comm.irecv(self.flat_params, self.server)]

@@ -42,14 +42,13 @@ class ParameterServerStrategy(Strategy):
             return
         assert batch is not None, "a ps worker needs a batch"
         images, labels = batch
-        self.net.zero_grad(set_to_none=True)
+        for client in self.clients:
+            client.zero_grad()
         with self.setup.autocast():
             logits = self.net(images)
         loss_fn(logits, labels).backward()
         handles = [h for client in self.clients for h in client.push()]
         self.setup.comm.wait(handles)
-        for client in self.clients:
-            client.apply()
 
     def state(self) -> dict[str, torch.Tensor]:
         """A PS's shard; workers hold only copies."""

@@ -50,7 +50,7 @@ class LayerPlacementStrategy(Strategy):
 
     def _work(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         comm = self.setup.comm
-        self.lower.zero_grad(set_to_none=True)
+        self.client.zero_grad()
         with self.setup.autocast():
             activations = self.lower(images).float()
         grad = torch.empty_like(activations)
@@ -61,7 +61,6 @@ class LayerPlacementStrategy(Strategy):
         ])
         activations.backward(grad)
         comm.wait(self.client.push())
-        self.client.apply()
 
     def _serve(self) -> None:
         comm, device = self.setup.comm, self.setup.device
