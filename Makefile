@@ -5,7 +5,7 @@ setup:
 	@bash scripts/setup.sh
 
 run: setup
-	@bash scripts/run.sh
+	@bash scripts/run.sh $(ARGS)
 
 test: setup
-	@bash scripts/test.sh
+	@bash scripts/test.sh $(ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run the default pipeline end to end in the project environment.
+# Run the default pipeline (the `local` experiment) end to end in the project environment.
+# Extra arguments go to snakemake, e.g. `make run ARGS="--config experiment=smoke"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-ralp-pipe prepare-shards "$@"
-python benchmarks/loaders.py "$@"
+exec snakemake --cores all "$@"
