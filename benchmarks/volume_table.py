@@ -1,9 +1,10 @@
 """Measured GB/step of the four strategies next to the analytic figures (VGG-11, ResNet-50; 1K and 22K classes).
 
 One training step per strategy through the real comm layer (spawned gloo ranks, 32x32 images,
-batch 1), N=4 GPUs. The analytic column assumes the same batch; measured must equal it.
+batch 2: BatchNorm needs 2 values per channel), N=4 GPUs. The analytic column assumes the same
+batch; measured must equal it.
 
-    python benchmarks/volume_table.py [--gpus 4] [--batch 1] [--size 32]
+    python benchmarks/volume_table.py [--models vgg11 resnet50] [--gpus 4] [--batch 2] [--size 32]
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ def main() -> None:
     """Print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--size", type=int, default=32)
     args = parser.parse_args()
     print(f"N={args.gpus}, batch {args.batch}/worker, {args.size}x{args.size}; GB per step, all ranks' sends")
     print(f"{'model':<9} {'classes':>7} {'strategy':<9} {'measured':>10} {'analytic':>10} {'equal':>5}  split  by category (measured)")
-    for model in MODELS:
+    for model in args.models:
         for classes in CLASSES:
             units = models.placement_units(models.build(model, classes))
             for strategy in STRATEGIES:
