@@ -115,3 +115,24 @@ def test_values_with_spaces_and_quotes_reach_the_stage_as_one_argument(tmp_path:
     line = next(x for x in result.stdout.splitlines() if "prepare-shards" in x)
     quoted = os.popen(f"printf '%s\\n' {line.split('prepare-shards', 1)[1].split('>')[0]}").read().splitlines()
     assert f'dataset.source="{source}"' in quoted and not (tmp_path / "pwned").exists()
+
+
+def test_local_experiment_runs_on_the_emulated_network_where_namespaces_exist() -> None:
+    matrix = Matrix(parse_settings({"experiment": "local"}))
+    assert matrix.base.cluster.kind == "emulated"
+    assert {matrix.config(run).network.rate for run in matrix.runs} == {"1gbit"}
+
+
+def test_local_experiment_falls_back_to_loopback_with_a_notice(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("RALP_PIPE_EMULATION", "off")
+    matrix = Matrix(parse_settings({"experiment": "local"}))
+    assert matrix.base.cluster.kind == "local"
+    assert {run.network for run in matrix.runs} == {"loopback"}
+    assert "NOTICE: the emulated cluster is not available here" in capsys.readouterr().err
+
+
+def test_an_explicit_cluster_choice_is_never_replaced(monkeypatch) -> None:
+    monkeypatch.setenv("RALP_PIPE_EMULATION", "off")
+    matrix = Matrix(parse_settings({"experiment": "local", "overrides": ["cluster=emulated"]}))
+    assert matrix.base.cluster.kind == "emulated"
+    assert {run.network for run in matrix.runs} == {"1gbit"}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -173,6 +174,19 @@ def select(data: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def emulation_fallback() -> list[str]:
+    """Overrides that move an experiment whose file chose ``cluster=emulated`` to loopback where
+    network namespaces cannot be made here (with a visible notice); none where they can."""
+    from .emulated import emulation_available
+
+    available, reason = emulation_available()
+    if available:
+        return []
+    print(f"NOTICE: the emulated cluster is not available here ({reason}); this experiment runs on "
+          f"the unshaped loopback network instead (cluster=local, network=loopback)", file=sys.stderr)
+    return ["cluster=local", "experiment.networks=[loopback]"]
+
+
 class Matrix:
     """The resolved experiment: its runs, each run's config and each stage's arguments and params."""
 
@@ -180,6 +194,9 @@ class Matrix:
         self.settings = settings
         head = [f"experiment={settings.experiment}", *self.launcher_args(), *settings.overrides]
         self.base = load(head, config_dir)
+        if self.base.cluster.kind == "emulated" and not any(override_key(o) == "cluster" for o in settings.overrides):
+            head += emulation_fallback()
+            self.base = load(head, config_dir)
         e = self.base.experiment
         unknown = sorted(set(settings.dataset_overrides) - set(e.datasets))
         if unknown:
