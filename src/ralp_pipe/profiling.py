@@ -158,6 +158,25 @@ def profile_update(model: nn.Module, device: torch.device, warmup: int, repeats:
     }
 
 
+def _unit_rows(units: Sequence[models.Unit], shapes: Sequence[tuple[int, ...]]) -> list[dict[str, Any]]:
+    """The size columns of the unit table: names, parameter and activation bytes per unit."""
+    dense_index = next((i for i, u in enumerate(units) if u.is_dense), len(units))
+    rows = []
+    for index, (unit, shape) in enumerate(zip(units, shapes)):
+        params = [p for p in unit.module.parameters() if p.requires_grad]
+        rows.append({
+            "index": index,
+            "name": unit.name,
+            "is_dense": unit.is_dense,
+            "before_first_dense": index < dense_index,
+            "param_count": sum(p.numel() for p in params),
+            "param_bytes": _tensor_bytes(params),
+            "activation_shape": list(shape[1:]),
+            "activation_bytes_per_sample": 4 * math.prod(shape[1:]),
+        })
+    return rows
+
+
 def profile_model(
     name: str,
     num_classes: int,
@@ -177,24 +196,13 @@ def profile_model(
     units = models.placement_units(model)
     shapes = models.activation_shapes(units, image_size)
     in_shapes = [(3, image_size, image_size), *(s[1:] for s in shapes[:-1])]
-    dense_index = next((i for i, u in enumerate(units) if u.is_dense), len(units))
     rows = []
-    for index, (unit, in_shape, out_shape) in enumerate(zip(units, in_shapes, shapes)):
-        params = [p for p in unit.module.parameters() if p.requires_grad]
-        rows.append({
-            "index": index,
-            "name": unit.name,
-            "is_dense": unit.is_dense,
-            "before_first_dense": index < dense_index,
-            "param_count": sum(p.numel() for p in params),
-            "param_bytes": _tensor_bytes(params),
-            "activation_shape": list(out_shape[1:]),
-            "activation_bytes_per_sample": 4 * math.prod(out_shape[1:]),
-            "by_batch": {
-                str(b): profile_unit(unit, (b, *in_shape), device, warmup, repeats, input_grad=index > 0)
-                for b in batches
-            },
-        })
+    for index, (row, in_shape) in enumerate(zip(_unit_rows(units, shapes), in_shapes)):
+        row["by_batch"] = {
+            str(b): profile_unit(units[index], (b, *in_shape), device, warmup, repeats, input_grad=index > 0)
+            for b in batches
+        }
+        rows.append(row)
     model.to(device)
     return {"units": rows, "update": profile_update(model, device, warmup, repeats, lr, momentum)}
 
@@ -236,22 +244,10 @@ def analytic_profile(
     """
     units = models.placement_units(models.build(name, num_classes))
     shapes = models.activation_shapes(units, image_size)
-    dense_index = next((i for i, u in enumerate(units) if u.is_dense), len(units))
-    rows = []
-    for index, (unit, shape, macs) in enumerate(zip(units, shapes, unit_macs(units, image_size))):
-        params = [p for p in unit.module.parameters() if p.requires_grad]
-        rows.append({
-            "index": index,
-            "name": unit.name,
-            "is_dense": unit.is_dense,
-            "before_first_dense": index < dense_index,
-            "param_count": sum(p.numel() for p in params),
-            "param_bytes": _tensor_bytes(params),
-            "macs_per_sample": macs,
-            "activation_shape": list(shape[1:]),
-            "activation_bytes_per_sample": 4 * math.prod(shape[1:]),
-            "by_batch": {str(b): {"fwd_s": macs * b / macs_per_s, "bwd_s": 2 * macs * b / macs_per_s} for b in batches},
-        })
+    rows = _unit_rows(units, shapes)
+    for row, macs in zip(rows, unit_macs(units, image_size)):
+        row["macs_per_sample"] = macs
+        row["by_batch"] = {str(b): {"fwd_s": macs * b / macs_per_s, "bwd_s": 2 * macs * b / macs_per_s} for b in batches}
     param_bytes = sum(r["param_bytes"] for r in rows)
     return {
         "model": name, "num_classes": num_classes, "image_size": image_size, "device": "analytic",
