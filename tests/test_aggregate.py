@@ -27,6 +27,7 @@ def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_pa
     assert row.predicted_gb_per_step == pytest.approx(0.5)
     assert row.workers == 3 and row.num_ps == 1 and row.classes == 1000
     assert row.gb_total == pytest.approx(0.06)
+    assert row.wire_gb_total == pytest.approx(1.02 * 0.06)  # kernel counters of the emulated network
     assert json.loads(row.hardware) == {"cpu": "test", "cpus": 2}
     assert list(frame.strategy[:4]) == ["ps", "allreduce", "ralp_h", "ralp_n"]
     ps_rows = tables.speedups[tables.speedups.strategy == "ps"]

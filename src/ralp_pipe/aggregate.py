@@ -96,7 +96,8 @@ def run_row(record: dict[str, Any], plan: dict[str, Any] | None) -> dict[str, An
     for category in CATEGORIES:
         row[f"gb_{category}"] = _gb(record["gb_per_step"], category)
         row[f"analytic_gb_{category}"] = _gb(record.get("analytic_gb_per_step"), category)
-    row["wire_gb_total"] = _gb(record.get("wire_gb_per_step"), "total")
+    wire = record.get("wire_gb_per_step")  # a total from the kernel's counters; None off the emulated cluster
+    row["wire_gb_total"] = math.nan if wire is None else float(wire)
     predicted = ((plan or {}).get("strategies") or {}).get(record["strategy"]) or {}
     row["predicted_images_per_sec"] = float(predicted.get("predicted_images_per_sec", math.nan) or math.nan)
     volume = predicted.get("predicted_gb_per_step")
