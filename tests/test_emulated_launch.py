@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -57,3 +59,18 @@ def test_a_shared_layout_for_another_world_size_is_refused(monkeypatch: pytest.M
         with pytest.raises(ValueError, match="places 2 ranks but this run has 3"):
             with rank_placement(3, "1gbit", "1mb"):
                 pass
+
+
+def test_an_emulated_training_run_reports_wire_bytes_that_agree_with_the_counted_bytes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    overrides = ["cluster=emulated", "network=1gbit", "model=resnet18", "strategy=ps", "cluster.gpus=2",
+                 "dataset.num_classes=10", "train.batch_size=2", "train.image_size=32", "train.warmup_steps=1",
+                 "train.measure_steps=2"]
+    proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    counted, wire = metrics["gb_per_step"]["total"], metrics["wire_gb_per_step"]
+    assert counted <= wire <= 1.05 * counted, (counted, wire)  # TCP/IP headers ride on top of the payload
+    assert sorted(metrics["wire_per_host"]) == ["h0", "h1", "h2"]
+    assert metrics["rate"] == "1gbit"
