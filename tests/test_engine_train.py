@@ -23,8 +23,8 @@ CATEGORIES = {"total", "gradients", "parameters", "activations", "activation_gra
 
 def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    overrides = ["model=resnet18", "strategy=ralp_h", "cluster.gpus=4", "train.batch_size=2", "train.image_size=32",
-                 "train.warmup_steps=1", "train.measure_steps=2", "dataset.num_classes=10"]
+    overrides = ["cluster=local", "model=resnet18", "strategy=ralp_h", "cluster.gpus=4", "train.batch_size=2",
+                 "train.image_size=32", "train.warmup_steps=1", "train.measure_steps=2", "dataset.num_classes=10"]
     proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
