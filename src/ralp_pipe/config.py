@@ -291,6 +291,17 @@ def validate(cfg: Config) -> None:
         _safe_name("experiment.datasets/networks[]", name)
 
 
+def workload(cfg: Config) -> dict[str, Any]:
+    """What a profile or plan was made for: model, dataset, class count, image size, batch."""
+    return {
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "num_classes": cfg.dataset.num_classes,
+        "image_size": cfg.train.image_size,
+        "batch_size": cfg.train.batch_size,
+    }
+
+
 def to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict of a config, for JSON files and Snakemake params."""
     return asdict(cfg)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import models
 from .atomic import write_json_atomic
-from .config import STRATEGIES, Config, ConfigError, load
+from .config import STRATEGIES, Config, ConfigError, load, workload
 from .costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
 from .topology import topology
 from .volume import step_bytes
@@ -42,8 +42,9 @@ def read_profile(path: str | Path) -> dict[str, Any]:
 
 def check_profile_matches(profile: Mapping[str, Any], cfg: Config, path: str | Path) -> None:
     """Refuse a profile of another model, class count or image size than `cfg`."""
-    wanted = {"model": cfg.model.name, "num_classes": cfg.dataset.num_classes, "image_size": cfg.train.image_size}
-    for key, value in wanted.items():
+    wanted = workload(cfg)
+    for key in ("model", "num_classes", "image_size"):
+        value = wanted[key]
         if profile[key] != value:
             raise ConfigError(
                 f"profile {path} has {key}={profile[key]!r} but the configuration asks for {value!r}: "
@@ -168,11 +169,7 @@ def build_plan(profile: Mapping[str, Any], profile_path: str | Path, cfg: Config
     }
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return {
-        "model": cfg.model.name,
-        "dataset": cfg.dataset.name,
-        "num_classes": cfg.dataset.num_classes,
-        "image_size": cfg.train.image_size,
-        "batch_size": cfg.train.batch_size,
+        **workload(cfg),
         "gpus": gpus[0],
         "network": cfg.network.name,
         "cluster_kind": cfg.cluster.kind,

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from . import models
-from .config import ConfigError, load
+from .config import ConfigError, load, workload
 from .costmodel import rate_bytes_per_s
 from .atomic import write_json_atomic
 from .topology import topology
@@ -431,11 +431,7 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
     link["configured_rate"] = cfg.network.rate if cfg.cluster.kind == "emulated" else None
     link["configured_bytes_per_s"] = rate_bytes_per_s(cfg.network.rate) if cfg.cluster.kind == "emulated" else None
     return {
-        "model": cfg.model.name,
-        "dataset": cfg.dataset.name,
-        "num_classes": cfg.dataset.num_classes,
-        "image_size": cfg.train.image_size,
-        "batch_size": cfg.train.batch_size,
+        **workload(cfg),
         "gpus": cfg.cluster.gpus,
         "batches": batches,
         "device": device.type,
