@@ -7,10 +7,11 @@ message) that every host has, full duplex.
 
 Phases of one step, in order (no overlap, as a synchronous implementation runs them):
 
-- `ps`: workers run forward+backward of every unit at batch b and flatten their gradients;
-  all W workers push them over the PS links (fan-in: the PS links carry the sum, split over
-  `num_ps` servers); the PSes stack and sum W gradient sets and apply SGD; the workers pull
-  the parameters (fan-out, again the sum over the PS links) and copy them into the model.
+- `ps`: workers zero their flat gradient buffer and run forward+backward of every unit at
+  batch b; all W workers push the gradients over the PS links (fan-in: the PS links carry the
+  sum, split over `num_ps` servers); each PS adds the W gradient sets in place, averages them
+  and applies SGD; the workers pull the parameters straight into the model (fan-out, again
+  the sum over the PS links).
 - `allreduce`: workers run forward+backward; a ring all-reduce sends gradients/N bytes over
   each worker's link in 2(N-1) latency-bound steps, adding (N-1)/N of a gradient set; each
   worker applies SGD to all parameters.
@@ -19,6 +20,9 @@ Phases of one step, in order (no overlap, as a synchronous implementation runs t
   activation gradients come down; workers run the lower units backward; lower gradients go
   up; the PS device aggregates them and applies SGD to every parameter; lower parameters come
   down. Every one of those transfers crosses the single PS device link.
+
+Gradient aggregation and SGD are priced per parameter byte as the profile timed them on the
+servers' own code (:class:`ralp_pipe.strategies.base.FlatSgd`).
 
 Where all ranks share one CPU machine (:class:`SharedCpu`), a compute phase takes the profiled
 time x profile threads / the cores a rank gets: its own threads, or fewer when more ranks
@@ -200,28 +204,31 @@ def predict(
     """Predicted step of `strategy` with `num_workers` workers moving `volume` bytes (see module doc)."""
     w, b = num_workers, batch_size
     total_param = costs.param_bytes
-    copy = costs.aggregate_s_per_byte  # one pass over memory, per byte
+    add = costs.aggregate_s_per_byte  # one in-place pass over a gradient set, per byte
     sent = volume["total"]
     if strategy in ("ps", "allreduce"):
-        # forward+backward, then flattening the gradients and copying back the parameters
-        compute = (costs.fwd(slice(None), b) + costs.bwd(slice(None), b) + 2 * total_param * copy)
+        # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP)
+        passes = 1 if strategy == "ps" else 2
+        compute = costs.fwd(slice(None), b) + costs.bwd(slice(None), b) + passes * total_param * add
         world = w + num_ps if strategy == "ps" else w
         compute *= _slowdown(shared, w, world)
     if strategy == "ps":
-        # stack the W gradient sets, sum them, SGD; servers hold 1/num_ps of the parameters each
-        server = (2 * w * copy + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
+        # add the W gradient sets into the first and average them, SGD; each server holds 1/num_ps
+        reduce_passes = w if w > 1 else 0
+        server = (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
         comm = sent / num_ps / link.bytes_per_s + 2 * link.latency_s
     elif strategy == "allreduce":
-        server = ((w - 1) / w * copy + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
+        server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
         comm = (sent / w / link.bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
     elif strategy in ("ralp_h", "ralp_n"):
         if split is None or not 1 <= split < len(costs.units):
             raise ValueError(f"{strategy} needs a split point in 1..{len(costs.units) - 1}, got {split}")
         lower, upper = slice(0, split), slice(split, None)
         lower_param = sum(u.param_bytes for u in costs.units[lower])
-        compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + 2 * lower_param * copy) * _slowdown(shared, w, w + 1)
+        compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + lower_param * add) * _slowdown(shared, w, w + 1)
+        # upper layers at the concatenated batch; the W lower gradient sets summed into the first; SGD of all
         server = (costs.fwd(upper, w * b) + costs.bwd(upper, w * b)
-                  + 2 * w * lower_param * copy + total_param * costs.update_s_per_byte) * _slowdown(shared, 1, w + 1)
+                  + (w - 1) * lower_param * add + total_param * costs.update_s_per_byte) * _slowdown(shared, 1, w + 1)
         comm = sent / link.bytes_per_s + 4 * link.latency_s
     else:
         raise ValueError(f"unknown strategy {strategy!r}")

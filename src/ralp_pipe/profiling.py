@@ -34,6 +34,7 @@ from torch import nn
 from . import models
 from .config import ConfigError, load, workload
 from .costmodel import rate_bytes_per_s
+from .strategies.base import FlatSgd, Optim
 from .atomic import write_json_atomic
 from .topology import topology
 
@@ -134,21 +135,19 @@ def _peak_memory(module: nn.Module, x: torch.Tensor, params: list[torch.Tensor],
     return 2 * _tensor_bytes(params) + _tensor_bytes([x]) + out_bytes + sum(saved.values())
 
 
-def profile_update(model: nn.Module, device: torch.device, warmup: int, repeats: int, lr: float, momentum: float) -> dict[str, float]:
-    """Seconds per parameter byte of one SGD step and of adding one gradient into an accumulator."""
+def profile_update(model: nn.Module, warmup: int, repeats: int, optim: Optim) -> dict[str, float]:
+    """Seconds per parameter byte of adding one gradient set into another and of one SGD step.
+
+    Both are timed on :class:`~ralp_pipe.strategies.base.FlatSgd` holding all of `model`'s
+    parameters, the very code parameter servers run, with the training run's SGD settings.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
-    accum = [torch.zeros_like(p) for p in params]
-    nbytes = _tensor_bytes(params)
-
-    def aggregate() -> None:
-        for a, p in zip(accum, params):
-            a.add_(p.grad)
-
-    update_s = _median_time(optimizer.step, device, warmup, repeats)
-    aggregate_s = _median_time(aggregate, device, warmup, repeats)
+    flat = FlatSgd(params, sets=2, optim=optim, mean=False)
+    for buf in flat.inbox:
+        buf.normal_()
+    device, nbytes = flat.flat.device, _tensor_bytes(params)
+    aggregate_s = _median_time(flat.reduce, device, warmup, repeats)
+    update_s = _median_time(flat.update, device, warmup, repeats)
     return {
         "param_bytes": nbytes,
         "update_s": update_s,
@@ -186,8 +185,7 @@ def profile_model(
     warmup: int = 1,
     repeats: int = 3,
     dropout: float = 0.5,
-    lr: float = 0.01,
-    momentum: float = 0.9,
+    optim: Optim = Optim(lr=0.01, momentum=0.9, weight_decay=0.0),
     seed: int = 0,
 ) -> dict[str, Any]:
     """Per-unit table (times per batch, bytes, memory) and update cost of model `name`."""
@@ -204,7 +202,7 @@ def profile_model(
         }
         rows.append(row)
     model.to(device)
-    return {"units": rows, "update": profile_update(model, device, warmup, repeats, lr, momentum)}
+    return {"units": rows, "update": profile_update(model, warmup, repeats, optim)}
 
 
 def unit_macs(units: Sequence[models.Unit], image_size: int) -> list[int]:
@@ -421,7 +419,8 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
     started = time.perf_counter()
     body = profile_model(
         cfg.model.name, cfg.dataset.num_classes, cfg.train.image_size, sorted(set(batches.values())), device,
-        warmup, repeats, cfg.model.dropout, cfg.train.lr, cfg.train.momentum, cfg.train.seed,
+        warmup, repeats, cfg.model.dropout, Optim(cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay),
+        cfg.train.seed,
     )
     backend = cfg.cluster.backend if cfg.cluster.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     link: dict[str, Any] = {"measured": None}

@@ -31,8 +31,8 @@ class Optim:
     weight_decay: float
 
     def sgd(self, params: list[torch.Tensor]) -> torch.optim.SGD:
-        """A torch SGD optimiser over `params` with these settings."""
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        """A fused torch SGD optimiser over `params` with these settings (one pass, no temporaries)."""
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay, fused=True)
 
 
 @dataclass
@@ -85,6 +85,35 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.float(), labels)
 
 
+class FlatSgd:
+    """Parameters held as one flat tensor, the gradient sets received for them, and their SGD.
+
+    The first receive buffer is the gradient itself: :meth:`reduce` adds the other sets into it
+    in place, so a step allocates nothing and makes (sets - 1) passes over the parameters,
+    plus one to average. ``ralp-pipe profile`` times :meth:`reduce` and :meth:`update` on this
+    very class, so the cost model prices what the server runs.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], sets: int, optim: Optim, mean: bool):
+        self.flat = nn.Parameter(torch.cat([t.detach().reshape(-1) for t in tensors]))
+        self.inbox = [torch.empty_like(self.flat.data) for _ in range(sets)]
+        self.flat.grad = self.inbox[0]
+        self.mean = mean
+        self.optimizer = optim.sgd([self.flat])
+
+    def reduce(self) -> None:
+        """Sum (or average) the received gradient sets into the gradient."""
+        grad = self.inbox[0]
+        for other in self.inbox[1:]:
+            grad.add_(other)
+        if self.mean and len(self.inbox) > 1:
+            grad.div_(len(self.inbox))
+
+    def update(self) -> None:
+        """One SGD step of the flat parameters."""
+        self.optimizer.step()
+
+
 class ShardServer:
     """A parameter server for `named` parameters: reduce worker gradients, SGD, send parameters."""
 
@@ -92,26 +121,20 @@ class ShardServer:
         self.comm = comm
         self.names = [name for name, _ in named]
         self.shapes = [tuple(t.shape) for _, t in named]
-        self.flat = nn.Parameter(torch.cat([t.detach().reshape(-1) for _, t in named]))
+        self.params = FlatSgd([t for _, t in named], len(workers), optim, mean)
         self.workers = workers
-        self.mean = mean
-        self.optimizer = optim.sgd([self.flat])
-        self.inbox = [torch.empty_like(self.flat.data) for _ in workers]
 
     def step(self) -> None:
         """Receive every worker's gradients, update the parameters and send them to every worker."""
-        self.comm.wait([self.comm.irecv(buf, w) for buf, w in zip(self.inbox, self.workers)])
-        grad = torch.stack(self.inbox).sum(dim=0)
-        if self.mean:
-            grad /= len(self.workers)
-        self.flat.grad = grad
-        self.optimizer.step()
-        self.comm.wait([self.comm.isend(self.flat.data, w, "parameters") for w in self.workers])
+        self.comm.wait([self.comm.irecv(buf, w) for buf, w in zip(self.params.inbox, self.workers)])
+        self.params.reduce()
+        self.params.update()
+        self.comm.wait([self.comm.isend(self.params.flat.data, w, "parameters") for w in self.workers])
 
     def state(self) -> dict[str, torch.Tensor]:
         """The held parameters by name, in their own shapes."""
         sizes = [int(torch.Size(s).numel()) for s in self.shapes]
-        pieces = torch.split(self.flat.detach(), sizes)
+        pieces = torch.split(self.params.flat.detach(), sizes)
         return {n: p.reshape(s).clone() for n, p, s in zip(self.names, pieces, self.shapes)}
 
 
