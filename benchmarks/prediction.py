@@ -1,9 +1,9 @@
 """Predicted vs measured throughput on this machine: profile -> plan -> real training runs.
 
-Usage: python benchmarks/prediction.py [--models resnet18 vgg11] [--gpus 2] [--steps 3] [--out DIR]
+Usage: python benchmarks/prediction.py [--models resnet18 vgg11] [--gpus 2] [--steps 5] [--out DIR]
 
 For each model it profiles the model here, plans every strategy, runs `ralp-pipe train` for
-each strategy with the plan (loopback, synthetic data, 1 warm-up + `--steps` measured steps)
+each strategy with the plan (loopback, synthetic data, 2 warm-up + `--steps` measured steps)
 and prints predicted vs measured images/sec side by side with the median absolute error.
 """
 
@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["resnet18", "vgg11"])
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ralp-prediction-"))
@@ -35,9 +35,9 @@ def main() -> int:
     for model in args.models:
         common = [f"model={model}", "dataset=synthetic1k", "network=loopback", "cluster=local",
                   f"cluster.gpus={args.gpus}", f"train.batch_size={args.batch}", "train.image_size=32",
-                  "train.warmup_steps=1", f"train.measure_steps={args.steps}", "train.loader=synthetic"]
+                  "train.warmup_steps=2", f"train.measure_steps={args.steps}", "train.loader=synthetic"]
         profile, plan = out / f"{model}.profile.json", out / f"{model}.plan.json"
-        assert cli.main(["profile", "--out", str(profile), "--repeats", "3", "--threads", "1", *common]) == 0
+        assert cli.main(["profile", "--out", str(profile), "--repeats", "5", *common]) == 0
         assert cli.main(["plan", "--profile", str(profile), "--out", str(plan), *common]) == 0
         predicted.append(plan_predictions(json.loads(plan.read_text())))
         for strategy in STRATEGIES:

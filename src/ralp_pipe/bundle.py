@@ -22,8 +22,6 @@ import hashlib
 import importlib.metadata
 import io
 import json
-import os
-import platform
 import subprocess
 import sys
 import tarfile
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .atomic import atomic_path
+from . import hardware
 from .config import CONFIG_DIR, ConfigError
 
 CHECKSUMS = "SHA256SUMS"
@@ -51,13 +50,6 @@ def git_revision(repo: Path = REPO_ROOT) -> dict[str, Any]:
     return {"commit": head, "dirty": bool(status.strip())}
 
 
-def hardware() -> dict[str, Any]:
-    """The machine the bundle was made on (runs record their own hardware in metrics.json)."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    return {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "memory_bytes": memory, "system": platform.platform()}
-
-
 def environment() -> dict[str, Any]:
     """Package versions (importlib.metadata), interpreter, git revision and hardware."""
     packages = {dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions()
@@ -66,7 +58,7 @@ def environment() -> dict[str, Any]:
         "python": sys.version,
         "packages": dict(sorted(packages.items(), key=lambda item: item[0].lower())),
         "git": git_revision(),
-        "hardware": hardware(),
+        "hardware": hardware.describe(),
     }
 
 

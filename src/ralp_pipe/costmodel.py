@@ -12,9 +12,10 @@ Phases of one step, in order (no overlap, as a synchronous implementation runs t
   sum, split over `num_ps` servers); each PS adds the W gradient sets in place, averages them
   and applies SGD; the workers pull the parameters straight into the model (fan-out, again
   the sum over the PS links).
-- `allreduce`: workers run forward+backward; a ring all-reduce sends gradients/N bytes over
-  each worker's link in 2(N-1) latency-bound steps, adding (N-1)/N of a gradient set; each
-  worker applies SGD to all parameters.
+- `allreduce`: workers run forward+backward; a ring all-reduce sends 2(N-1)/N x gradients
+  over each worker's link in 2(N-1) latency-bound steps at the measured all-reduce bus
+  bandwidth (at most the link's), adding (N-1)/N of a gradient set; each worker applies SGD
+  to all parameters. Overlap of the all-reduce with backward is not counted.
 - `ralp_h` / `ralp_n`: workers run the lower units forward at batch b; activations go up
   the PS device's link; the PS device runs the upper units forward+backward at batch W*b;
   activation gradients come down; workers run the lower units backward; lower gradients go
@@ -122,11 +123,21 @@ def compute_costs(profile: Mapping[str, Any]) -> ComputeCosts:
 
 @dataclass(frozen=True)
 class Link:
-    """One host's network link: payload bytes/s each direction and seconds per message."""
+    """One host's network link: payload bytes/s each direction and seconds per message.
+
+    `allreduce_bytes_per_s` is the bus bandwidth of the training backend's all-reduce where it
+    was measured (it also pays for the reduction and the backend's copies); None: the link's.
+    """
 
     bytes_per_s: float
     latency_s: float = 0.0
     source: str = ""
+    allreduce_bytes_per_s: float | None = None
+
+    @property
+    def ring_bytes_per_s(self) -> float:
+        """Bytes/s a ring all-reduce moves per worker: the bus bandwidth, at most the link's."""
+        return min(self.bytes_per_s, self.allreduce_bytes_per_s or self.bytes_per_s)
 
 
 @dataclass
@@ -219,7 +230,7 @@ def predict(
         comm = sent / num_ps / link.bytes_per_s + 2 * link.latency_s
     elif strategy == "allreduce":
         server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
-        comm = (sent / w / link.bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
+        comm = (sent / w / link.ring_bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
     elif strategy in ("ralp_h", "ralp_n"):
         if split is None or not 1 <= split < len(costs.units):
             raise ValueError(f"{strategy} needs a split point in 1..{len(costs.units) - 1}, got {split}")
@@ -235,7 +246,9 @@ def predict(
     return Prediction(strategy, gpus, split, w * b, compute, server, comm, dict(volume))
 
 
-def effective_link(measured_bytes_per_s: float | None, rate: str | None, latency_s: float = 0.0) -> Link:
+def effective_link(
+    measured_bytes_per_s: float | None, rate: str | None, latency_s: float = 0.0, allreduce_bytes_per_s: float | None = None
+) -> Link:
     """The slower of the measured link and the configured rate's TCP payload bandwidth."""
     candidates: list[tuple[float, str]] = []
     if measured_bytes_per_s:
@@ -247,5 +260,5 @@ def effective_link(measured_bytes_per_s: float | None, rate: str | None, latency
         raise ValueError("no link bandwidth: the profile has no measured bandwidth and the rate is unlimited; "
                          "profile without --no-bandwidth or set network.rate")
     value, source = min(candidates)
-    return Link(value, latency_s, source)
+    return Link(value, latency_s, source, allreduce_bytes_per_s)
 

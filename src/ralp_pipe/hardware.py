@@ -26,7 +26,7 @@ def _cpu_model() -> str:
 
 
 def describe() -> dict[str, object]:
-    """Host name, CPU model and count, memory, and each visible GPU's name and memory."""
+    """Host name, CPU model, count and the CPUs this process may use, its torch threads, memory, and each GPU."""
     gpus = []
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
@@ -36,10 +36,22 @@ def describe() -> dict[str, object]:
         "hostname": socket.gethostname(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 2),
         "gpus": gpus,
         "platform": platform.platform(),
     }
+
+
+def threads_per_rank(ranks_on_host: int) -> int:
+    """Torch threads of one of `ranks_on_host` training ranks on this host (oversubscription ruins throughput).
+
+    Under SLURM a rank gets its task's CPUs; elsewhere an even share of the CPUs this process may use.
+    """
+    if "SLURM_CPUS_PER_TASK" in os.environ:
+        return max(1, int(os.environ["SLURM_CPUS_PER_TASK"]))
+    return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
 
 
 def versions() -> dict[str, str | None]:

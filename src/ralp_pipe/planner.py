@@ -57,7 +57,8 @@ def cluster_link(profile: Mapping[str, Any], cfg: Config) -> Link:
     measured = profile["link"].get("measured") or {}
     rate = cfg.network.rate if cfg.cluster.kind in SHAPED_KINDS else None
     try:
-        return effective_link(measured.get("bytes_per_s"), rate, float(measured.get("latency_s", 0.0)))
+        return effective_link(measured.get("bytes_per_s"), rate, float(measured.get("latency_s", 0.0)),
+                              measured.get("allreduce_bus_bytes_per_s"))
     except ValueError as exc:
         raise ConfigError(f"{exc} (profile of {profile['model']}, network.rate={cfg.network.rate})") from exc
 
@@ -176,6 +177,7 @@ def build_plan(profile: Mapping[str, Any], profile_path: str | Path, cfg: Config
         "bandwidth_bytes_per_s": link.bytes_per_s,
         "bandwidth_source": link.source,
         "latency_s": link.latency_s,
+        "allreduce_bytes_per_s": link.ring_bytes_per_s,
         "shared_cpu": None if shared is None else {"cores": shared.cores, "profile_threads": shared.profile_threads},
         "profile": str(profile_path),
         "recommended": best[0],

@@ -18,28 +18,25 @@ import argparse
 import json
 import math
 import os
-import platform
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from . import models
-from .config import ConfigError, load, workload
+from . import hardware, models
+from .config import STRATEGIES, ConfigError, load, workload
 from .costmodel import rate_bytes_per_s
 from .strategies.base import FlatSgd, Optim
 from .atomic import write_json_atomic
 from .topology import topology
 
 DEFAULT_MESSAGE_BYTES = 64 * 2**20
-PACKAGES = ("torch", "torchvision", "nvidia-dali-cuda130", "numpy", "pandas", "hydra-core")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -261,38 +258,6 @@ def analytic_profile(
     }
 
 
-def hardware() -> dict[str, Any]:
-    """CPU model and count, GPU name and memory, OS and library versions of this machine."""
-    cpu_model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    gpus = [
-        {"name": torch.cuda.get_device_name(i), "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
-        for i in range(torch.cuda.device_count())
-    ]
-    versions = {"python": platform.python_version()}
-    for package in PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
-    return {
-        "hostname": socket.gethostname(),
-        "os": platform.platform(),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "gpus": gpus,
-        "cuda": torch.version.cuda,
-        "versions": versions,
-    }
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -309,7 +274,7 @@ def measure_bandwidth(
     rank_env: Sequence[Mapping[str, str]] = ({}, {}),
     timeout_s: float = 120.0,
 ) -> dict[str, Any]:
-    """Point-to-point bytes/s between two spawned ranks, both directions, with `backend`.
+    """Point-to-point bytes/s between two spawned ranks, both directions, and their all-reduce bus bytes/s.
 
     Rank r runs as ``[*argv_prefixes[r], python, -m, ralp_pipe.profiling, ...]`` with
     ``rank_env[r]`` added to its environment, so each rank can start inside its own network
@@ -351,7 +316,7 @@ def measure_bandwidth(
 
 
 def _bandwidth_rank(rank: int, init: str, backend: str, message_bytes: int, repeats: int, timeout_s: float) -> dict[str, Any] | None:
-    """One rank of the probe: timed send + 1-element acknowledgement, in both directions."""
+    """One rank of the probe: timed send + 1-element acknowledgement in both directions, then all-reduces."""
     import datetime
 
     import torch.distributed as dist
@@ -372,6 +337,12 @@ def _bandwidth_rank(rank: int, init: str, backend: str, message_bytes: int, repe
             dist.send(ack, peer)
         return time.perf_counter() - start
 
+    def all_reduce() -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(message)
+        return time.perf_counter() - start
+
     directions: dict[str, float] = {}
     latency: list[float] = []
     for sender in (0, 1):
@@ -379,6 +350,8 @@ def _bandwidth_rank(rank: int, init: str, backend: str, message_bytes: int, repe
         samples = [round_trip(sender, message) for _ in range(repeats)]
         latency += [round_trip(sender, torch.ones(1)) / 2 for _ in range(repeats)]
         directions[f"{sender}->{1 - sender}"] = message_bytes / statistics.median(samples)
+    all_reduce()
+    all_reduce_s = statistics.median(all_reduce() for _ in range(repeats))
     dist.barrier()
     dist.destroy_process_group()
     if rank != 0:
@@ -386,6 +359,8 @@ def _bandwidth_rank(rank: int, init: str, backend: str, message_bytes: int, repe
     return {
         "backend": backend, "message_bytes": message_bytes, "repeats": repeats,
         "directions": directions, "latency_s": statistics.median(latency),
+        # bus bandwidth as nccl-tests define it: bytes * 2(n-1)/n / time, which is bytes / time at n=2
+        "allreduce_bus_bytes_per_s": message_bytes / all_reduce_s,
     }
 
 
@@ -398,6 +373,19 @@ def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
     return batches
 
 
+def rank_threads(cfg: Any) -> int | None:
+    """Torch threads of a CPU training rank of `cfg` on this host, the fewest any strategy's rank gets.
+
+    Ranks of a local or emulated cluster share this host's CPUs, so the largest world of any
+    strategy at `cluster.gpus` sets the share; under SLURM a rank gets its task's CPUs. None
+    where training runs on GPUs (torch's own threads then only feed the device).
+    """
+    if resolve_device(cfg.cluster.device).type != "cpu":
+        return None
+    worlds = [topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES]
+    return hardware.threads_per_rank(max(worlds) if cfg.cluster.kind in ("local", "emulated") else 1)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe profile`."""
     parser.add_argument("--out", required=True, type=Path, help="profile JSON file to write")
@@ -407,7 +395,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-repeats", type=int, default=3, help="timed messages per direction")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the two-rank bandwidth probe")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads while profiling (default: torch's); use the threads a rank gets")
+                        help="torch CPU threads while profiling (default: the threads a training rank gets here)")
 
 
 def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandwidth_repeats: int, bandwidth: bool) -> dict[str, Any]:
@@ -440,7 +428,7 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
         "repeats": repeats,
         "memory_method": "cuda.max_memory_allocated" if device.type == "cuda"
         else "params + grads + input + output + autograd-saved tensors (bytes)",
-        "hardware": hardware(),
+        "hardware": {**hardware.describe(), "versions": hardware.versions()},
         "link": link,
         **body,
         "profile_seconds": time.perf_counter() - started,
@@ -450,10 +438,11 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
 def main(args: argparse.Namespace) -> int:
     """Profile the configured model on this machine and write the JSON file."""
     cfg = load(args.overrides)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads={args.threads} must be at least 1")
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads={args.threads} must be at least 1")
+    threads = args.threads or rank_threads(cfg)
+    if threads is not None:
+        torch.set_num_threads(threads)
     doc = build_profile(cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats,
                         not args.no_bandwidth)
     write_json_atomic(args.out, doc)

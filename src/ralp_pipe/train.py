@@ -118,14 +118,6 @@ def _ranks_per_host(cfg: Config, world_size: int) -> int:
     return 1 if cfg.cluster.kind == "slurm" and cfg.cluster.slurm.gpus_per_node > 0 else world_size
 
 
-def _threads(env: RankEnv) -> int:
-    """Torch threads for this rank: its share of the host's CPUs (oversubscription ruins throughput)."""
-    if "SLURM_CPUS_PER_TASK" in os.environ:
-        return max(1, int(os.environ["SLURM_CPUS_PER_TASK"]))
-    cpus = len(os.sched_getaffinity(0))
-    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
-
-
 def _units(cfg: Config) -> list[models.Unit]:
     torch.manual_seed(cfg.train.seed)
     return models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
@@ -165,7 +157,7 @@ def _wire_reading() -> Any:
 
 def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str) -> dict[str, Any] | None:
     """Train on this rank; rank 0 returns every rank's records and the window, the others None."""
-    torch.set_num_threads(_threads(env))
+    torch.set_num_threads(hardware.threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))))
     device = torch.device("cpu")
     if device_type == "cuda":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
