@@ -9,7 +9,7 @@ from importlib import metadata
 import pytest
 import torch
 
-from ralp_pipe import cli, models
+from ralp_pipe import cli, hardware, models
 from ralp_pipe.profiling import measure_bandwidth, profile_model, worker_and_ps_batches
 
 CPU = torch.device("cpu")
@@ -69,6 +69,7 @@ def test_bandwidth_probe_measures_both_directions_through_argv_prefixes() -> Non
     assert all(v > 1e6 for v in result["directions"].values())
     assert result["bytes_per_s"] == min(result["directions"].values())
     assert 0 < result["latency_s"] < 1
+    assert result["allreduce_bus_bytes_per_s"] > 1e6
 
 
 def test_bandwidth_probe_names_the_failing_rank() -> None:
@@ -76,7 +77,8 @@ def test_bandwidth_probe_names_the_failing_rank() -> None:
         measure_bandwidth("gloo", 2**20, argv_prefixes=([], ["false"]), timeout_s=20)
 
 
-def test_profile_cli_writes_one_json_with_hardware_and_configured_rate(tmp_path) -> None:
+@pytest.mark.netns
+def test_profile_cli_writes_one_json_with_hardware_and_the_emulated_link(tmp_path) -> None:
     out = tmp_path / "profiles" / "resnet18.json"
     argv = ["profile", "--out", str(out), "--repeats", "1", "--warmup", "0", "--message-mb", "2",
             "model=resnet18", "dataset=synthetic1k", "train.batch_size=2", "train.image_size=32",
@@ -86,6 +88,10 @@ def test_profile_cli_writes_one_json_with_hardware_and_configured_rate(tmp_path)
     assert doc["model"] == "resnet18" and doc["num_classes"] == 1000 and doc["device"] == "cpu"
     assert doc["batches"] == {"worker": 2, "ps_ralp_n": 2, "ps_ralp_h": 2}
     assert doc["hardware"]["cpu_count"] >= 1 and doc["hardware"]["versions"]["torch"] == metadata.version("torch")
-    assert doc["link"]["measured"]["bytes_per_s"] > 0
+    measured = doc["link"]["measured"]
+    # the probe ran between two hosts of an emulated 1 Gbit/s network, not over loopback
+    assert measured["network"] == "emulated 1gbit"
+    assert 0.5e8 < measured["bytes_per_s"] <= 1.25e8 and 0.3e8 < measured["allreduce_bus_bytes_per_s"] <= 1.25e8
     assert doc["link"]["configured_rate"] == "1gbit" and doc["link"]["configured_bytes_per_s"] == 1.25e8
+    assert doc["hardware"]["torch_threads"] == hardware.threads_per_rank(3)  # ps at N=2: 2 workers + 1 PS
     assert [p.name for p in out.parent.iterdir()] == ["resnet18.json"]

@@ -32,6 +32,7 @@ from torch import nn
 from . import hardware, models
 from .config import STRATEGIES, ConfigError, load, workload
 from .costmodel import rate_bytes_per_s
+from .emulated import EmulatedCluster
 from .strategies.base import FlatSgd, Optim
 from .atomic import write_json_atomic
 from .topology import topology
@@ -398,6 +399,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch CPU threads while profiling (default: the threads a training rank gets here)")
 
 
+def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
+    """The two-rank probe over the network `cfg` trains on.
+
+    On an emulated cluster the ranks run on two hosts of one shaped like `cfg.network`;
+    elsewhere they are two processes of this host. The probe moves CPU tensors, so it uses
+    gloo even where training would use NCCL.
+    """
+    if cfg.cluster.kind != "emulated":
+        return {**measure_bandwidth("gloo", message_bytes, repeats), "network": "this host"}
+    with EmulatedCluster(2, cfg.network.rate, cfg.network.burst) as cluster:
+        result = measure_bandwidth(
+            "gloo", message_bytes, repeats, argv_prefixes=(cluster.prefix(0), cluster.prefix(1)),
+            master_addr=cluster.address(0), rank_env=(cluster.env(0), cluster.env(1)),
+        )
+    return {**result, "network": f"emulated {cfg.network.rate}"}
+
+
 def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandwidth_repeats: int, bandwidth: bool) -> dict[str, Any]:
     """The whole profile document of `cfg`'s model, dataset and this machine."""
     if repeats < 1 or warmup < 0:
@@ -411,10 +429,7 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
         cfg.train.seed,
     )
     backend = cfg.cluster.backend if cfg.cluster.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-    link: dict[str, Any] = {"measured": None}
-    if bandwidth:
-        # The probe moves CPU tensors, so it uses gloo even where training would use NCCL.
-        link["measured"] = measure_bandwidth("gloo", message_bytes, bandwidth_repeats)
+    link: dict[str, Any] = {"measured": probe_link(cfg, message_bytes, bandwidth_repeats) if bandwidth else None}
     link["configured_rate"] = cfg.network.rate if cfg.cluster.kind == "emulated" else None
     link["configured_bytes_per_s"] = rate_bytes_per_s(cfg.network.rate) if cfg.cluster.kind == "emulated" else None
     return {
@@ -440,11 +455,13 @@ def main(args: argparse.Namespace) -> int:
     cfg = load(args.overrides)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads} must be at least 1")
-    threads = args.threads or rank_threads(cfg)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    doc = build_profile(cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats,
-                        not args.no_bandwidth)
+    threads, previous = args.threads or rank_threads(cfg), torch.get_num_threads()
+    torch.set_num_threads(threads or previous)
+    try:
+        doc = build_profile(cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats,
+                            not args.no_bandwidth)
+    finally:
+        torch.set_num_threads(previous)
     write_json_atomic(args.out, doc)
     bw = doc["link"]["measured"]
     bw_text = f", link {bw['bytes_per_s'] / 1e9:.2f} GB/s" if bw else ""
