@@ -42,6 +42,7 @@ def test_summary_is_laid_out_per_network_with_throughput_and_speedup_columns(tmp
     assert header == ("| model | dataset | classes | N | ps | allreduce | ralp_h | ralp_n | allreduce speedup |"
                       " ralp_h speedup | ralp_n speedup |")
     assert "| vgg11 | synthetic1k | 1000 | 4 | 200.0 | 300.0 | 360.0 | 480.0 | 1.50x | 1.80x | 2.40x |" in lines
+    assert "Median absolute error of predicted images/sec: 10.0% over 16 runs with a plan." in lines
 
 
 def test_missing_plan_leaves_prediction_empty_and_missing_ps_leaves_speedup_empty(tmp_path: Path) -> None:

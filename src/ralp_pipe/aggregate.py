@@ -18,8 +18,9 @@ import pandas as pd
 from .atomic import atomic_path
 from .config import ConfigError, STRATEGIES
 from .matrix import PATHS
+from .validation import median_abs_error, relative_error
+from .volume import CATEGORIES
 
-CATEGORIES = ("total", "gradients", "parameters", "activations", "activation_gradients")
 GROUP = ["model", "dataset", "gpus", "network"]
 TABLE_FILES = ("runs.parquet", "speedups.parquet", "concurrent.parquet", "summary.md")
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
@@ -75,11 +76,6 @@ def plan_for(record: dict[str, Any], plans: Path) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
-def prediction_error(predicted: float, measured: float) -> float:
-    """Relative error of a predicted throughput against the measured one ((p - m) / m)."""
-    return (predicted - measured) / measured if measured else math.nan
-
-
 def _gb(values: dict[str, Any] | None, category: str) -> float:
     value = (values or {}).get(category)
     return math.nan if value is None else float(value)
@@ -93,7 +89,7 @@ def run_row(record: dict[str, Any], plan: dict[str, Any] | None) -> dict[str, An
     row = {key: record[key] for key in _COPIED}
     row["classes"] = record["num_classes"]
     row["run"] = f"{record['dataset']}/{record['model']}/n{record['gpus']}-{record['network']}/{record['strategy']}"
-    for category in CATEGORIES:
+    for category in ("total", *CATEGORIES):
         row[f"gb_{category}"] = _gb(record["gb_per_step"], category)
         row[f"analytic_gb_{category}"] = _gb(record.get("analytic_gb_per_step"), category)
     wire = record.get("wire_gb_per_step")  # a total from the kernel's counters; None off the emulated cluster
@@ -102,7 +98,6 @@ def run_row(record: dict[str, Any], plan: dict[str, Any] | None) -> dict[str, An
     row["predicted_images_per_sec"] = float(predicted.get("predicted_images_per_sec", math.nan) or math.nan)
     volume = predicted.get("predicted_gb_per_step")
     row["predicted_gb_per_step"] = _gb(volume, "total") if isinstance(volume, dict) else float(volume or math.nan)
-    row["prediction_error"] = prediction_error(row["predicted_images_per_sec"], float(record["images_per_sec"]))
     row["hardware"] = json.dumps(record.get("hardware", {}), sort_keys=True)
     row["split"] = -1 if record["split"] is None else int(record["split"])
     return row
@@ -120,6 +115,7 @@ def runs_table(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]) 
     baseline = frame[frame["strategy"] == "ps"].set_index(GROUP)["images_per_sec"]
     keys = pd.MultiIndex.from_frame(frame[GROUP])
     frame["speedup_vs_ps"] = frame["images_per_sec"].to_numpy() / baseline.reindex(keys).to_numpy()
+    frame["prediction_error"] = relative_error(frame["predicted_images_per_sec"], frame["images_per_sec"])
     return frame
 
 
@@ -182,11 +178,14 @@ def summary_markdown(runs: pd.DataFrame) -> str:
                 f"({_fmt(100 * cells['prediction_error'].get(s, math.nan), 0, '%')})" for s in present
             ])
         head = ["model", "dataset", "classes", "N"]
+        errors = by_net["prediction_error"].dropna()
+        accuracy = (f"Median absolute error of predicted images/sec: {_fmt(100 * median_abs_error(errors), 1, '%')} "
+                    f"over {len(errors)} runs with a plan.")
         parts += [f"## Network {network} ({rate})", "", "### Throughput (images/sec) and speedup over ps", "",
                   _markdown(head + present + [f"{s} speedup" for s in others], rows_tp), "",
                   "### Transfer volume (GB/step, all categories)", "", _markdown(head + present, rows_gb), "",
                   "### Predicted throughput (images/sec) and its error against the measurement", "",
-                  _markdown(head + present, rows_pred), ""]
+                  _markdown(head + present, rows_pred), "", accuracy, ""]
     return "\n".join(parts)
 
 

@@ -21,6 +21,7 @@ CATEGORY_LABELS = {
     "gb_parameters": "parameters",
     "gb_activations": "activations",
     "gb_activation_gradients": "activation gradients",
+    "gb_labels": "labels",
 }
 
 
@@ -72,7 +73,7 @@ def gb_per_step(runs: pd.DataFrame, path: Path) -> None:
             values = cell[column].fillna(0.0)
             axis.bar(cell.index, values, bottom=bottom, label=label)
             bottom += values
-        axis.set(title=f"{model} / {dataset}, N={gpus}, {network}", ylabel="GB/step")
+        axis.set(title=f"{model} / {dataset}, N={gpus}, {network}", ylabel="GB/step", ylim=(0, None))
         axis.legend(fontsize="small")
     _save(fig, path)
 

@@ -7,6 +7,16 @@ import pandas as pd
 KEYS = ("model", "dataset", "strategy", "gpus", "network")
 
 
+def relative_error(predicted: pd.Series, measured: pd.Series) -> pd.Series:
+    """(predicted - measured) / measured, element by element; NaN where either is missing or measured is 0."""
+    return (predicted - measured) / measured.where(measured != 0)
+
+
+def median_abs_error(errors: pd.Series) -> float:
+    """Median absolute relative error over the rows that have one (NaN when none has)."""
+    return float(errors.abs().median())
+
+
 def prediction_error(
     measured: pd.DataFrame, predicted: pd.DataFrame, keys: tuple[str, ...] = KEYS, column: str = "images_per_sec"
 ) -> tuple[pd.DataFrame, float]:
@@ -27,9 +37,9 @@ def prediction_error(
     if len(unmatched):
         raise ValueError(f"no prediction for measured runs:\n{unmatched[list(keys)].to_string(index=False)}")
     joined = joined.rename(columns={column: f"{column}_measured"})
-    joined["relative_error"] = (joined[f"{column}_predicted"] - joined[f"{column}_measured"]) / joined[f"{column}_measured"]
+    joined["relative_error"] = relative_error(joined[f"{column}_predicted"], joined[f"{column}_measured"])
     joined["abs_relative_error"] = joined["relative_error"].abs()
-    return joined, float(joined["abs_relative_error"].median())
+    return joined, median_abs_error(joined["relative_error"])
 
 
 def plan_predictions(plan: dict) -> pd.DataFrame:
