@@ -96,15 +96,20 @@ def speedup(runs: pd.DataFrame, path: Path) -> None:
 
 
 def predicted_vs_measured(runs: pd.DataFrame, path: Path) -> None:
-    """Planner's predicted images/sec against the measured, one colour per strategy, with y = x."""
+    """Planner's predicted images/sec against the measured, one colour per strategy, log-log with y = x and ±20%."""
     fig, axis = plt.subplots(figsize=(5, 5))
     known = runs.dropna(subset=["predicted_images_per_sec"])
+    known = known[(known["images_per_sec"] > 0) & (known["predicted_images_per_sec"] > 0)]
     for strategy in _strategies(known) if not known.empty else []:
         points = known[known["strategy"] == strategy]
         axis.scatter(points["images_per_sec"], points["predicted_images_per_sec"], label=strategy)
-    top = float(max(known[["images_per_sec", "predicted_images_per_sec"]].max().max(), 1.0)) if not known.empty else 1.0
-    axis.plot([0, top], [0, top], color="black", linewidth=0.8, label="y = x")
-    axis.set(xlabel="measured images/sec", ylabel="predicted images/sec", title="planner prediction")
+    values = known[["images_per_sec", "predicted_images_per_sec"]].to_numpy()
+    low, high = (values.min() / 1.5, values.max() * 1.5) if len(values) else (0.1, 10.0)
+    axis.plot([low, high], [low, high], color="black", linewidth=0.8, label="y = x")
+    for factor in (0.8, 1.2):
+        axis.plot([low, high], [low * factor, high * factor], color="grey", linewidth=0.6, linestyle="--")
+    axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured images/sec",
+             ylabel="predicted images/sec", title="planner prediction (dashed: ±20%)")
     axis.legend(fontsize="small")
     _save(fig, path)
 
