@@ -82,8 +82,12 @@ def test_an_exception_inside_the_cluster_removes_its_namespaces() -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_killing_the_owner_removes_namespaces_and_ranks(tmp_path: Path, signum: int) -> None:
+    # SIGINT acts as Ctrl-C does in a terminal even when this suite was started in the background,
+    # where a non-interactive shell leaves SIGINT ignored for every child
     owner = textwrap.dedent(
         f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from ralp_pipe.emulated import run_on_hosts
         run_on_hosts([["sh", "-c", "readlink /proc/self/ns/net > {tmp_path}/ns; echo $$ > {tmp_path}/pid; exec sleep 60"]])
         """

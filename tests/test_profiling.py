@@ -89,9 +89,10 @@ def test_profile_cli_writes_one_json_with_hardware_and_the_emulated_link(tmp_pat
     assert doc["batches"] == {"worker": 2, "ps_ralp_n": 2, "ps_ralp_h": 2}
     assert doc["hardware"]["cpu_count"] >= 1 and doc["hardware"]["versions"]["torch"] == metadata.version("torch")
     measured = doc["link"]["measured"]
-    # the probe ran between two hosts of an emulated 1 Gbit/s network, not over loopback
+    # the probe ran between two hosts of an emulated 1 Gbit/s network (1.25e8 bytes/s), not over
+    # loopback (GB/s); tbf's 1 MB burst lets messages this small run somewhat faster than the rate
     assert measured["network"] == "emulated 1gbit"
-    assert 0.5e8 < measured["bytes_per_s"] <= 1.25e8 and 0.3e8 < measured["allreduce_bus_bytes_per_s"] <= 1.25e8
+    assert 0.5e8 < measured["bytes_per_s"] < 2e8 and 0.3e8 < measured["allreduce_bus_bytes_per_s"] < 2e8
     assert doc["link"]["configured_rate"] == "1gbit" and doc["link"]["configured_bytes_per_s"] == 1.25e8
     assert doc["hardware"]["torch_threads"] == hardware.threads_per_rank(3)  # ps at N=2: 2 workers + 1 PS
     assert [p.name for p in out.parent.iterdir()] == ["resnet18.json"]
