@@ -10,15 +10,13 @@ and prints predicted vs measured images/sec side by side with the median absolut
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 
-from ralp_pipe import cli
 from ralp_pipe.config import STRATEGIES
-from ralp_pipe.validation import plan_predictions, prediction_error
+from ralp_pipe.validation import measure_against_plan, prediction_error
 
 
 def main() -> int:
@@ -36,19 +34,10 @@ def main() -> int:
         common = [f"model={model}", "dataset=synthetic1k", "network=loopback", "cluster=local",
                   f"cluster.gpus={args.gpus}", f"train.batch_size={args.batch}", "train.image_size=32",
                   "train.warmup_steps=2", f"train.measure_steps={args.steps}", "train.loader=synthetic"]
-        profile, plan = out / f"{model}.profile.json", out / f"{model}.plan.json"
-        assert cli.main(["profile", "--out", str(profile), "--repeats", "5", *common]) == 0
-        assert cli.main(["plan", "--profile", str(profile), "--out", str(plan), *common]) == 0
-        predicted.append(plan_predictions(json.loads(plan.read_text())))
-        for strategy in STRATEGIES:
-            run = out / f"{model}-{strategy}"
-            if cli.main(["train", "--out", str(run), *common, f"strategy={strategy}", f"strategy.plan={plan}"]) != 0:
-                print(f"{model}/{strategy}: the training run failed; left out of the comparison")
-                continue
-            metrics = json.loads((run / "metrics.json").read_text())
-            measured.append({k: metrics[k] for k in ("model", "dataset", "strategy", "gpus", "network",
-                                                     "images_per_sec", "split")})
-    joined, median = prediction_error(pd.DataFrame(measured), pd.concat(predicted, ignore_index=True))
+        runs, plan = measure_against_plan(out / model, common, STRATEGIES, ["--repeats", "5"])
+        measured.append(runs)
+        predicted.append(plan)
+    joined, median = prediction_error(pd.concat(measured, ignore_index=True), pd.concat(predicted, ignore_index=True))
     columns = ["model", "strategy", "gpus", "split", "images_per_sec_measured", "images_per_sec_predicted", "relative_error"]
     print(joined[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"median absolute relative error of images/sec: {median:.1%} (target <= 20%); files in {out}")

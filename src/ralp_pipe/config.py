@@ -30,6 +30,7 @@ STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
 LAYOUTS = ("folders", "tars", "synthetic")
 LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = ("local", "emulated", "slurm")
+ONE_HOST_CLUSTERS = ("local", "emulated")  # every rank runs on this host and shares its CPUs
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import models
 from .atomic import write_json_atomic
-from .config import STRATEGIES, Config, ConfigError, load, workload
+from .config import ONE_HOST_CLUSTERS, STRATEGIES, Config, ConfigError, load, workload
 from .costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
 from .topology import topology
 from .volume import step_bytes
@@ -65,7 +65,7 @@ def cluster_link(profile: Mapping[str, Any], cfg: Config) -> Link:
 
 def shared_cpu(cfg: Config, profile: Mapping[str, Any]) -> SharedCpu | None:
     """The CPU every rank shares where a local or emulated run has no GPUs, else None (a device each)."""
-    if profile.get("device") != "cpu" or cfg.cluster.kind not in ("local", "emulated"):
+    if profile.get("device") != "cpu" or cfg.cluster.kind not in ONE_HOST_CLUSTERS:
         return None
     hw = profile["hardware"]
     return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from . import hardware, models
-from .config import STRATEGIES, ConfigError, load, workload
+from .config import ONE_HOST_CLUSTERS, STRATEGIES, ConfigError, load, workload
 from .costmodel import rate_bytes_per_s
 from .emulated import EmulatedCluster
 from .strategies.base import FlatSgd, Optim
@@ -384,7 +384,7 @@ def rank_threads(cfg: Any) -> int | None:
     if resolve_device(cfg.cluster.device).type != "cpu":
         return None
     worlds = [topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES]
-    return hardware.threads_per_rank(max(worlds) if cfg.cluster.kind in ("local", "emulated") else 1)
+    return hardware.threads_per_rank(max(worlds) if cfg.cluster.kind in ONE_HOST_CLUSTERS else 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

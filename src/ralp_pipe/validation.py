@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Sequence
+
 import pandas as pd
 
 KEYS = ("model", "dataset", "strategy", "gpus", "network")
+MEASURED = (*KEYS, "images_per_sec", "split")
 
 
 def relative_error(predicted: pd.Series, measured: pd.Series) -> pd.Series:
@@ -52,3 +57,24 @@ def plan_predictions(plan: dict) -> pd.DataFrame:
         for name, entry in entries.items()
     ]
     return pd.DataFrame(rows)
+
+
+def measure_against_plan(
+    out: Path, overrides: Sequence[str], strategies: Sequence[str], profile_args: Sequence[str] = ()
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Profile, plan and train each of `strategies` here with `overrides`, writing below `out`.
+
+    Returns the measured runs (`MEASURED` columns) and the plan's predictions; a stage that
+    fails raises, naming it.
+    """
+    from . import cli  # the stages import this module's siblings; keep the import local
+
+    profile, plan = out / "profile.json", out / "plan.json"
+    stages = [["profile", "--out", str(profile), *profile_args, *overrides],
+              ["plan", "--profile", str(profile), "--out", str(plan), *overrides]]
+    stages += [["train", "--out", str(out / s), *overrides, f"strategy={s}", f"strategy.plan={plan}"] for s in strategies]
+    for argv in stages:
+        if cli.main(argv) != 0:
+            raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed")
+    measured = [json.loads((out / s / "metrics.json").read_text()) for s in strategies]
+    return pd.DataFrame([{k: m[k] for k in MEASURED} for m in measured]), plan_predictions(json.loads(plan.read_text()))
