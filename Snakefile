@@ -13,7 +13,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 from ralp_pipe.config import ConfigError
-from ralp_pipe.matrix import Matrix, parse_settings
+from ralp_pipe.workflow.matrix import Matrix, parse_settings
 
 try:
     MATRIX = Matrix(parse_settings(config))

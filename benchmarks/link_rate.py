@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ralp_pipe.emulated import EmulatedCluster, counter_delta, measure_link_rate
+from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta, measure_link_rate
 
 BITS = {"mbit": 1e6, "gbit": 1e9}
 

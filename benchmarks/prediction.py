@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from ralp_pipe.config import STRATEGIES
-from ralp_pipe.validation import measure_against_plan, prediction_error
+from ralp_pipe.results.accuracy import measure_against_plan, prediction_error
 
 
 def main() -> int:

@@ -14,12 +14,12 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from ralp_pipe import models, volume
-from ralp_pipe.comm import Comm
+from ralp_pipe.engine import models, volume
+from ralp_pipe.engine.comm import Comm
 from ralp_pipe.config import STRATEGIES
-from ralp_pipe.launch import spawn_function
-from ralp_pipe.strategies import Optim, StepSetup, build
-from ralp_pipe.topology import topology
+from ralp_pipe.runtime.launch import spawn_function
+from ralp_pipe.engine.strategies import Optim, StepSetup, build
+from ralp_pipe.engine.topology import topology
 
 MODELS = ("vgg11", "resnet50")
 CLASSES = (1000, 21841)

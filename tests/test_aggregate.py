@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe.aggregate import PLOT_NAMES, build_tables, load_records
+from ralp_pipe.results.aggregate import PLOT_NAMES, build_tables, load_records
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import ConfigError
-from ralp_pipe.aggregate import load_workloads
+from ralp_pipe.results.aggregate import load_workloads
 from workflow_records import THROUGHPUT, write_concurrent, write_results
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.bundle import CHECKSUMS, make_bundle
+from ralp_pipe.results.bundle import CHECKSUMS, make_bundle
 from ralp_pipe.cli import main as cli
-from ralp_pipe.verify import BundleError, verify_bundle
+from ralp_pipe.results.verify import BundleError, verify_bundle
 from workflow_records import write_concurrent, write_results
 
 LOCK = Path(__file__).resolve().parents[1] / "envs" / "requirements.lock"

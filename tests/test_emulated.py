@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.emulated import (
+from ralp_pipe.runtime.emulated import (
     SWITCH_ENV,
     EmulatedCluster,
     EmulationUnavailable,
@@ -88,7 +88,7 @@ def test_killing_the_owner_removes_namespaces_and_ranks(tmp_path: Path, signum: 
         f"""
         import signal
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from ralp_pipe.emulated import run_on_hosts
+        from ralp_pipe.runtime.emulated import run_on_hosts
         run_on_hosts([["sh", "-c", "readlink /proc/self/ns/net > {tmp_path}/ns; echo $$ > {tmp_path}/pid; exec sleep 60"]])
         """
     )
@@ -128,7 +128,7 @@ def test_unlimited_links_have_no_rate_limit() -> None:
 GLOO_SEND = textwrap.dedent(
     """
     import datetime, json, os, sys, torch, torch.distributed as dist
-    from ralp_pipe.emulated import host_counters
+    from ralp_pipe.runtime.emulated import host_counters
     rank, out = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:29511", rank=rank,
                             world_size=2, timeout=datetime.timedelta(seconds=60))
@@ -191,7 +191,7 @@ def test_rootless_user_gets_a_working_shaped_cluster() -> None:
     probe = textwrap.dedent(
         """
         import shutil
-        from ralp_pipe.emulated import EmulatedCluster, measure_link_rate
+        from ralp_pipe.runtime.emulated import EmulatedCluster, measure_link_rate
         with EmulatedCluster(2, "1gbit") as cluster:
             assert cluster.mode == "rootless"
             # an interpreter outside root's home: inside the user namespace root's files are "nobody"'s

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.emulated import PLACEMENT_ENV, EmulatedCluster, rank_placement
-from ralp_pipe.launch import launch_local
+from ralp_pipe.runtime.emulated import PLACEMENT_ENV, EmulatedCluster, rank_placement
+from ralp_pipe.runtime.launch import launch_local
 
 pytestmark = pytest.mark.netns
 

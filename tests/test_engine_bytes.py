@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ralp_pipe import models, volume
-from ralp_pipe.comm import Comm
-from ralp_pipe.launch import spawn_function
-from ralp_pipe.strategies import Optim, StepSetup, build
-from ralp_pipe.topology import assign_to_ps, topology
+from ralp_pipe.engine import models, volume
+from ralp_pipe.engine.comm import Comm
+from ralp_pipe.runtime.launch import spawn_function
+from ralp_pipe.engine.strategies import Optim, StepSetup, build
+from ralp_pipe.engine.topology import assign_to_ps, topology
 
 CLASSES, BATCH, SIZE, STEPS = 10, 2, 32, 2
 # (strategy, gpus, num_ps, split): split None = the model's default

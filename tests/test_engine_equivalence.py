@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ralp_pipe import models
-from ralp_pipe.comm import Comm
-from ralp_pipe.launch import spawn_function
-from ralp_pipe.strategies import Optim, StepSetup, build
-from ralp_pipe.strategies.base import loss_fn
-from ralp_pipe.topology import topology
+from ralp_pipe.engine import models
+from ralp_pipe.engine.comm import Comm
+from ralp_pipe.runtime.launch import spawn_function
+from ralp_pipe.engine.strategies import Optim, StepSetup, build
+from ralp_pipe.engine.strategies.base import loss_fn
+from ralp_pipe.engine.topology import topology
 
 OPTIM = Optim(lr=0.01, momentum=0.9, weight_decay=1e-3)
 CLASSES, STEPS, WORKERS = 5, 3, 2

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe import models
+from ralp_pipe.engine import models
 from ralp_pipe.config import ConfigError, load
-from ralp_pipe.train import resolve_split
+from ralp_pipe.engine.train import resolve_split
 
 KEYS = {"model", "dataset", "num_classes", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate",
         "batch_size", "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec",

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchvision import models as tvm
 
-from ralp_pipe import models
+from ralp_pipe.engine import models
 from ralp_pipe.config import MODELS
 
 # Published torchvision parameter counts (1000 classes).

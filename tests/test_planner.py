@@ -8,12 +8,14 @@ from functools import lru_cache
 
 import pytest
 
-from ralp_pipe import cli, models
+from ralp_pipe import cli
+
+from ralp_pipe.engine import models
 from ralp_pipe.config import STRATEGIES, load
-from ralp_pipe.planner import build_plan
-from ralp_pipe.profiling import analytic_profile
-from ralp_pipe.topology import topology
-from ralp_pipe.volume import step_bytes
+from ralp_pipe.planning.planner import build_plan
+from ralp_pipe.planning.profiling import analytic_profile
+from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.volume import step_bytes
 
 GPU_MACS = 5e12  # a V100-class device, multiply-accumulates per second
 CPU_MACS = 5e10  # a few CPU cores

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ralp_pipe.validation import measure_against_plan, prediction_error
+from ralp_pipe.results.accuracy import measure_against_plan, prediction_error
 
 COMMON = ["model=resnet18", "dataset=synthetic1k", "network=loopback", "cluster=local", "cluster.gpus=2",
           "train.batch_size=4", "train.image_size=32", "train.warmup_steps=1", "train.measure_steps=3",

@@ -9,8 +9,12 @@ from importlib import metadata
 import pytest
 import torch
 
-from ralp_pipe import cli, hardware, models
-from ralp_pipe.profiling import measure_bandwidth, profile_model, worker_and_ps_batches
+from ralp_pipe import cli
+
+from ralp_pipe.runtime import hardware
+
+from ralp_pipe.engine import models
+from ralp_pipe.planning.profiling import measure_bandwidth, profile_model, worker_and_ps_batches
 
 CPU = torch.device("cpu")
 

@@ -8,13 +8,15 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from ralp_pipe import cli, models
+from ralp_pipe import cli
+
+from ralp_pipe.engine import models
 from ralp_pipe.config import STRATEGIES
-from ralp_pipe.profiling import analytic_profile
-from ralp_pipe.simulate import simulate
-from ralp_pipe.topology import topology
-from ralp_pipe.validation import plan_predictions, prediction_error
-from ralp_pipe.volume import step_bytes
+from ralp_pipe.planning.profiling import analytic_profile
+from ralp_pipe.planning.simulate import simulate
+from ralp_pipe.engine.topology import topology
+from ralp_pipe.results.accuracy import plan_predictions, prediction_error
+from ralp_pipe.engine.volume import step_bytes
 
 
 @pytest.fixture(scope="module")

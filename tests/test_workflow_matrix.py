@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ralp_pipe.config import ConfigError, load, to_dict
-from ralp_pipe.matrix import STAGE_DIMS, STAGE_KEYS, Matrix, parse_settings, select
+from ralp_pipe.workflow.matrix import STAGE_DIMS, STAGE_KEYS, Matrix, parse_settings, select
 from workflow_helpers import snakemake
 
 

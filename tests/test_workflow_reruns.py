@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe.verify import verify_bundle
+from ralp_pipe.results.verify import verify_bundle
 from workflow_helpers import SNAKEMAKE, children, cmdline, config_args, descendants, pending, snakemake
 
 CONFIG = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ralp_pipe.topology import topology
+from ralp_pipe.engine.topology import topology
 
 # images/sec of each strategy per (model, gpus): the ps baseline is slowest, as in the paper.
 THROUGHPUT = {"ps": 100.0, "allreduce": 150.0, "ralp_h": 180.0, "ralp_n": 240.0}

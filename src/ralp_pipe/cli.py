@@ -13,18 +13,18 @@ import importlib
 import sys
 from typing import Sequence
 
-from .config import ConfigError
+from ralp_pipe.config import ConfigError
 
 STAGES: dict[str, tuple[str, str]] = {
     "prepare-shards": ("ralp_pipe.data.shards", "turn an image collection into webdataset shards"),
-    "train": ("ralp_pipe.train", "run one distributed training measurement"),
-    "concurrent": ("ralp_pipe.concurrent", "run several training jobs at once on one emulated network"),
-    "profile": ("ralp_pipe.profiling", "measure per-unit compute, memory and link bandwidth"),
-    "plan": ("ralp_pipe.planner", "choose the split point and predict throughput from a profile"),
-    "simulate": ("ralp_pipe.simulate", "predict throughput for clusters this machine is not"),
-    "aggregate": ("ralp_pipe.aggregate", "collect runs into Parquet tables, summaries and plots"),
-    "bundle": ("ralp_pipe.bundle", "archive results with checksums"),
-    "verify": ("ralp_pipe.verify", "check a bundle's checksums and recompute its tables"),
+    "train": ("ralp_pipe.engine.train", "run one distributed training measurement"),
+    "concurrent": ("ralp_pipe.runtime.concurrent_jobs", "run several training jobs at once on one emulated network"),
+    "profile": ("ralp_pipe.planning.profiling", "measure per-unit compute, memory and link bandwidth"),
+    "plan": ("ralp_pipe.planning.planner", "choose the split point and predict throughput from a profile"),
+    "simulate": ("ralp_pipe.planning.simulate", "predict throughput for clusters this machine is not"),
+    "aggregate": ("ralp_pipe.results.aggregate", "collect runs into Parquet tables, summaries and plots"),
+    "bundle": ("ralp_pipe.results.bundle", "archive results with checksums"),
+    "verify": ("ralp_pipe.results.verify", "check a bundle's checksums and recompute its tables"),
 }
 
 

@@ -16,9 +16,9 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from ..config import LOADERS, ConfigError
-from .shards import read_manifest
-from .tarshard import Member, read_index
+from ralp_pipe.config import LOADERS, ConfigError
+from ralp_pipe.data.shards import read_manifest
+from ralp_pipe.data.tarshard import Member, read_index
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -27,12 +27,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..atomic import atomic_path
-from ..config import Config, DatasetConfig, load
-from . import imaging, synthetic
-from .parallel import process_pool
-from .sources import Scan, SourceError, SourceImage, read_bytes, scan
-from .tarshard import Sample, index_text, tar_bytes
+from ralp_pipe.atomic import atomic_path
+from ralp_pipe.config import Config, DatasetConfig, load
+from ralp_pipe.data import imaging, synthetic
+from ralp_pipe.data.parallel import process_pool
+from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
+from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
 
 FORMAT_VERSION = 1
 SHUFFLE_SEED = 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..config import ConfigError
+from ralp_pipe.config import ConfigError
 
 SYNSET = re.compile(r"^n\d{8}$")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..config import SyntheticSource
-from .parallel import process_pool
+from ralp_pipe.config import SyntheticSource
+from ralp_pipe.data.parallel import process_pool
 
 GENERATOR_VERSION = 1
 JPEG_QUALITY = 90

@@ -3,7 +3,7 @@
 Layout: the parameter-server ranks (PS or RALP PS device) of every job share host 0, so their
 traffic meets on one host link, as when jobs share a parameter-server machine; every other
 rank gets a host of its own. Each job runs as a ``ralp-pipe train`` child whose launcher
-joins the shared cluster through :meth:`ralp_pipe.emulated.EmulatedCluster.share`.
+joins the shared cluster through :meth:`ralp_pipe.runtime.emulated.EmulatedCluster.share`.
 First each job runs alone on the same layout, then all together; ``concurrent.json`` holds
 each job's images/sec alone and together and the slowdown (alone / together).
 
@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .atomic import write_json_atomic
-from .config import Config, ConfigError, load
-from .emulated import EmulatedCluster, stop, wait_all
-from .topology import topology
+from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.config import Config, ConfigError, load
+from ralp_pipe.runtime.emulated import EmulatedCluster, stop, wait_all
+from ralp_pipe.engine.topology import topology
 
 SHARED_HOST = 0
 METRICS = "metrics.json"

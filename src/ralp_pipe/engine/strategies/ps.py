@@ -1,6 +1,6 @@
 """Parameter-server baseline: workers push all gradients and pull all parameters every step.
 
-Parameters are spread over the PS ranks by size (:func:`ralp_pipe.topology.assign_to_ps`);
+Parameters are spread over the PS ranks by size (:func:`ralp_pipe.engine.topology.assign_to_ps`);
 each PS averages the workers' gradients of its shard, applies SGD and sends the shard back.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..topology import PS, assign_to_ps
-from .base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.topology import PS, assign_to_ps
+from ralp_pipe.engine.strategies.base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
 
 
 class ParameterServerStrategy(Strategy):

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..comm import Comm, Handle
-from ..models import Unit
-from ..topology import Topology
+from ralp_pipe.engine.comm import Comm, Handle
+from ralp_pipe.engine.models import Unit
+from ralp_pipe.engine.topology import Topology
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

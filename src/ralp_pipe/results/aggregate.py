@@ -1,7 +1,7 @@
 """`ralp-pipe aggregate`: training records -> runs.parquet, speedups.parquet, summary.md and plots.
 
 The tables are pure functions of the raw records (``metrics.json`` of each run and the plan it
-trained with), so :mod:`ralp_pipe.verify` can recompute them from a bundle and compare.
+trained with), so :mod:`ralp_pipe.results.verify` can recompute them from a bundle and compare.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from .atomic import atomic_path
-from .config import ConfigError, STRATEGIES
-from .matrix import PATHS
-from .validation import median_abs_error, relative_error
-from .volume import CATEGORIES
+from ralp_pipe.atomic import atomic_path
+from ralp_pipe.config import ConfigError, STRATEGIES
+from ralp_pipe.workflow.matrix import PATHS
+from ralp_pipe.results.accuracy import median_abs_error, relative_error
+from ralp_pipe.engine.volume import CATEGORIES
 
 GROUP = ["model", "dataset", "gpus", "network"]
 TABLE_FILES = ("runs.parquet", "speedups.parquet", "concurrent.parquet", "summary.md")
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
-PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # drawn by ralp_pipe.plots
+PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # drawn by ralp_pipe.results.plots
 _COPIED = (
     "model", "dataset", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate", "batch_size",
     "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec", "images_per_step",
@@ -229,7 +229,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Aggregate the given runs into tables and plots."""
-    from .plots import write_plots
+    from ralp_pipe.results.plots import write_plots
 
     tables = build_tables(load_records(args.runs, args.plans), load_workloads(args.concurrent))
     write_tables(tables, args.out)

@@ -28,9 +28,9 @@ import tarfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from .atomic import atomic_path
-from . import hardware
-from .config import CONFIG_DIR, ConfigError
+from ralp_pipe.atomic import atomic_path
+from ralp_pipe.runtime import hardware
+from ralp_pipe.config import CONFIG_DIR, ConfigError
 
 CHECKSUMS = "SHA256SUMS"
 ENVIRONMENT = "environment.json"

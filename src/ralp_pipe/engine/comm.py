@@ -2,7 +2,7 @@
 
 Counting happens where tensors are sent: :meth:`Comm.isend` counts the tensor it sends and
 :meth:`Comm.all_reduce` counts what this rank sends in a ring all-reduce
-(:func:`ralp_pipe.volume.ring_send_elements`). Ranks are numbered 0..world_size-1 in
+(:func:`ralp_pipe.engine.volume.ring_send_elements`). Ranks are numbered 0..world_size-1 in
 `group` (None: the default group), which must hold the first world_size global ranks.
 Bytes are kept per category and per peer until
 :meth:`Comm.take` hands them over (once per training step). Time spent blocked in
@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .volume import CATEGORIES, ring_send_elements
+from ralp_pipe.engine.volume import CATEGORIES, ring_send_elements
 
 
 @dataclass

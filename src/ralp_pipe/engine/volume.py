@@ -1,6 +1,6 @@
 """Analytic bytes sent per training step, by category, counted once at the sender.
 
-These are the figures :mod:`ralp_pipe.comm` counts where tensors are sent; the byte tests
+These are the figures :mod:`ralp_pipe.engine.comm` counts where tensors are sent; the byte tests
 prove the two agree exactly. Per step, with W workers, P model parameters, P_low parameters
 below the split, A activation elements per image at the split and batch b per worker:
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from .models import Unit, activation_shapes, parameter_count
-from .topology import Topology
+from ralp_pipe.engine.models import Unit, activation_shapes, parameter_count
+from ralp_pipe.engine.topology import Topology
 
 CATEGORIES = ("gradients", "parameters", "activations", "activation_gradients", "labels")
 LABEL_BYTES = 8  # labels travel as int64

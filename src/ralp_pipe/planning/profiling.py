@@ -29,13 +29,15 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from . import hardware, models
-from .config import ONE_HOST_CLUSTERS, STRATEGIES, ConfigError, load, workload
-from .costmodel import rate_bytes_per_s
-from .emulated import EmulatedCluster
-from .strategies.base import FlatSgd, Optim
-from .atomic import write_json_atomic
-from .topology import topology
+from ralp_pipe.runtime import hardware
+
+from ralp_pipe.engine import models
+from ralp_pipe.config import ONE_HOST_CLUSTERS, STRATEGIES, ConfigError, load, workload
+from ralp_pipe.planning.costmodel import rate_bytes_per_s
+from ralp_pipe.runtime.emulated import EmulatedCluster
+from ralp_pipe.engine.strategies.base import FlatSgd, Optim
+from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.engine.topology import topology
 
 DEFAULT_MESSAGE_BYTES = 64 * 2**20
 
@@ -136,7 +138,7 @@ def _peak_memory(module: nn.Module, x: torch.Tensor, params: list[torch.Tensor],
 def profile_update(model: nn.Module, warmup: int, repeats: int, optim: Optim) -> dict[str, float]:
     """Seconds per parameter byte of adding one gradient set into another and of one SGD step.
 
-    Both are timed on :class:`~ralp_pipe.strategies.base.FlatSgd` holding all of `model`'s
+    Both are timed on :class:`~ralp_pipe.engine.strategies.base.FlatSgd` holding all of `model`'s
     parameters, the very code parameter servers run, with the training run's SGD settings.
     """
     params = [p for p in model.parameters() if p.requires_grad]
@@ -277,7 +279,7 @@ def measure_bandwidth(
 ) -> dict[str, Any]:
     """Point-to-point bytes/s between two spawned ranks, both directions, and their all-reduce bus bytes/s.
 
-    Rank r runs as ``[*argv_prefixes[r], python, -m, ralp_pipe.profiling, ...]`` with
+    Rank r runs as ``[*argv_prefixes[r], python, -m, ralp_pipe.planning.profiling, ...]`` with
     ``rank_env[r]`` added to its environment, so each rank can start inside its own network
     namespace (prefix ``ip netns exec NS``, env ``GLOO_SOCKET_IFNAME=eth0``) with rank 0
     listening on `master_addr`.
@@ -288,7 +290,7 @@ def measure_bandwidth(
     procs = []
     for rank in (0, 1):
         argv = [
-            *argv_prefixes[rank], sys.executable, "-m", "ralp_pipe.profiling",
+            *argv_prefixes[rank], sys.executable, "-m", "ralp_pipe.planning.profiling",
             "--rank", str(rank), "--init", f"tcp://{master_addr}:{port}", "--backend", backend,
             "--bytes", str(message_bytes), "--repeats", str(repeats), "--timeout", str(timeout_s),
         ]

@@ -6,8 +6,8 @@ DIR/steps.parquet and DIR/metrics.json atomically. On any failure nothing is wri
 command exits non-zero with the failing rank named. Under ``srun`` with one task per rank the
 command is itself a rank and rank 0 writes the files.
 
-Each rank runs ``python -m ralp_pipe.train --rank-result FILE CONFIG_JSON`` (rank identity
-from the environment, see :class:`ralp_pipe.launch.RankEnv`).
+Each rank runs ``python -m ralp_pipe.engine.train --rank-result FILE CONFIG_JSON`` (rank identity
+from the environment, see :class:`ralp_pipe.runtime.launch.RankEnv`).
 
 Test hooks, read by the ranks: ``RALP_PIPE_FAIL_RANK=r`` and ``RALP_PIPE_FAIL_STEP=s`` make
 rank r fail at step s; ``RALP_PIPE_FAIL_MODE`` is ``raise`` (default), ``kill`` (SIGKILL
@@ -31,16 +31,18 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from . import hardware, models, volume
-from .atomic import atomic_path, write_json_atomic
-from .comm import Comm
-from .config import Config, ConfigError, digest, from_dict, load, to_dict
-from .launch import (
+from ralp_pipe.runtime import hardware
+
+from ralp_pipe.engine import models, volume
+from ralp_pipe.atomic import atomic_path, write_json_atomic
+from ralp_pipe.engine.comm import Comm
+from ralp_pipe.config import Config, ConfigError, digest, from_dict, load, to_dict
+from ralp_pipe.runtime.launch import (
     Placement, RankEnv, RankFailure, in_slurm_step, init_group, launch_local, launch_slurm, python_module_command,
 )
-from .metrics import MEASURE, WARMUP, step_record, summarize, synchronize, window_edge
-from .strategies import Optim, StepSetup, build
-from .topology import Topology, topology
+from ralp_pipe.engine.metrics import MEASURE, WARMUP, step_record, summarize, synchronize, window_edge
+from ralp_pipe.engine.strategies import Optim, StepSetup, build
+from ralp_pipe.engine.topology import Topology, topology
 
 BACKEND_ENV, DEVICE_ENV = "RALP_PIPE_BACKEND", "RALP_PIPE_DEVICE"
 FAIL_RANK, FAIL_STEP, FAIL_MODE = "RALP_PIPE_FAIL_RANK", "RALP_PIPE_FAIL_STEP", "RALP_PIPE_FAIL_MODE"
@@ -126,7 +128,7 @@ def _units(cfg: Config) -> list[models.Unit]:
 def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device) -> Iterator[Any] | None:
     if rank not in topo.workers:
         return None
-    from .data.loaders import make_loader
+    from ralp_pipe.data.loaders import make_loader
 
     loader = make_loader(
         cfg.train.loader, Path(cfg.paths.results) / "data" / cfg.dataset.name, cfg.train.batch_size,
@@ -150,7 +152,7 @@ def _maybe_fail(rank: int, step: int) -> None:
 
 
 def _wire_reading() -> Any:
-    from .emulated import host_counters
+    from ralp_pipe.runtime.emulated import host_counters
 
     return host_counters()
 
@@ -207,7 +209,7 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
     """Per-host link counters over the window (emulated cluster only)."""
     if any(reading is None for reading in start + end):
         return None
-    from .emulated import wire_gb_per_step
+    from ralp_pipe.runtime.emulated import wire_gb_per_step
 
     return wire_gb_per_step(start, end, steps)
 
@@ -277,7 +279,7 @@ def run(cfg: Config, out: Path, placement: Placement | None = None,
         finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """Run the configured measurement and write its files to `out`; return the metrics (None on non-zero srun ranks).
 
-    `placement` overrides where local ranks start (see :class:`ralp_pipe.launch.RankPlacement`);
+    `placement` overrides where local ranks start (see :class:`ralp_pipe.runtime.launch.RankPlacement`);
     `finish` may amend the metrics before they are written.
     """
     topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
@@ -298,7 +300,7 @@ def run(cfg: Config, out: Path, placement: Placement | None = None,
             gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
             launch_slurm(command, topo.world_size, timeout, staging, gpus_per_task)
         elif cfg.cluster.kind == "emulated" and placement is None:
-            from .emulated import rank_placement
+            from ralp_pipe.runtime.emulated import rank_placement
 
             with rank_placement(topo.world_size, cfg.network.rate, cfg.network.burst) as emulated:
                 launch_local(command, topo.world_size, timeout, staging, emulated, env)
@@ -312,7 +314,7 @@ def run(cfg: Config, out: Path, placement: Placement | None = None,
 
 def _rank_main(argv: list[str]) -> int:
     """Entry point of one rank started by the driver."""
-    parser = argparse.ArgumentParser(prog="python -m ralp_pipe.train", description="one rank of a training run")
+    parser = argparse.ArgumentParser(prog="python -m ralp_pipe.engine.train", description="one rank of a training run")
     parser.add_argument("--rank-result", required=True, type=Path, help="where rank 0 writes the gathered records")
     parser.add_argument("config", help="resolved configuration as JSON")
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torchvision import models as tvm
 
-from .config import MODELS
+from ralp_pipe.config import MODELS
 
 
 @dataclass(frozen=True)

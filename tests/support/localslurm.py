@@ -1,8 +1,8 @@
 """A real single-node SLURM on this machine (Debian's slurmctld, slurmd and munge), for tests and trials.
 
-    python -m ralp_pipe.localslurm start FOLDER   # as root; config, state, logs and pids in FOLDER
+    python tests/support/localslurm.py start FOLDER   # as root; config, state, logs and pids in FOLDER
     snakemake --cores all --profile slurm --config experiment=smoke
-    python -m ralp_pipe.localslurm stop FOLDER
+    python tests/support/localslurm.py stop FOLDER
 
 No accounting (use the executor plugin's ``squeue`` status command), no cgroups, one node named
 after this host with `cpus` CPUs declared (``SlurmdParameters=config_overrides`` lets it declare
@@ -221,8 +221,8 @@ class LocalSlurm:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m ralp_pipe.localslurm start|stop FOLDER`."""
-    parser = argparse.ArgumentParser(prog="python -m ralp_pipe.localslurm", description=__doc__.splitlines()[0])
+    """`python tests/support/localslurm.py start|stop FOLDER`."""
+    parser = argparse.ArgumentParser(prog="python tests/support/localslurm.py", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("start", "stop"))
     parser.add_argument("folder", type=Path, help="folder for slurm.conf, state, logs and PID files")
     parser.add_argument("--cpus", type=int, default=8, help="CPUs the node declares")
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "start":
             cluster.start()
             print(f"SLURM running: partition {cluster.partition}, node {cluster.node}; stop with "
-                  f"python -m ralp_pipe.localslurm stop {cluster.folder}")
+                  f"python tests/support/localslurm.py stop {cluster.folder}")
         else:
             cluster.stop()
     except SlurmUnavailable as exc:

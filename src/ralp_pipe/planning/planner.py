@@ -1,8 +1,8 @@
 """`ralp-pipe plan`: choose the RALP split point and predict every strategy's throughput.
 
-For each strategy and GPU count the planner asks :mod:`ralp_pipe.costmodel` for the step time
+For each strategy and GPU count the planner asks :mod:`ralp_pipe.planning.costmodel` for the step time
 of every admissible configuration (every split 1..len(units)-1 for `ralp_h` / `ralp_n`) with
-bytes per step from :func:`ralp_pipe.volume.step_bytes`, keeps the fastest, and compares it
+bytes per step from :func:`ralp_pipe.engine.volume.step_bytes`, keeps the fastest, and compares it
 with the `ps` baseline. A RALP variant whose best split is not faster than `ps` is kept in the
 plan with ``pays: false`` and a reason, so the engine can still run it as the comparison.
 The engine reads ``plan["strategies"][name]["split"]``.
@@ -15,12 +15,12 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import models
-from .atomic import write_json_atomic
-from .config import ONE_HOST_CLUSTERS, STRATEGIES, Config, ConfigError, load, workload
-from .costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
-from .topology import topology
-from .volume import step_bytes
+from ralp_pipe.engine import models
+from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.config import ONE_HOST_CLUSTERS, STRATEGIES, Config, ConfigError, load, workload
+from ralp_pipe.planning.costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
+from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.volume import step_bytes
 
 RALP = ("ralp_h", "ralp_n")
 SHAPED_KINDS = ("emulated", "slurm")  # cluster kinds whose links run at network.rate

@@ -17,9 +17,9 @@ from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
-from .aggregate import TABLE_FILES, build_tables, load_records, load_workloads
-from .bundle import CHECKSUMS
-from .config import ConfigError
+from ralp_pipe.results.aggregate import TABLE_FILES, build_tables, load_records, load_workloads
+from ralp_pipe.results.bundle import CHECKSUMS
+from ralp_pipe.config import ConfigError
 
 CHUNK = 1 << 20
 

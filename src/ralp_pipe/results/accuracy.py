@@ -67,7 +67,7 @@ def measure_against_plan(
     Returns the measured runs (`MEASURED` columns) and the plan's predictions; a stage that
     fails raises, naming it.
     """
-    from . import cli  # the stages import this module's siblings; keep the import local
+    from ralp_pipe import cli  # the stages import this module's siblings; keep the import local
 
     profile, plan = out / "profile.json", out / "plan.json"
     stages = [["profile", "--out", str(profile), *profile_args, *overrides],

@@ -1,6 +1,6 @@
 """`ralp-pipe simulate`: predict every strategy on clusters this machine is not.
 
-With the cost model of :mod:`ralp_pipe.costmodel` and the unit costs of one profile, it
+With the cost model of :mod:`ralp_pipe.planning.costmodel` and the unit costs of one profile, it
 predicts images/sec and GB/step for N = 2..1024 GPUs (powers of two) and links of 1..400
 Gbit/s, one device per rank (the PS device computing at the profiled speed), choosing the
 best split for each RALP variant at every point. It writes ``simulation.parquet``, a plot of
@@ -16,11 +16,11 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from . import models
-from .atomic import atomic_path
-from .config import STRATEGIES, ConfigError, load
-from .costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, compute_costs
-from .planner import RALP, best_prediction, check_profile_matches, read_profile, volume_function
+from ralp_pipe.engine import models
+from ralp_pipe.atomic import atomic_path
+from ralp_pipe.config import STRATEGIES, ConfigError, load
+from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, compute_costs
+from ralp_pipe.planning.planner import RALP, best_prediction, check_profile_matches, read_profile, volume_function
 
 GPUS = tuple(2**i for i in range(1, 11))
 LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from .atomic import write_json_atomic
-from .config import CONFIG_DIR, Config, ConfigError, digest, load, to_dict, validate
-from .topology import topology
+from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, digest, load, to_dict, validate
+from ralp_pipe.engine.topology import topology
 
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
 STAGE_DIMS: dict[str, tuple[str, ...]] = {
@@ -177,7 +177,7 @@ def select(data: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
 def emulation_fallback() -> list[str]:
     """Overrides that move an experiment whose file chose ``cluster=emulated`` to loopback where
     network namespaces cannot be made here (with a visible notice); none where they can."""
-    from .emulated import emulation_available
+    from ralp_pipe.runtime.emulated import emulation_available
 
     available, reason = emulation_available()
     if available:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .allreduce import AllReduceStrategy
-from .base import Batch, Optim, StepSetup, Strategy
-from .ps import ParameterServerStrategy
-from .ralp import LayerPlacementStrategy
+from ralp_pipe.engine.strategies.allreduce import AllReduceStrategy
+from ralp_pipe.engine.strategies.base import Batch, Optim, StepSetup, Strategy
+from ralp_pipe.engine.strategies.ps import ParameterServerStrategy
+from ralp_pipe.engine.strategies.ralp import LayerPlacementStrategy
 
 __all__ = ["Batch", "Optim", "StepSetup", "Strategy", "build"]
 

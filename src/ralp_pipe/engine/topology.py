@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import STRATEGIES
+from ralp_pipe.config import STRATEGIES
 
 WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
 

@@ -1,7 +1,7 @@
 """Horovod-style data parallelism: a ring all-reduce of the gradients over the N workers.
 
 torch DDP buckets the gradients and overlaps their reduction with backward; its communication
-hook sends every bucket through :meth:`ralp_pipe.comm.Comm.all_reduce`, so the bytes are
+hook sends every bucket through :meth:`ralp_pipe.engine.comm.Comm.all_reduce`, so the bytes are
 counted. Buffers (BatchNorm statistics) stay per worker, as with `forward_sync_buffers=False`.
 The step's communication wait is the time backward still runs after the last bucket was
 handed to the all-reduce, i.e. the time spent waiting for outstanding reductions.
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .base import Batch, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.strategies.base import Batch, StepSetup, Strategy, loss_fn
 
 
 class AllReduceStrategy(Strategy):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models import activation_shapes
-from ..topology import PS_DEVICE
-from .base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.models import activation_shapes
+from ralp_pipe.engine.topology import PS_DEVICE
+from ralp_pipe.engine.strategies.base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
 
 
 class LayerPlacementStrategy(Strategy):

@@ -2,7 +2,7 @@
 
 Inputs: a profile (per-unit forward/backward seconds at measured batches, seconds per
 parameter byte of gradient aggregation and of the SGD update), the bytes each category moves
-per step (exactly :func:`ralp_pipe.volume.step_bytes`), and a link (bytes/s and latency per
+per step (exactly :func:`ralp_pipe.engine.volume.step_bytes`), and a link (bytes/s and latency per
 message) that every host has, full duplex.
 
 Phases of one step, in order (no overlap, as a synchronous implementation runs them):
@@ -23,7 +23,7 @@ Phases of one step, in order (no overlap, as a synchronous implementation runs t
   down. Every one of those transfers crosses the single PS device link.
 
 Gradient aggregation and SGD are priced per parameter byte as the profile timed them on the
-servers' own code (:class:`ralp_pipe.strategies.base.FlatSgd`).
+servers' own code (:class:`ralp_pipe.engine.strategies.base.FlatSgd`).
 
 Where all ranks share one CPU machine (:class:`SharedCpu`), a compute phase takes the profiled
 time x profile threads / the cores a rank gets: its own threads, or fewer when more ranks

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .comm import StepTraffic
-from .volume import CATEGORIES
+from ralp_pipe.engine.comm import StepTraffic
+from ralp_pipe.engine.volume import CATEGORIES
 
 WARMUP, MEASURE = "warmup", "measure"
 

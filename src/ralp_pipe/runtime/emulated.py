@@ -33,10 +33,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
-from .config import ConfigError
+from ralp_pipe.config import ConfigError
 
 if TYPE_CHECKING:
-    from .launch import RankPlacement
+    from ralp_pipe.runtime.launch import RankPlacement
 
 SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespaces
 INTERFACE = "eth0"
@@ -367,7 +367,7 @@ def rank_placement(world_size: int, rate: str, burst: str) -> Iterator[Callable[
     `concurrent` stage) the ranks join its hosts; otherwise a cluster of `world_size` hosts with
     `rate` per link is built for the run, rank r on host r, and removed afterwards.
     """
-    from .launch import RankPlacement
+    from ralp_pipe.runtime.launch import RankPlacement
 
     shared = os.environ.get(PLACEMENT_ENV)
     if shared:

@@ -1,0 +1,1 @@
+"""Harnesses used only by the tests and benchmarks (not part of the installed package)."""
