@@ -20,10 +20,11 @@ from ralp_pipe.runtime.emulated import (
     EmulationUnavailable,
     LinkCounters,
     emulation_available,
-    measure_link_rate,
-    run_on_hosts,
     wire_gb_per_step,
 )
+from support.emulated_hosts import measure_link_rate, run_on_hosts
+
+SUPPORT_ROOT = Path(__file__).resolve().parent  # holds support/, for the test's own subprocesses
 
 pytestmark = pytest.mark.netns
 
@@ -88,7 +89,8 @@ def test_killing_the_owner_removes_namespaces_and_ranks(tmp_path: Path, signum: 
         f"""
         import signal
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from ralp_pipe.runtime.emulated import run_on_hosts
+        import sys; sys.path.insert(0, {str(SUPPORT_ROOT)!r})
+        from support.emulated_hosts import run_on_hosts
         run_on_hosts([["sh", "-c", "readlink /proc/self/ns/net > {tmp_path}/ns; echo $$ > {tmp_path}/pid; exec sleep 60"]])
         """
     )
@@ -189,9 +191,11 @@ def test_rootless_user_gets_a_working_shaped_cluster() -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.fail("this test drops from root to nobody with setpriv; run it as root (as CI does)")
     probe = textwrap.dedent(
-        """
-        import shutil
-        from ralp_pipe.runtime.emulated import EmulatedCluster, measure_link_rate
+        f"""
+        import shutil, sys
+        sys.path.insert(0, {str(SUPPORT_ROOT)!r})
+        from ralp_pipe.runtime.emulated import EmulatedCluster
+        from support.emulated_hosts import measure_link_rate
         with EmulatedCluster(2, "1gbit") as cluster:
             assert cluster.mode == "rootless"
             # an interpreter outside root's home: inside the user namespace root's files are "nobody"'s

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+from types import FrameType
 from typing import Sequence
 
-from ralp_pipe.config import ConfigError
+from ralp_pipe.errors import Interrupted, RalpError
 
 STAGES: dict[str, tuple[str, str]] = {
     "prepare-shards": ("ralp_pipe.data.shards", "turn an image collection into webdataset shards"),
@@ -52,11 +54,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 3.11's parse_intermixed_args refuses a parser that has subparsers.
     args = stage_parsers[stage].parse_intermixed_args(argv[1:])
     args.stage = stage
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
-    except ConfigError as exc:
-        print(f"ralp-pipe {args.stage}: configuration error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return _report(stage, Interrupted(signal.SIGINT))
+    except RalpError as exc:
+        return _report(stage, exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+def _report(stage: str, exc: RalpError) -> int:
+    """Print a foreseeable failure as one line on stderr and return its exit status."""
+    print(f"ralp-pipe {stage}: {exc.kind}: {exc}", file=sys.stderr)
+    return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ralp_pipe.errors import ConfigError
+
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 
 MODELS = (
@@ -36,10 +38,6 @@ BACKENDS = ("auto", "gloo", "nccl")
 MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish
 _RATE = re.compile(r"^(unlimited|\d+(\.\d+)?(bit|kbit|mbit|gbit))$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message says which and why."""
 
 
 @dataclass

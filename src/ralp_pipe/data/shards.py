@@ -30,7 +30,7 @@ from tqdm import tqdm
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import Config, DatasetConfig, load
 from ralp_pipe.data import imaging, synthetic
-from ralp_pipe.data.parallel import process_pool
+from ralp_pipe.runtime.process import process_pool
 from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
 from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
 

@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from ralp_pipe.config import SyntheticSource
-from ralp_pipe.data.parallel import process_pool
+from ralp_pipe.runtime.process import process_pool
 
 GENERATOR_VERSION = 1
 JPEG_QUALITY = 90

@@ -37,8 +37,9 @@ from ralp_pipe.engine import models, volume
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.config import Config, ConfigError, digest, from_dict, load, to_dict
+from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime.launch import (
-    Placement, RankEnv, RankFailure, in_slurm_step, init_group, launch_local, launch_slurm, python_module_command,
+    Placement, RankEnv, in_slurm_step, init_group, launch_local, launch_slurm, python_module_command,
 )
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, step_record, summarize, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
@@ -59,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load(args.overrides)
     try:
         metrics = run(cfg, args.out)
-    except RankFailure as exc:
+    except RunFailure as exc:
         print(f"ralp-pipe train: {exc}", file=sys.stderr)
         return 1
     if metrics is not None:
@@ -168,7 +169,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str) -> dict[
     try:
         topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
         if env.world_size != topo.world_size:
-            raise RankFailure(f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}")
+            raise RunFailure(f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}")
         units = _units(cfg)
         split = resolve_split(cfg, units)
         t = cfg.train

@@ -17,14 +17,14 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, ConfigError, load
-from ralp_pipe.runtime.emulated import EmulatedCluster, stop, wait_all
+from ralp_pipe.runtime.emulated import EmulatedCluster
+from ralp_pipe.runtime.process import start_logged, stop, wait_all
 from ralp_pipe.engine.topology import topology
 
 SHARED_HOST = 0
@@ -62,13 +62,7 @@ def _run_jobs(
             out.mkdir(parents=True, exist_ok=True)
             logs.append(out / "train.log")
             env = {**os.environ, **cluster.share(hosts, master_host=hosts[0])}
-            with open(logs[-1], "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        _train_command(out, overrides), env=env, stdout=log,
-                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                    )
-                )
+            procs.append(start_logged(_train_command(out, overrides), logs[-1], env))
         codes = wait_all(procs, timeout_s, fail_fast=True)
     finally:
         stop(procs)

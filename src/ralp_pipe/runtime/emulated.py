@@ -19,19 +19,14 @@ Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.pr
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ralp_pipe.config import ConfigError
 
@@ -258,53 +253,6 @@ class EmulatedCluster:
             raise RuntimeError(f"the namespace holder of host {host} exited ({self._holders[host].returncode})")
 
 
-_RECEIVER = """
-import socket, sys, time
-server = socket.create_server((sys.argv[1], int(sys.argv[2])))
-print("listening", flush=True)
-conn, _ = server.accept()
-received, start = 0, None
-while True:
-    chunk = conn.recv(1 << 20)
-    if not chunk:
-        break
-    start = start or time.perf_counter()
-    received += len(chunk)
-print(received, time.perf_counter() - start, flush=True)
-"""
-
-_SENDER = """
-import socket, sys
-conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
-block, left = bytes(1 << 20), int(sys.argv[3])
-while left > 0:
-    left -= conn.send(block[: min(left, len(block))])
-conn.close()
-"""
-
-
-def measure_link_rate(
-    cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int = 5201, python: str = sys.executable
-) -> float:
-    """Achieved TCP payload rate in bit/s of one Python socket stream of `nbytes` from `src` to `dst`."""
-    receiver = start_on_host(
-        cluster, dst, [python, "-c", _RECEIVER, cluster.address(dst), str(port)], stdout=subprocess.PIPE
-    )
-    try:
-        assert receiver.stdout is not None
-        if receiver.stdout.readline().strip() != b"listening":
-            raise RuntimeError(f"the link-rate receiver on host {dst} did not start")
-        sender = start_on_host(cluster, src, [python, "-c", _SENDER, cluster.address(dst), str(port), str(nbytes)])
-        if wait_all([sender, receiver], timeout=max(60.0, nbytes * 8 / 1e7)) != [0, 0]:
-            raise RuntimeError(f"the link-rate probe from host {src} to host {dst} failed")
-        received, seconds = receiver.stdout.read().split()
-        return int(received) * 8 / float(seconds)
-    finally:
-        stop([receiver])
-        if receiver.stdout is not None:
-            receiver.stdout.close()
-
-
 def _eth0_counters(path: str) -> LinkCounters:
     """Parse ``eth0``'s rx/tx bytes out of a /proc/net/dev file."""
     with open(path) as handle:
@@ -381,88 +329,3 @@ def rank_placement(world_size: int, rate: str, burst: str) -> Iterator[Callable[
         return
     with EmulatedCluster(world_size, rate, burst) as cluster:
         yield lambda rank: RankPlacement(cluster.prefix(rank), cluster.env(rank), cluster.address(0))
-
-
-def _die_with_parent() -> None:
-    """In a child before exec: receive SIGKILL when the launching thread ends."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt while inside, so clean-up code runs (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def start_on_host(
-    cluster: EmulatedCluster, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **popen: object
-) -> subprocess.Popen[bytes]:
-    """Start `argv` inside `host` in a session of its own, with the rank environment added."""
-    full_env = {**os.environ, **cluster.env(host), **(env or {})}
-    return subprocess.Popen(  # type: ignore[call-overload]
-        [*cluster.prefix(host), *argv], env=full_env, start_new_session=True, preexec_fn=_die_with_parent, **popen
-    )
-
-
-def stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
-    """Terminate the process groups of our own still-running `procs` (SIGTERM, then SIGKILL)."""
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def wait_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float, fail_fast: bool = True) -> list[int]:
-    """Wait for `procs`; on the first failure (if `fail_fast`) or at `timeout` stop the rest."""
-    deadline = time.monotonic() + timeout
-    while any(proc.poll() is None for proc in procs):
-        failed = fail_fast and any(proc.returncode not in (None, 0) for proc in procs)
-        if failed:
-            stop(procs)
-            break
-        if time.monotonic() > deadline:
-            running = [i for i, proc in enumerate(procs) if proc.poll() is None]
-            stop(procs)
-            raise TimeoutError(f"commands on hosts {running} were still running after {timeout:g} s and were stopped")
-        time.sleep(0.05)
-    return [int(proc.returncode) for proc in procs]
-
-
-def run_on_hosts(
-    commands: Sequence[Sequence[str]],
-    envs: Sequence[Mapping[str, str]] | None = None,
-    rate: str = "unlimited",
-    burst: str = "1mb",
-    timeout: float = 600,
-    fail_fast: bool = True,
-) -> tuple[list[int], list[LinkCounters]]:
-    """Run command i on host i of a fresh emulated cluster; return exit codes and bytes per host link."""
-    envs = envs or [{} for _ in commands]
-    if len(envs) != len(commands):
-        raise ValueError(f"{len(commands)} commands but {len(envs)} environments")
-    procs: list[subprocess.Popen[bytes]] = []
-    with _sigterm_as_interrupt(), EmulatedCluster(len(commands), rate, burst) as cluster:
-        try:
-            before = cluster.read_counters()
-            procs = [start_on_host(cluster, i, cmd, env) for i, (cmd, env) in enumerate(zip(commands, envs))]
-            codes = wait_all(procs, timeout, fail_fast)
-            return codes, counter_delta(before, cluster.read_counters())
-        finally:
-            stop(procs)

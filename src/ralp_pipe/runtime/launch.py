@@ -13,16 +13,13 @@
   benchmarks).
 
 If any rank exits non-zero, or the run outlives its deadline, every other rank is stopped
-(SIGTERM, then SIGKILL after a grace period) and :class:`RankFailure` names the rank and the
-cause with the tail of its log.
+(SIGTERM, then SIGKILL after a grace period) and :class:`RunFailure` names the rank and the
+cause with the tail of its log (:mod:`ralp_pipe.runtime.process`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,20 +27,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-GRACE_S = 5.0
-SETTLE_S = 1.0
-_PR_SET_PDEATHSIG = 1
-
-
-class RankFailure(RuntimeError):
-    """A rank failed or hung; the message names the rank, the cause and its last log lines."""
-
+from ralp_pipe.errors import RunFailure
+from ralp_pipe.runtime.process import free_port, start_logged, stop, supervise
 
 @dataclass(frozen=True)
 class RankPlacement:
@@ -83,7 +74,7 @@ class RankEnv:
         if "SLURM_PROCID" in env:
             nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
             if "MASTER_ADDR" not in env and not nodelist:
-                raise RankFailure("SLURM task without SLURM_JOB_NODELIST or MASTER_ADDR: cannot find rank 0's host")
+                raise RunFailure("SLURM task without SLURM_JOB_NODELIST or MASTER_ADDR: cannot find rank 0's host")
             return RankEnv(
                 rank=int(env["SLURM_PROCID"]),
                 world_size=int(env["SLURM_NTASKS"]),
@@ -91,7 +82,7 @@ class RankEnv:
                 master_addr=env.get("MASTER_ADDR") or first_host(nodelist or ""),
                 master_port=int(env.get("MASTER_PORT") or slurm_port(env.get("SLURM_JOB_ID", "0"))),
             )
-        raise RankFailure("no rank identity: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or run under srun")
+        raise RunFailure("no rank identity: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or run under srun")
 
 
 def first_host(nodelist: str) -> str:
@@ -101,23 +92,16 @@ def first_host(nodelist: str) -> str:
             ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        raise RankFailure(f"cannot expand SLURM node list {nodelist!r} with scontrol: {exc}") from exc
+        raise RunFailure(f"cannot expand SLURM node list {nodelist!r} with scontrol: {exc}") from exc
     hosts = out.split()
     if not hosts:
-        raise RankFailure(f"SLURM node list {nodelist!r} expands to no host")
+        raise RunFailure(f"SLURM node list {nodelist!r} expands to no host")
     return hosts[0]
 
 
 def slurm_port(job_id: str) -> int:
     """A rendezvous port derived from the job id, so every task of the job agrees on it."""
     return 20000 + int(job_id) % 20000
-
-
-def free_port() -> int:
-    """A TCP port that is free on this machine right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def init_group(env: RankEnv, backend: str, init_timeout_s: float, timeout_s: float) -> None:
@@ -133,91 +117,6 @@ def init_group(env: RankEnv, backend: str, init_timeout_s: float, timeout_s: flo
         backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s)
     )
     dist.barrier()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the launching process dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _last_line(path: Path) -> str:
-    lines = [line for line in _tail(path, 200).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "(empty log)"
-
-
-def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every rank's process group, SIGKILL whatever is left after the grace period."""
-    for sig, grace in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
-        alive = [p for p in procs if p.poll() is None]
-        for p in alive:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-class _Terminated(Exception):
-    pass
-
-
-def _raise_terminated(signum: int, _frame: object) -> None:
-    raise _Terminated(f"launcher received signal {signum}")
-
-
-def supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout_s: float, what: str) -> None:
-    """Wait for all `procs`; stop all and raise :class:`RankFailure` on the first failure or at the deadline."""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                time.sleep(SETTLE_S)  # let ranks failing for the same cause exit, so all causes are reported
-                codes = [p.poll() for p in procs]
-                failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
-                running = [i for i, c in enumerate(codes) if c is None]
-                _stop(procs)
-                causes = "; ".join(
-                    f"{what} {i} exited with status {codes[i]} ({_describe(codes[i])}): {_last_line(logs[i])}"
-                    for i in failed
-                )
-                still = f"; stopped {what}s {running}, still running (hung?)" if running else ""
-                raise RankFailure(
-                    f"{what} {failed[0]} failed: {causes}{still}. Last lines of {what} {failed[0]}'s log:\n"
-                    f"{_tail(logs[failed[0]])}"
-                )
-            if all(c == 0 for c in codes):
-                return
-            if time.monotonic() > deadline:
-                hung = [i for i, c in enumerate(codes) if c is None]
-                _stop(procs)
-                raise RankFailure(
-                    f"{what}s {hung} still running after the run's {timeout_s:.0f} s limit; "
-                    f"stopped them. Last lines of {what} {hung[0]}'s log:\n{_tail(logs[hung[0]])}"
-                )
-            time.sleep(0.1)
-    except BaseException:
-        _stop(procs)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _describe(code: int | None) -> str:
-    if code is not None and code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return "raised an error" if code else "ok"
 
 
 def launch_local(
@@ -247,20 +146,9 @@ def launch_local(
                 **where.env,
             }
             logs.append(log_dir / f"rank{rank}.log")
-            with open(logs[-1], "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [*where.prefix, *command],
-                        env=rank_env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                        preexec_fn=_die_with_parent,
-                    )
-                )
+            procs.append(start_logged([*where.prefix, *command], logs[-1], rank_env))
     except BaseException:
-        _stop(procs)
+        stop(procs)
         raise
     supervise(procs, logs, timeout_s, "rank")
 
@@ -275,7 +163,7 @@ def launch_slurm(command: list[str], world_size: int, timeout_s: float, log_dir:
     """Run `command` as `world_size` srun tasks of the current allocation and supervise srun."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
-        raise RankFailure(
+        raise RunFailure(
             "cluster=slurm outside a SLURM allocation (no SLURM_JOB_ID): submit with sbatch/salloc "
             "or use cluster=local"
         )
@@ -284,12 +172,7 @@ def launch_slurm(command: list[str], world_size: int, timeout_s: float, log_dir:
         srun.append(f"--gpus-per-task={gpus_per_task}")
     env = {**os.environ, "MASTER_PORT": str(slurm_port(job))}
     log = log_dir / "srun.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [*srun, *command], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_die_with_parent,
-        )
-    supervise([proc], [log], timeout_s, "srun of all ranks")
+    supervise([start_logged([*srun, *command], log, env)], [log], timeout_s, "srun of all ranks")
 
 
 def _run_function(
@@ -318,7 +201,7 @@ def spawn_function(
             if time.monotonic() > deadline:
                 for proc in context.processes:
                     proc.kill()
-                raise RankFailure(f"spawned ranks still running after {timeout_s:.0f} s")
+                raise RunFailure(f"spawned ranks still running after {timeout_s:.0f} s")
         return [torch.load(Path(out) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 

@@ -1,0 +1,189 @@
+"""Starting, watching and stopping child processes: the one place ralp-pipe does it.
+
+Every child starts in a session (process group) of its own, with stdin closed, and receives
+SIGKILL when the process that started it dies (``PR_SET_PDEATHSIG``), so a killed driver never
+leaves ranks, probes or shard workers running. :func:`stop` ends a child's whole group
+(SIGTERM, then SIGKILL after a grace period); :func:`supervise` waits for a set of children and
+stops all of them at the first failure or at the deadline, naming the child that failed first.
+Only processes started here are ever signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import IO, Mapping, Sequence
+
+from ralp_pipe.errors import RunFailure
+
+GRACE_S = 5.0  # between SIGTERM and SIGKILL
+SETTLE_S = 1.0  # after a first failure, time for the others failing of the same cause to exit
+POLL_S = 0.02
+_PR_SET_PDEATHSIG = 1
+
+Process = subprocess.Popen[bytes]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def die_with_parent() -> None:
+    """In a child (before exec, or as a pool initializer): get SIGKILL when the parent dies."""
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def start(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    stdout: int | IO[bytes] | None = None,
+    stderr: int | IO[bytes] | None = None,
+) -> Process:
+    """Start `argv` in a session of its own, tied to this process's life (`env` replaces the environment)."""
+    return subprocess.Popen(
+        list(argv), env=None if env is None else dict(env), stdout=stdout, stderr=stderr,
+        stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
+    )
+
+
+def start_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> Process:
+    """:func:`start` with stdout and stderr written to `log`."""
+    with open(log, "wb") as out:
+        return start(argv, env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(procs: Sequence[Process], grace: float = GRACE_S) -> None:
+    """SIGTERM the process group of every still-running child, SIGKILL whatever is left after `grace`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in procs if p.poll() is None]
+        for proc in alive:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` fresh interpreters (spawned: safe next to threads) that die with this process."""
+    return ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
+    )
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    """The last `lines` lines of a log, or a note saying why there are none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(log {path} unreadable: {exc.strerror})"
+    return "\n".join(text.splitlines()[-lines:]) or f"(log {path} is empty)"
+
+
+def last_line(path: Path) -> str:
+    """The last non-blank line of a log."""
+    lines = [line for line in tail(path, 200).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(empty log)"
+
+
+def describe_status(code: int | None) -> str:
+    """Words for an exit status: killed by which signal, or an error."""
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return "raised an error" if code else "ok"
+
+
+def _exit_order(procs: Sequence[Process], logs: Sequence[Path], seen: dict[int, int]) -> list[int]:
+    """Failed children, first to fail first: by the poll that saw them end, then by their log's last write."""
+
+    def written(i: int) -> int:
+        try:
+            return logs[i].stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+    return sorted(failed, key=lambda i: (seen.get(i, 1 << 62), written(i), i))
+
+
+def supervise(procs: Sequence[Process], logs: Sequence[Path], timeout_s: float, what: str) -> None:
+    """Wait for all `procs`; stop them all and raise :class:`RunFailure` at the first failure or the deadline.
+
+    The message names the child that failed first (by time), every failed child's cause, the
+    ones still running, and ends with the first one's last log lines.
+    """
+    deadline = time.monotonic() + timeout_s
+    seen: dict[int, int] = {}
+    tick = 0
+    try:
+        while True:
+            tick += 1
+            codes = [p.poll() for p in procs]
+            for i, code in enumerate(codes):
+                if code is not None:
+                    seen.setdefault(i, tick)
+            if any(c not in (None, 0) for c in codes):
+                time.sleep(SETTLE_S)
+                codes = [p.poll() for p in procs]
+                running = [i for i, c in enumerate(codes) if c is None]
+                stop(procs)
+                order = _exit_order(procs, logs, seen)
+                causes = "; ".join(
+                    f"{what} {i} exited with status {codes[i]} ({describe_status(codes[i])}): {last_line(logs[i])}"
+                    for i in order
+                )
+                still = f"; stopped {what}s {running}, still running (hung?)" if running else ""
+                raise RunFailure(
+                    f"{what} {order[0]} failed first: {causes}{still}. Last lines of {logs[order[0]]}:\n"
+                    f"{tail(logs[order[0]])}"
+                )
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                hung = [i for i, c in enumerate(codes) if c is None]
+                stop(procs)
+                raise RunFailure(
+                    f"{what}s {hung} still running after the {timeout_s:.0f} s limit; stopped them. "
+                    f"Last lines of {logs[hung[0]]}:\n{tail(logs[hung[0]])}"
+                )
+            time.sleep(POLL_S * 5)
+    except BaseException:
+        stop(procs)
+        raise
+
+
+def wait_all(procs: Sequence[Process], timeout_s: float, fail_fast: bool = True) -> list[int]:
+    """Wait for `procs` and return their exit codes; stop the rest on the first failure (if `fail_fast`).
+
+    At the deadline every child still running is stopped and :class:`RunFailure` names them.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            if fail_fast and any(p.returncode not in (None, 0) for p in procs):
+                stop(procs)
+                break
+            if time.monotonic() > deadline:
+                running = [i for i, p in enumerate(procs) if p.poll() is None]
+                stop(procs)
+                raise RunFailure(f"processes {running} were still running after {timeout_s:g} s and were stopped")
+            time.sleep(POLL_S)
+    except BaseException:
+        stop(procs)
+        raise
+    return [int(p.returncode) for p in procs]

@@ -1,0 +1,110 @@
+"""Harness for the emulated-network tests and benchmarks: commands on hosts, a raw TCP link-rate probe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
+
+from ralp_pipe.runtime.emulated import EmulatedCluster, LinkCounters, counter_delta
+from ralp_pipe.runtime.process import Process, start, stop, wait_all
+
+_RECEIVER = """
+import socket, sys, time
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("listening", flush=True)
+conn, _ = server.accept()
+received, start = 0, None
+while True:
+    chunk = conn.recv(1 << 20)
+    if not chunk:
+        break
+    start = start or time.perf_counter()
+    received += len(chunk)
+print(received, time.perf_counter() - start, flush=True)
+"""
+
+_SENDER = """
+import socket, sys
+conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+block, left = bytes(1 << 20), int(sys.argv[3])
+while left > 0:
+    left -= conn.send(block[: min(left, len(block))])
+conn.close()
+"""
+
+
+def measure_link_rate(
+    cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int = 5201, python: str = sys.executable
+) -> float:
+    """Achieved TCP payload rate in bit/s of one Python socket stream of `nbytes` from `src` to `dst`."""
+    receiver = start_on_host(
+        cluster, dst, [python, "-c", _RECEIVER, cluster.address(dst), str(port)], stdout=subprocess.PIPE
+    )
+    try:
+        assert receiver.stdout is not None
+        if receiver.stdout.readline().strip() != b"listening":
+            raise RuntimeError(f"the link-rate receiver on host {dst} did not start")
+        sender = start_on_host(cluster, src, [python, "-c", _SENDER, cluster.address(dst), str(port), str(nbytes)])
+        if wait_all([sender, receiver], max(60.0, nbytes * 8 / 1e7)) != [0, 0]:
+            raise RuntimeError(f"the link-rate probe from host {src} to host {dst} failed")
+        received, seconds = receiver.stdout.read().split()
+        return int(received) * 8 / float(seconds)
+    finally:
+        stop([receiver])
+        if receiver.stdout is not None:
+            receiver.stdout.close()
+
+
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt while inside, so clean-up code runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def start_on_host(
+    cluster: EmulatedCluster, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None, stdout: int | None = None
+) -> Process:
+    """Start `argv` inside `host` in a session of its own, with the rank environment added."""
+    full_env = {**os.environ, **cluster.env(host), **(env or {})}
+    return start([*cluster.prefix(host), *argv], full_env, stdout=stdout)
+
+
+def run_on_hosts(
+    commands: Sequence[Sequence[str]],
+    envs: Sequence[Mapping[str, str]] | None = None,
+    rate: str = "unlimited",
+    burst: str = "1mb",
+    timeout: float = 600,
+    fail_fast: bool = True,
+) -> tuple[list[int], list[LinkCounters]]:
+    """Run command i on host i of a fresh emulated cluster; return exit codes and bytes per host link."""
+    envs = envs or [{} for _ in commands]
+    if len(envs) != len(commands):
+        raise ValueError(f"{len(commands)} commands but {len(envs)} environments")
+    procs: list[Process] = []
+    with _sigterm_as_interrupt(), EmulatedCluster(len(commands), rate, burst) as cluster:
+        try:
+            before = cluster.read_counters()
+            procs = [start_on_host(cluster, i, cmd, env) for i, (cmd, env) in enumerate(zip(commands, envs))]
+            codes = wait_all(procs, timeout, fail_fast)
+            return codes, counter_delta(before, cluster.read_counters())
+        finally:
+            stop(procs)
