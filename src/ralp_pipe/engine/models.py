@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torchvision import models as tvm
 
-from ralp_pipe.config import MODELS
+from ralp_pipe.config import MODELS, ConfigError
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,17 @@ def default_split(units: list[Unit]) -> int:
     raise ValueError("model has no fully connected unit to place on the PS device")
 
 
+def check_split(split: int | None, unit_count: int, source: str = "the split point") -> int:
+    """`split` if it leaves at least one unit on each side of ``unit_count`` units, else a ConfigError naming `source`."""
+    if split is None or not 1 <= split < unit_count:
+        raise ConfigError(f"split point {split} (from {source}) is out of range: choose 1..{unit_count - 1} "
+                          f"({unit_count} placement units)")
+    return split
+
+
 def split(units: list[Unit], k: int) -> tuple[nn.Sequential, nn.Sequential]:
     """Lower part (units[:k], run by workers) and upper part (units[k:], run by the PS device)."""
-    if not 1 <= k < len(units):
-        raise ValueError(f"split point {k} out of range: choose 1..{len(units) - 1} for {len(units)} units")
+    check_split(k, len(units))
     return nn.Sequential(*(u.module for u in units[:k])), nn.Sequential(*(u.module for u in units[k:]))
 
 

@@ -36,8 +36,9 @@ from ralp_pipe.runtime import hardware
 from ralp_pipe.engine import models, volume
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.config import Config, ConfigError, digest, from_dict, load, to_dict
+from ralp_pipe.config import Config, ConfigError, cluster_kind, digest, from_dict, load, to_dict
 from ralp_pipe.errors import RunFailure
+from ralp_pipe.runtime import devices
 from ralp_pipe.runtime.launch import (
     Placement, RankEnv, in_slurm_step, init_group, launch_local, launch_slurm, python_module_command,
 )
@@ -81,12 +82,7 @@ def resolve_split(cfg: Config, units: list[models.Unit]) -> int | None:
         split, source = _plan_split(Path(cfg.strategy.plan), name), f"plan {cfg.strategy.plan}"
     else:
         return models.default_split(units)
-    if not 1 <= split < len(units):
-        raise ConfigError(
-            f"split point {split} (from {source}) is out of range for {cfg.model.name}: "
-            f"choose 1..{len(units) - 1} ({len(units)} placement units)"
-        )
-    return split
+    return models.check_split(split, len(units), f"{source}, model {cfg.model.name}")
 
 
 def _plan_split(path: Path, strategy: str) -> int:
@@ -100,25 +96,6 @@ def _plan_split(path: Path, strategy: str) -> int:
             f"strategy.plan={str(path)!r} has no integer strategies.{strategy}.split ({exc!r}); "
             f"regenerate it with `ralp-pipe plan`"
         ) from exc
-
-
-def resolve_placement(cfg: Config, ranks_per_host: int) -> tuple[str, str]:
-    """(device type, backend) for every rank: NCCL only when each rank on a host has a GPU of its own."""
-    c = cfg.cluster
-    if c.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("cluster.device=cuda but no CUDA device is visible: use cluster.device=cpu or auto")
-    device = "cuda" if c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available()) else "cpu"
-    backend = c.backend
-    if backend == "auto":
-        backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= ranks_per_host else "gloo"
-    if backend == "nccl" and device != "cuda":
-        raise ConfigError("cluster.backend=nccl needs CUDA devices: use cluster.backend=gloo or auto on CPU")
-    return device, backend
-
-
-def _ranks_per_host(cfg: Config, world_size: int) -> int:
-    """Ranks that share one host's GPUs: all of them locally, one per GPU task under SLURM."""
-    return 1 if cfg.cluster.kind == "slurm" and cfg.cluster.slurm.gpus_per_node > 0 else world_size
 
 
 def _units(cfg: Config) -> list[models.Unit]:
@@ -285,8 +262,9 @@ def run(cfg: Config, out: Path, placement: Placement | None = None,
     """
     topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
     resolve_split(cfg, _units(cfg))
-    device_type, backend = resolve_placement(cfg, _ranks_per_host(cfg, topo.world_size))
-    if cfg.cluster.kind == "slurm" and in_slurm_step(topo.world_size):
+    device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
+    launcher = cluster_kind(cfg.cluster.kind).launcher
+    if launcher == "srun" and in_slurm_step(topo.world_size):
         result = run_rank(cfg, RankEnv.from_environ(), device_type, backend)
         return None if result is None else _finish(cfg, topo, out, result, finish)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -296,11 +274,11 @@ def run(cfg: Config, out: Path, placement: Placement | None = None,
         command = python_module_command(__name__, "--rank-result", str(result_file), json.dumps(to_dict(cfg)))
         env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
         timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
-        if cfg.cluster.kind == "slurm":
+        if launcher == "srun":
             os.environ.update(env)
             gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
             launch_slurm(command, topo.world_size, timeout, staging, gpus_per_task)
-        elif cfg.cluster.kind == "emulated" and placement is None:
+        elif launcher == "emulated" and placement is None:
             from ralp_pipe.runtime.emulated import rank_placement
 
             with rank_placement(topo.world_size, cfg.network.rate, cfg.network.burst) as emulated:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ralp_pipe.engine.models import Unit, activation_shapes, parameter_count
+from ralp_pipe.engine.models import Unit, activation_shapes, check_split, parameter_count
 from ralp_pipe.engine.topology import Topology
 
 CATEGORIES = ("gradients", "parameters", "activations", "activation_gradients", "labels")
@@ -47,8 +47,7 @@ def ring_send_elements(numel: int, world: int, rank: int) -> int:
 
 def split_activation_elements(units: list[Unit], split: int, image_size: int) -> int:
     """Elements of the activation one image produces at the split (output of units[split-1])."""
-    if not 1 <= split < len(units):
-        raise ValueError(f"split point {split} out of range: choose 1..{len(units) - 1} for {len(units)} units")
+    check_split(split, len(units))
     shape = activation_shapes(units[:split], image_size, batch=1)[-1]
     return math.prod(shape[1:])
 

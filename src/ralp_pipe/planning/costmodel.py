@@ -34,26 +34,16 @@ batches and scaled proportionally beyond them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ralp_pipe.config.units import rate_bytes_per_s
+from ralp_pipe.engine.models import check_split
+
 # tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
 TCP_PAYLOAD_PER_WIRE_BYTE = 1448 / 1514
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
-_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-
-
-def rate_bytes_per_s(rate: str) -> float | None:
-    """Bytes/s of a tc rate such as "1gbit" ("unlimited": None); tc's k/m/g are powers of 1000."""
-    if rate == "unlimited":
-        return None
-    match = _RATE.match(rate)
-    if not match:
-        raise ValueError(f"network rate {rate!r} is not a tc rate: use e.g. 100mbit, 1gbit, 10gbit or unlimited")
-    return float(match.group(1)) * _RATE_UNITS[match.group(2)] / 8
 
 
 @dataclass(frozen=True)
@@ -232,8 +222,7 @@ def predict(
         server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
         comm = (sent / w / link.ring_bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
     elif strategy in ("ralp_h", "ralp_n"):
-        if split is None or not 1 <= split < len(costs.units):
-            raise ValueError(f"{strategy} needs a split point in 1..{len(costs.units) - 1}, got {split}")
+        check_split(split, len(costs.units), f"the {strategy} prediction")
         lower, upper = slice(0, split), slice(split, None)
         lower_param = sum(u.param_bytes for u in costs.units[lower])
         compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + lower_param * add) * _slowdown(shared, w, w + 1)

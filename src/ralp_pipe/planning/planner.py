@@ -17,13 +17,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ralp_pipe.engine import models
 from ralp_pipe.atomic import write_json_atomic
-from ralp_pipe.config import ONE_HOST_CLUSTERS, STRATEGIES, Config, ConfigError, load, workload
+from ralp_pipe.config import STRATEGIES, Config, ConfigError, cluster_kind, load, workload
 from ralp_pipe.planning.costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
 
 RALP = ("ralp_h", "ralp_n")
-SHAPED_KINDS = ("emulated", "slurm")  # cluster kinds whose links run at network.rate
 
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
@@ -55,7 +54,7 @@ def check_profile_matches(profile: Mapping[str, Any], cfg: Config, path: str | P
 def cluster_link(profile: Mapping[str, Any], cfg: Config) -> Link:
     """The link the run will see: measured, capped by network.rate where the cluster is shaped."""
     measured = profile["link"].get("measured") or {}
-    rate = cfg.network.rate if cfg.cluster.kind in SHAPED_KINDS else None
+    rate = cfg.network.rate if cluster_kind(cfg.cluster.kind).shapes_links else None
     try:
         return effective_link(measured.get("bytes_per_s"), rate, float(measured.get("latency_s", 0.0)),
                               measured.get("allreduce_bus_bytes_per_s"))
@@ -65,7 +64,7 @@ def cluster_link(profile: Mapping[str, Any], cfg: Config) -> Link:
 
 def shared_cpu(cfg: Config, profile: Mapping[str, Any]) -> SharedCpu | None:
     """The CPU every rank shares where a local or emulated run has no GPUs, else None (a device each)."""
-    if profile.get("device") != "cpu" or cfg.cluster.kind not in ONE_HOST_CLUSTERS:
+    if profile.get("device") != "cpu" or not cluster_kind(cfg.cluster.kind).shares_host_cpus:
         return None
     hw = profile["hardware"]
     return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))

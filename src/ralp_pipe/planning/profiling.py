@@ -15,12 +15,11 @@ between two ranks measured with the backend training uses.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import json
 import math
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,23 +31,17 @@ from torch import nn
 from ralp_pipe.runtime import hardware
 
 from ralp_pipe.engine import models
-from ralp_pipe.config import ONE_HOST_CLUSTERS, STRATEGIES, ConfigError, load, workload
-from ralp_pipe.planning.costmodel import rate_bytes_per_s
+from ralp_pipe.config import STRATEGIES, ConfigError, cluster_kind, load, workload
+from ralp_pipe.config.units import rate_bytes_per_s
+from ralp_pipe.errors import RunFailure
+from ralp_pipe.runtime import devices
+from ralp_pipe.runtime.process import free_port, start_logged, supervise
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.engine.topology import topology
 
 DEFAULT_MESSAGE_BYTES = 64 * 2**20
-
-
-def resolve_device(name: str) -> torch.device:
-    """`cluster.device` as a torch device: auto is cuda where available, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("cluster.device=cuda but torch sees no GPU here: use cluster.device=cpu or auto")
-    return torch.device(name)
 
 
 def _sync(device: torch.device) -> None:
@@ -261,12 +254,6 @@ def analytic_profile(
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure_bandwidth(
     backend: str = "gloo",
     message_bytes: int = DEFAULT_MESSAGE_BYTES,
@@ -286,34 +273,25 @@ def measure_bandwidth(
     """
     if len(argv_prefixes) != 2 or len(rank_env) != 2:
         raise ValueError("measure_bandwidth needs exactly two argv prefixes and two env mappings (ranks 0 and 1)")
-    port = master_port or _free_port()
-    procs = []
-    for rank in (0, 1):
-        argv = [
-            *argv_prefixes[rank], sys.executable, "-m", "ralp_pipe.planning.profiling",
-            "--rank", str(rank), "--init", f"tcp://{master_addr}:{port}", "--backend", backend,
-            "--bytes", str(message_bytes), "--repeats", str(repeats), "--timeout", str(timeout_s),
-        ]
-        env = {**os.environ, **rank_env[rank]}
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    deadline = time.monotonic() + timeout_s
-    try:
-        while any(proc.poll() is None for proc in procs):
-            failed = next((r for r, proc in enumerate(procs) if proc.poll() not in (None, 0)), None)
-            if failed is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        outputs = [proc.communicate() for proc in procs]
-    for rank, (proc, (_, err)) in enumerate(zip(procs, outputs)):
-        if proc.returncode not in (0, -9):
-            raise RuntimeError(f"bandwidth probe rank {rank} exited with {proc.returncode}: {err.strip()[-2000:]}")
-    if any(proc.returncode != 0 for proc in procs):
-        raise RuntimeError(f"bandwidth probe did not finish within {timeout_s} s ({master_addr}:{port}, {backend})")
-    result = json.loads(outputs[0][0].strip().splitlines()[-1])
+    port = master_port or free_port()
+    procs, logs = [], []
+    with tempfile.TemporaryDirectory(prefix="ralp-probe-") as scratch:
+        for rank in (0, 1):
+            argv = [
+                *argv_prefixes[rank], sys.executable, "-m", "ralp_pipe.planning.profiling",
+                "--rank", str(rank), "--init", f"tcp://{master_addr}:{port}", "--backend", backend,
+                "--bytes", str(message_bytes), "--repeats", str(repeats), "--timeout", str(timeout_s),
+            ]
+            logs.append(Path(scratch, f"probe{rank}.log"))
+            procs.append(start_logged(argv, logs[-1], {**os.environ, **rank_env[rank]}))
+        try:
+            supervise(procs, logs, timeout_s, "bandwidth probe rank")
+        except RunFailure as exc:
+            raise RunFailure(f"link probe between {master_addr}:{port} ({backend}): {exc}") from None
+        output = logs[0].read_text()
+    result = next((json.loads(line) for line in reversed(output.splitlines()) if line.startswith('{') and '"directions"' in line), None)
+    if result is None:
+        raise RunFailure(f"link probe rank 0 printed no result; its log ends:\n{output[-2000:]}")
     result["bytes_per_s"] = min(result["directions"].values())
     return result
 
@@ -383,10 +361,10 @@ def rank_threads(cfg: Any) -> int | None:
     strategy at `cluster.gpus` sets the share; under SLURM a rank gets its task's CPUs. None
     where training runs on GPUs (torch's own threads then only feed the device).
     """
-    if resolve_device(cfg.cluster.device).type != "cpu":
+    if devices.resolve_device(cfg.cluster.device) != "cpu":
         return None
     worlds = [topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES]
-    return hardware.threads_per_rank(max(worlds) if cfg.cluster.kind in ONE_HOST_CLUSTERS else 1)
+    return hardware.threads_per_rank(max(worlds) if cluster_kind(cfg.cluster.kind).shares_host_cpus else 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -408,7 +386,7 @@ def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
     elsewhere they are two processes of this host. The probe moves CPU tensors, so it uses
     gloo even where training would use NCCL.
     """
-    if cfg.cluster.kind != "emulated":
+    if not cluster_kind(cfg.cluster.kind).shapes_links:
         return {**measure_bandwidth("gloo", message_bytes, repeats), "network": "this host"}
     with EmulatedCluster(2, cfg.network.rate, cfg.network.burst) as cluster:
         result = measure_bandwidth(
@@ -422,7 +400,9 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
     """The whole profile document of `cfg`'s model, dataset and this machine."""
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"--repeats={repeats} must be >= 1 and --warmup={warmup} >= 0")
-    device = resolve_device(cfg.cluster.device)
+    device_type, backend = devices.resolve(cfg.cluster, max(topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size
+                                                          for s in STRATEGIES))
+    device = torch.device(device_type)
     batches = worker_and_ps_batches(cfg.train.batch_size, cfg.cluster.gpus)
     started = time.perf_counter()
     body = profile_model(
@@ -430,10 +410,10 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
         warmup, repeats, cfg.model.dropout, Optim(cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay),
         cfg.train.seed,
     )
-    backend = cfg.cluster.backend if cfg.cluster.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     link: dict[str, Any] = {"measured": probe_link(cfg, message_bytes, bandwidth_repeats) if bandwidth else None}
-    link["configured_rate"] = cfg.network.rate if cfg.cluster.kind == "emulated" else None
-    link["configured_bytes_per_s"] = rate_bytes_per_s(cfg.network.rate) if cfg.cluster.kind == "emulated" else None
+    shaped = cluster_kind(cfg.cluster.kind).shapes_links
+    link["configured_rate"] = cfg.network.rate if shaped else None
+    link["configured_bytes_per_s"] = rate_bytes_per_s(cfg.network.rate) if shaped else None
     return {
         **workload(cfg),
         "gpus": cfg.cluster.gpus,

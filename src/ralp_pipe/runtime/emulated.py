@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ralp_pipe.config import ConfigError
+from ralp_pipe.config.units import rate_bits_per_s, size_bytes
 
 if TYPE_CHECKING:
     from ralp_pipe.runtime.launch import RankPlacement
@@ -40,8 +40,6 @@ HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host: the host's ind
 PLACEMENT_ENV = "RALP_PIPE_EMULATED_PLACEMENT"  # JSON: where a child launcher puts its ranks on a shared cluster
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
-_SIZE = re.compile(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit|bit)?$")
-_PR_SET_PDEATHSIG = 1
 
 
 class EmulationUnavailable(ConfigError):
@@ -75,20 +73,14 @@ def _check_switch() -> None:
         )
 
 
-def _check_value(key: str, value: str, pattern: re.Pattern[str]) -> None:
-    if not pattern.match(value):
-        raise ConfigError(f"{key}={value!r} is not a tc size/rate: use e.g. 1mb (burst) or 1gbit (rate)")
-
-
 class EmulatedCluster:
     """Context manager owning `hosts` namespaces linked through a switch shaped to `rate` per link."""
 
     def __init__(self, hosts: int, rate: str = "unlimited", burst: str = "1mb", latency: str = "100ms") -> None:
         if not 1 <= hosts <= MAX_HOSTS:
             raise ConfigError(f"an emulated cluster needs 1..{MAX_HOSTS} hosts, got {hosts}")
-        if rate != "unlimited":
-            _check_value("network.rate", rate, _SIZE)
-        _check_value("network.burst", burst, _SIZE)
+        rate_bits_per_s(rate, "network.rate")
+        size_bytes(burst, "network.burst")
         self.hosts, self.rate, self.burst, self.latency = hosts, rate, burst, latency
         self.mode = _privilege_mode()
         self._switch: subprocess.Popen[bytes] | None = None

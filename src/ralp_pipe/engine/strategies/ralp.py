@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ralp_pipe.engine.models import activation_shapes
+from ralp_pipe.engine.models import activation_shapes, check_split
 from ralp_pipe.engine.topology import PS_DEVICE
 from ralp_pipe.engine.strategies.base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
 
@@ -22,8 +22,7 @@ class LayerPlacementStrategy(Strategy):
     """The RALP strategies on one rank (worker or PS device)."""
 
     def __init__(self, setup: StepSetup):
-        if setup.split is None or not 1 <= setup.split < len(setup.units):
-            raise ValueError(f"split point {setup.split} out of range: choose 1..{len(setup.units) - 1}")
+        check_split(setup.split, len(setup.units))
         self.setup = setup
         self.server_rank = setup.topology.ps[0]
         split = setup.split

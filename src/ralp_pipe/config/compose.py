@@ -1,0 +1,173 @@
+"""Composing `config/` with Hydra, building the typed :class:`Config` and validating its values.
+
+Every stage reads its settings through :func:`load`, which composes the Hydra tree with the
+user's overrides, checks types against the schema's dataclasses and then checks values
+(choices, ranges, paths) so that a bad setting fails early with a message naming the key,
+the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ralp_pipe.config.schema import (
+    BACKENDS, CLUSTERS, CONFIG_DIR, DEVICES, LAYOUTS, LOADERS, MIN_IMAGE_SIZE, MODELS, STRATEGIES, SAFE_NAME, Config,
+)
+from ralp_pipe.config.units import rate_bits_per_s, size_bytes
+from ralp_pipe.errors import ConfigError
+
+
+def load(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Config:
+    """Compose `config/` with Hydra `overrides`, type-check it and validate its values."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            raw = compose(config_name="config", overrides=list(overrides))
+    except HydraException as exc:
+        raise ConfigError(f"cannot compose the configuration from {config_dir}: {exc}") from exc
+    return from_dict(OmegaConf.to_container(raw, resolve=True))
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build a validated :class:`Config` from plain data (for example a saved resolved config)."""
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(schema, data)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"config key '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+    cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    validate(cfg)
+    return cfg
+
+
+def _choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def _at_least(key: str, value: int | float, low: int | float) -> None:
+    if value < low:
+        raise ConfigError(f"{key}={value!r} must be at least {low}")
+
+
+def _in_range(
+    key: str, value: float, low: float, high: float, shown: str, low_open: bool = False, high_open: bool = False
+) -> None:
+    """Refuse NaN, infinities and values outside [low, high] (open ends as flagged)."""
+    inside = math.isfinite(value) and (low < value if low_open else low <= value) and (
+        value < high if high_open else value <= high)
+    if not inside:
+        raise ConfigError(f"{key}={value!r} must be a finite number in {shown}")
+
+
+def _safe_name(key: str, value: str) -> None:
+    if not SAFE_NAME.match(value):
+        raise ConfigError(
+            f"{key}={value!r} may hold only letters, digits, '_', '.' and '-' (it names files and jobs)"
+        )
+
+
+def validate(cfg: Config) -> None:
+    """Refuse values that no stage can use, naming the key, the value and what is allowed."""
+    d, m, s, c, n, t = cfg.dataset, cfg.model, cfg.strategy, cfg.cluster, cfg.network, cfg.train
+    _safe_name("dataset.name", d.name)
+    _choice("dataset.layout", d.layout, LAYOUTS)
+    _at_least("dataset.num_classes", d.num_classes, 2)
+    if d.layout != "synthetic":
+        if not d.source:
+            raise ConfigError(
+                f"dataset.source is missing for dataset '{d.name}' (layout '{d.layout}'): "
+                f"set dataset.source=/path/to/imagenet on the command line"
+            )
+        if not Path(d.source).is_dir():
+            raise ConfigError(
+                f"dataset.source={d.source!r} (dataset '{d.name}') is not a readable folder: "
+                f"point it at the ImageNet class folders or per-synset tars"
+            )
+    _at_least("dataset.synthetic.images_per_class", d.synthetic.images_per_class, 1)
+    _at_least("dataset.synthetic.height", d.synthetic.height, 8)
+    _at_least("dataset.synthetic.width", d.synthetic.width, 8)
+    _at_least("dataset.shards.images_per_shard", d.shards.images_per_shard, 1)
+    _at_least("dataset.shards.workers", d.shards.workers, 1)
+    if d.shards.resize_shorter is not None:
+        _at_least("dataset.shards.resize_shorter", d.shards.resize_shorter, 8)
+
+    _choice("model.name", m.name, MODELS)
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout={m.dropout!r} must be in [0, 1)")
+
+    _choice("strategy.name", s.name, STRATEGIES)
+    _at_least("strategy.num_ps", s.num_ps, 1)
+    if s.split is not None:
+        _at_least("strategy.split", s.split, 1)
+
+    _choice("cluster.kind", c.kind, CLUSTERS)
+    _choice("cluster.device", c.device, DEVICES)
+    _choice("cluster.backend", c.backend, BACKENDS)
+    _at_least("cluster.gpus", c.gpus, 1)
+    if s.name == "ralp_h" and c.gpus < 2:
+        raise ConfigError(f"cluster.gpus={c.gpus} is too few for ralp_h: it needs at least 2 (N/2 workers + 1 PS device)")
+    if s.name == "ralp_n" and c.gpus < 2:
+        raise ConfigError(f"cluster.gpus={c.gpus} is too few for ralp_n: it needs at least 2 (N-1 workers + 1 PS device)")
+    _at_least("cluster.timeout_s", c.timeout_s, 1)
+    _at_least("cluster.init_timeout_s", c.init_timeout_s, 1)
+    if c.slurm.partition is not None:
+        _safe_name("cluster.slurm.partition", c.slurm.partition)
+
+    _safe_name("network.name", n.name)
+    rate_bits_per_s(n.rate, "network.rate")
+    size_bytes(n.burst, "network.burst")
+
+    _at_least("train.batch_size", t.batch_size, 1)
+    _at_least("train.image_size", t.image_size, MIN_IMAGE_SIZE.get(m.name, 32))
+    _at_least("train.warmup_steps", t.warmup_steps, 0)
+    _at_least("train.measure_steps", t.measure_steps, 1)
+    _at_least("train.loader_threads", t.loader_threads, 1)
+    _choice("train.loader", t.loader, LOADERS)
+    _in_range("train.lr", t.lr, 0.0, math.inf, "(0, inf)", low_open=True)
+    _in_range("train.momentum", t.momentum, 0.0, 1.0, "[0, 1)", high_open=True)
+    _in_range("train.weight_decay", t.weight_decay, 0.0, math.inf, "[0, inf)")
+
+    e = cfg.experiment
+    _safe_name("experiment.name", e.name)
+    for model in e.models:
+        _choice("experiment.models[]", model, MODELS)
+    for strategy in e.strategies:
+        _choice("experiment.strategies[]", strategy, STRATEGIES)
+    for gpus in e.gpus:
+        _at_least("experiment.gpus[]", gpus, 2)
+    for name in (*e.datasets, *e.networks):
+        _safe_name("experiment.datasets/networks[]", name)
+
+
+def workload(cfg: Config) -> dict[str, Any]:
+    """What a profile or plan was made for: model, dataset, class count, image size, batch."""
+    return {
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "num_classes": cfg.dataset.num_classes,
+        "image_size": cfg.train.image_size,
+        "batch_size": cfg.train.batch_size,
+    }
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict of a config, for JSON files and Snakemake params."""
+    return asdict(cfg)
+
+
+def digest(data: Any) -> str:
+    """Stable short hash of JSON-serialisable data (configs, params)."""
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,161 @@
+"""The typed schema of the configuration: one dataclass per Hydra group, and the allowed choices."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ralp_pipe.config.clusters import CLUSTER_KINDS
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
+
+MODELS = (
+    "alexnet",
+    "vgg11", "vgg13", "vgg16", "vgg19",
+    "vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn",
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+)
+STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
+LAYOUTS = ("folders", "tars", "synthetic")
+LOADERS = ("synthetic", "dali", "torchvision")
+CLUSTERS = tuple(CLUSTER_KINDS)
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class SyntheticSource:
+    """Settings of the deterministic JPEG generator used when no real ImageNet exists."""
+
+    images_per_class: int = 2
+    height: int = 72
+    width: int = 88
+    seed: int = 0
+
+
+@dataclass
+class ShardOptions:
+    """How `prepare-shards` packs images into webdataset tar shards."""
+
+    images_per_shard: int = 256
+    resize_shorter: int | None = None
+    strict: bool = False
+    workers: int = 2
+
+
+@dataclass
+class DatasetConfig:
+    """An image collection: where it lives, its layout and its class count."""
+
+    name: str = "synthetic1k"
+    num_classes: int = 1000
+    layout: str = "synthetic"
+    source: str | None = None
+    synthetic: SyntheticSource = field(default_factory=SyntheticSource)
+    shards: ShardOptions = field(default_factory=ShardOptions)
+
+
+@dataclass
+class ModelConfig:
+    """A torchvision CNN; `num_classes` always comes from the dataset."""
+
+    name: str = "vgg11"
+    dropout: float = 0.5
+
+
+@dataclass
+class StrategyConfig:
+    """How parameters and layers are placed on workers and parameter servers."""
+
+    name: str = "ps"
+    num_ps: int = 1
+    split: int | None = None
+    plan: str | None = None
+
+
+@dataclass
+class SlurmConfig:
+    """Resources a training job asks SLURM for."""
+
+    partition: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_mb: int = 4000
+    time_min: int = 30
+
+
+@dataclass
+class ClusterConfig:
+    """Where the ranks of one training run execute."""
+
+    kind: str = "local"
+    gpus: int = 4
+    device: str = "auto"
+    backend: str = "auto"
+    timeout_s: int = 900
+    init_timeout_s: int = 60
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+
+@dataclass
+class NetworkConfig:
+    """The link between hosts: a tc rate for the emulated cluster, or loopback."""
+
+    name: str = "loopback"
+    rate: str = "unlimited"
+    burst: str = "1mb"
+
+
+@dataclass
+class TrainConfig:
+    """The throughput recipe and optimiser of one training run."""
+
+    batch_size: int = 8
+    image_size: int = 64
+    warmup_steps: int = 5
+    measure_steps: int = 100
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    loader: str = "synthetic"
+    loader_threads: int = 2
+    amp: bool = False
+
+
+@dataclass
+class ExperimentConfig:
+    """The matrix the workflow expands: one training run per combination."""
+
+    name: str = "local"
+    datasets: list[str] = field(default_factory=lambda: ["synthetic1k"])
+    models: list[str] = field(default_factory=lambda: ["vgg11"])
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    gpus: list[int] = field(default_factory=lambda: [4])
+    networks: list[str] = field(default_factory=lambda: ["loopback"])
+    concurrent: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class PathsConfig:
+    """Where results are written."""
+
+    results: str = "results"
+
+
+@dataclass
+class Config:
+    """The whole resolved configuration of one stage invocation."""
+
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
