@@ -1,0 +1,104 @@
+"""The cost model on a hand-computed example: two units, a known link and update rate, three strategies.
+
+Profile: unit u0 (1000 parameter bytes) and u1 (3000), profiled at batches 2 and 4:
+
+    u0: fwd 0.010 / 0.018 s, bwd 0.020 / 0.036 s      u1: fwd 0.005 / 0.009 s, bwd 0.010 / 0.018 s
+
+so at batch 3 (interpolated) u0 = fwd 0.014 + bwd 0.028, u1 = fwd 0.007 + bwd 0.014, and at
+batch 6 (beyond the last batch: scaled by 6/4) u1 = fwd 0.0135 + bwd 0.027.
+Aggregation 2e-7 s and SGD update 1e-6 s per parameter byte; P = 4000 bytes in all.
+Link: 1e6 bytes/s, 1 ms per message; the all-reduce's measured bus bandwidth is 5e5 bytes/s.
+W = 2 workers, batch b = 3 per worker, one PS.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ralp_pipe.planning.costmodel import ComputeCosts, Link, UnitCost, predict
+
+W, B = 2, 3
+COSTS = ComputeCosts(
+    units=(UnitCost("u0", 1000, (2, 4), (0.010, 0.018), (0.020, 0.036)),
+           UnitCost("u1", 3000, (2, 4), (0.005, 0.009), (0.010, 0.018))),
+    update_s_per_byte=1e-6,
+    aggregate_s_per_byte=2e-7,
+)
+LINK = Link(bytes_per_s=1e6, latency_s=1e-3, allreduce_bytes_per_s=5e5)
+
+
+def volume(**bytes_by_category: int) -> dict[str, int]:
+    """A step's bytes by category plus their "total", as engine.volume.step_bytes returns them."""
+    return {**bytes_by_category, "total": sum(bytes_by_category.values())}
+
+
+def test_unit_times_are_interpolated_between_and_scaled_beyond_the_profiled_batches() -> None:
+    """Batch 1: scaled from batch 2; batch 3: halfway; batch 6: scaled from batch 4."""
+    u0, u1 = COSTS.units
+    assert u0.fwd(1) == pytest.approx(0.005)  # 0.010 x 1/2
+    assert u0.fwd(3) == pytest.approx(0.014) and u0.bwd(3) == pytest.approx(0.028)  # (0.010 + 0.018) / 2 ...
+    assert u1.fwd(6) == pytest.approx(0.0135) and u1.bwd(6) == pytest.approx(0.027)  # 0.009 x 6/4, 0.018 x 6/4
+
+
+def test_ps_step_time_matches_the_hand_computation() -> None:
+    """ps: fwd+bwd and zeroing on the workers, W passes + SGD on the PS, push and pull over its link."""
+    # bytes: every worker pushes P gradients and pulls P parameters: 2 x 4000 + 2 x 4000 = 16000
+    pred = predict("ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK)
+    # compute = fwd (0.014 + 0.007) + bwd (0.028 + 0.014) + 1 zeroing pass 4000 x 2e-7 = 0.063 + 0.0008 = 0.0638
+    assert pred.compute_s == pytest.approx(0.0638)
+    # server = (W = 2 passes x 2e-7 + 1e-6) x 4000 / 1 PS = 1.4e-6 x 4000 = 0.0056
+    assert pred.server_s == pytest.approx(0.0056)
+    # comm = 16000 / 1 PS / 1e6 + 2 messages x 1 ms = 0.016 + 0.002 = 0.018
+    assert pred.comm_s == pytest.approx(0.018)
+    # step = 0.0638 + 0.0056 + 0.018 = 0.0874 s; 2 x 3 = 6 images / 0.0874 s
+    assert pred.step_time_s == pytest.approx(0.0874)
+    assert pred.images_per_sec == pytest.approx(6 / 0.0874)
+
+
+def test_two_parameter_servers_split_the_reduction_and_the_transfer() -> None:
+    """ps with 2 PSes: each server reduces and moves half of the bytes."""
+    pred = predict("ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK, num_ps=2)
+    # server = 1.4e-6 x 4000 / 2 = 0.0028; comm = 16000 / 2 / 1e6 + 0.002 = 0.010
+    assert pred.server_s == pytest.approx(0.0028)
+    assert pred.comm_s == pytest.approx(0.010)
+    assert pred.step_time_s == pytest.approx(0.0638 + 0.0028 + 0.010)
+
+
+def test_allreduce_step_time_matches_the_hand_computation() -> None:
+    """allreduce: fwd+bwd and two bucket copies, (N-1)/N of an addition + SGD, a ring at the bus bandwidth."""
+    # bytes: 2 (W - 1) P = 2 x 1 x 4000 = 8000 over all ranks
+    pred = predict("allreduce", COSTS, W, 2, B, volume(gradients=8000), LINK)
+    # compute = 0.063 + 2 copies x 4000 x 2e-7 = 0.063 + 0.0016 = 0.0646
+    assert pred.compute_s == pytest.approx(0.0646)
+    # server = (1/2 x 2e-7 + 1e-6) x 4000 = 1.1e-6 x 4000 = 0.0044
+    assert pred.server_s == pytest.approx(0.0044)
+    # comm = 8000 / 2 workers = 4000 bytes per worker at min(link 1e6, bus 5e5) = 5e5 bytes/s -> 0.008,
+    # plus 2 (N - 1) = 2 latency-bound steps x 1 ms = 0.002 -> 0.010
+    assert pred.comm_s == pytest.approx(0.010)
+    # step = 0.0646 + 0.0044 + 0.010 = 0.079 s
+    assert pred.step_time_s == pytest.approx(0.079)
+
+
+def test_ralp_n_step_time_matches_the_hand_computation() -> None:
+    """ralp_n split 1: u0 on the workers at b, u1 on the PS device at W x b, everything over its one link."""
+    # bytes: lower gradients and parameters W x 1000 = 2000 each; activations and their gradients
+    # W x b x 100 elements x 4 bytes = 2400 each; labels W x b x 8 = 48 -> total 8848
+    bytes_ = volume(gradients=2000, parameters=2000, activations=2400, activation_gradients=2400, labels=48)
+    pred = predict("ralp_n", COSTS, W, 2, B, bytes_, LINK, split=1)
+    # compute = u0 fwd 0.014 + bwd 0.028 + zeroing 1000 x 2e-7 = 0.042 + 0.0002 = 0.0422
+    assert pred.compute_s == pytest.approx(0.0422)
+    # server = u1 at batch 6: fwd 0.0135 + bwd 0.027, + (W - 1) x 1000 x 2e-7 = 0.0002 summing the lower
+    # gradient sets, + SGD of all 4000 bytes x 1e-6 = 0.004 -> 0.0405 + 0.0002 + 0.004 = 0.0447
+    assert pred.server_s == pytest.approx(0.0447)
+    # comm = 8848 / 1e6 + 4 transfers x 1 ms = 0.008848 + 0.004 = 0.012848
+    assert pred.comm_s == pytest.approx(0.012848)
+    # step = 0.0422 + 0.0447 + 0.012848 = 0.099748 s
+    assert pred.step_time_s == pytest.approx(0.099748)
+    assert pred.images_per_step == 6 and pred.split == 1
+
+
+@pytest.mark.parametrize("split", [None, 0, 2])
+def test_ralp_n_without_a_split_inside_the_model_is_refused(split: int | None) -> None:
+    """Two units leave exactly one split point: 1."""
+    with pytest.raises(ValueError, match=rf"split point {split} .*out of range: choose 1\.\.1"):
+        predict("ralp_n", COSTS, W, 2, B, volume(gradients=1), LINK, split=split)
