@@ -54,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="ralp-workflow-"))
     work.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(work),
                "--cores", "all", "--config", f"experiment={args.experiment}"]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)

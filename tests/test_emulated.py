@@ -19,10 +19,9 @@ from ralp_pipe.runtime.emulated import (
     EmulatedCluster,
     EmulationUnavailable,
     LinkCounters,
-    emulation_available,
     wire_gb_per_step,
 )
-from support.emulated_hosts import measure_link_rate, run_on_hosts
+from support.emulated_hosts import emulation_available, measure_link_rate, run_on_hosts
 
 SUPPORT_ROOT = Path(__file__).resolve().parent  # holds support/, for the test's own subprocesses
 

@@ -10,7 +10,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
 
-from ralp_pipe.runtime.emulated import EmulatedCluster, LinkCounters, counter_delta
+from ralp_pipe.runtime.emulated import INTERFACE, EmulatedCluster, EmulationUnavailable, LinkCounters, counter_delta
 from ralp_pipe.runtime.process import Process, start, stop, wait_all
 
 _RECEIVER = """
@@ -108,3 +108,15 @@ def run_on_hosts(
             return codes, counter_delta(before, cluster.read_counters())
         finally:
             stop(procs)
+
+
+def emulation_available() -> tuple[bool, str]:
+    """Whether an emulated cluster can be built here, and a sentence saying how or why not."""
+    try:
+        with EmulatedCluster(hosts=1, rate="1gbit") as cluster:
+            shown = cluster.run(0, ["tc", "qdisc", "show", "dev", INTERFACE]).stdout
+            if "tbf" not in shown:
+                return False, f"tc could not attach tbf to {INTERFACE} (got {shown.strip()!r}); use cluster=local"
+            return True, f"network namespaces with tc tbf ({cluster.mode})"
+    except EmulationUnavailable as exc:
+        return False, str(exc)

@@ -1,4 +1,5 @@
 # Helpers shared by the rules: look a run up from wildcards, stage params, SLURM resources.
+import os
 
 
 def run_of(wildcards):
@@ -18,4 +19,11 @@ def stage_args(stage):
 
 def slurm_resource(stage, name, default=None):
     """One SLURM resource of a job of `stage`, from cluster.slurm of its run's config."""
-    return lambda wildcards: MATRIX.slurm_resources(run_of(wildcards), stage).get(name, default)
+    return lambda wildcards: MATRIX.slurm_resources(run_of(wildcards), stage).get(
+        name, default
+    )
+
+
+def plans_folder(plans):
+    """The folder holding every plan of the experiment (plans/{dataset}/{model}/n{gpus}-{network}.json)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(plans[0])))

@@ -4,15 +4,20 @@
 rule prepare_shards:
     output:
         directory(MATRIX.path("shards")),
-    params:
-        key=stage_params("prepare_shards"),
-        args=stage_args("prepare_shards"),
     log:
         f"{MATRIX.path('logs')}/prepare_shards/{{dataset}}.log",
-    threads: lambda wildcards: MATRIX.stage_config("prepare_shards", run_of(wildcards)).dataset.shards.workers
+    conda:
+        ENV
+    threads:
+        lambda wildcards: MATRIX.stage_config(
+            "prepare_shards", run_of(wildcards)
+        ).dataset.shards.workers
     resources:
         mem_mb=slurm_resource("prepare_shards", "mem_mb"),
         runtime=slurm_resource("prepare_shards", "runtime"),
         slurm_partition=slurm_resource("prepare_shards", "slurm_partition", ""),
+    params:
+        key=stage_params("prepare_shards"),
+        args=stage_args("prepare_shards"),
     shell:
-        "{RALP} prepare-shards --no-progress {params.args} > {log:q} 2>&1"
+        "ralp-pipe prepare-shards --no-progress {params.args} > {log:q} 2>&1"

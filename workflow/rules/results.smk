@@ -15,26 +15,46 @@ rule aggregate:
         plans=PLANS,
         concurrent=[f"{folder}/concurrent.json" for folder in CONCURRENT],
     output:
-        runs=report(f"{TABLES}/runs.parquet", category="Tables", labels={"table": "runs"}),
-        speedups=report(f"{TABLES}/speedups.parquet", category="Tables", labels={"table": "speedups"}),
-        concurrent=report(f"{TABLES}/concurrent.parquet", category="Tables", labels={"table": "concurrent"}),
-        summary=report(f"{TABLES}/summary.md", category="Tables", labels={"table": "summary"}),
+        runs=report(
+            f"{TABLES}/runs.parquet", category="Tables", labels={"table": "runs"}
+        ),
+        speedups=report(
+            f"{TABLES}/speedups.parquet",
+            category="Tables",
+            labels={"table": "speedups"},
+        ),
+        concurrent=report(
+            f"{TABLES}/concurrent.parquet",
+            category="Tables",
+            labels={"table": "concurrent"},
+        ),
+        summary=report(
+            f"{TABLES}/summary.md", category="Tables", labels={"table": "summary"}
+        ),
         plots=[
-            report(f"{TABLES}/plots/{name}.png", category="Plots", labels={"plot": name}) for name in PLOT_NAMES
+            report(
+                f"{TABLES}/plots/{name}.png", category="Plots", labels={"plot": name}
+            )
+            for name in PLOT_NAMES
         ],
-    params:
-        runs=RUNS,
-        plans=f"{RESULTS}/plans",
     log:
         f"{MATRIX.path('logs')}/aggregate.log",
+    conda:
+        ENV
+    params:
+        runs=RUNS,
+        plans=lambda wildcards, input: plans_folder(input.plans),
+        out=lambda wildcards, output: os.path.dirname(output.runs),
     shell:
-        "{RALP} aggregate --runs {params.runs:q} --plans {params.plans:q} --concurrent {input.concurrent:q}"
-        " --out {TABLES:q} > {log:q} 2>&1"
+        "ralp-pipe aggregate --runs {params.runs:q} --plans {params.plans:q} --concurrent {input.concurrent:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
 
 
 rule resolved_config:
     output:
         f"{RESULTS}/configs/{EXPERIMENT}.json",
+    log:
+        f"{MATRIX.path('logs')}/resolved_config.log",
     params:
         digest=MATRIX.digest(),
     run:
@@ -48,9 +68,19 @@ rule bundle:
         profiles=PROFILES,
     output:
         BUNDLE,
-    params:
-        include=[*rules.resolved_config.output, *RUNS, *PLANS, *PROFILES, *CONCURRENT, TABLES],
     log:
         f"{MATRIX.path('logs')}/bundle.log",
+    conda:
+        ENV
+    params:
+        root=lambda wildcards, output: os.path.dirname(os.path.dirname(output[0])),  # results/bundles/x
+        include=[
+            *rules.resolved_config.output,
+            *RUNS,
+            *PLANS,
+            *PROFILES,
+            *CONCURRENT,
+            TABLES,
+        ],
     shell:
-        "{RALP} bundle --root {RESULTS:q} --include {params.include:q} --out {output:q} > {log:q} 2>&1"
+        "ralp-pipe bundle --root {params.root:q} --include {params.include:q} --out {output:q} > {log:q} 2>&1"

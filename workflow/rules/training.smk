@@ -8,12 +8,10 @@ rule train:
     output:
         metrics=f"{MATRIX.path('run')}/metrics.json",
         steps=f"{MATRIX.path('run')}/steps.parquet",
-    params:
-        key=stage_params("train"),
-        args=stage_args("train"),
-        out=MATRIX.path("run"),
     log:
         f"{MATRIX.path('logs')}/train/{{dataset}}/{{model}}/n{{gpus}}-{{network}}/{{strategy}}.log",
+    conda:
+        ENV
     threads: workflow.cores  # throughput measurements run alone
     resources:
         mem_mb=slurm_resource("train", "mem_mb"),
@@ -24,22 +22,28 @@ rule train:
         cpus_per_task=slurm_resource("train", "cpus_per_task"),
         gpus_per_node=slurm_resource("train", "gpus_per_node", 0),
         mpi=slurm_resource("train", "mpi"),
+    params:
+        key=stage_params("train"),
+        args=stage_args("train"),
+        out=MATRIX.path("run"),
     shell:
-        "{RALP} train --out {params.out:q} {params.args} > {log:q} 2>&1"
+        "ralp-pipe train --out {params.out:q} {params.args} > {log:q} 2>&1"
 
 
 # Several training jobs at once on one emulated network (experiment.concurrent), each also alone.
 rule concurrent:
     output:
         f"{MATRIX.path('concurrent')}/concurrent.json",
-    params:
-        key=lambda wildcards: MATRIX.concurrent_params(int(wildcards.index)),
-        args=lambda wildcards: shlex.join(MATRIX.concurrent_args(int(wildcards.index))),
-        out=MATRIX.path("concurrent"),
     log:
         f"{MATRIX.path('logs')}/concurrent/w{{index}}.log",
     wildcard_constraints:
         index=r"\d+",
+    conda:
+        ENV
     threads: workflow.cores  # throughput measurements run alone
+    params:
+        key=lambda wildcards: MATRIX.concurrent_params(int(wildcards.index)),
+        args=lambda wildcards: shlex.join(MATRIX.concurrent_args(int(wildcards.index))),
+        out=MATRIX.path("concurrent"),
     shell:
-        "{RALP} concurrent --out {params.out:q} {params.args} > {log:q} 2>&1"
+        "ralp-pipe concurrent --out {params.out:q} {params.args} > {log:q} 2>&1"

@@ -45,6 +45,10 @@ MAX_HOSTS = 250
 class EmulationUnavailable(ConfigError):
     """Network namespaces cannot be created here; the message says why and what to do instead."""
 
+    def __str__(self) -> str:
+        return (f"{super().__str__()} (in the workflow: --config "
+                f"'overrides=[\"cluster=local\", \"experiment.networks=[loopback]\"]' runs unshaped on loopback)")
+
 
 @dataclass(frozen=True)
 class LinkCounters:
@@ -285,18 +289,6 @@ def wire_gb_per_step(
 def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters]) -> list[LinkCounters]:
     """Bytes sent and received per host between two :meth:`EmulatedCluster.read_counters` calls."""
     return [LinkCounters(a.tx_bytes - b.tx_bytes, a.rx_bytes - b.rx_bytes) for b, a in zip(before, after)]
-
-
-def emulation_available() -> tuple[bool, str]:
-    """Whether an emulated cluster can be built here, and a sentence saying how or why not."""
-    try:
-        with EmulatedCluster(hosts=1, rate="1gbit") as cluster:
-            shown = cluster.run(0, ["tc", "qdisc", "show", "dev", INTERFACE]).stdout
-            if "tbf" not in shown:
-                return False, f"tc could not attach tbf to {INTERFACE} (got {shown.strip()!r}); use cluster=local"
-            return True, f"network namespaces with tc tbf ({cluster.mode})"
-    except EmulationUnavailable as exc:
-        return False, str(exc)
 
 
 @contextmanager

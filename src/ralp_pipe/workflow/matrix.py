@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -69,8 +68,7 @@ PATHS = {
     "logs": "logs",
 }
 WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
-SETTINGS_KEYS = ("experiment", "overrides", "dataset_overrides", "stage_options", "launcher")
-LAUNCHERS = ("local", "slurm")
+SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"  # the --config keys
 
 
 @dataclass(frozen=True)
@@ -100,14 +98,22 @@ class Settings:
     stage_options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def _override_list(where: str, value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(shlex.split(value))
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise ConfigError(f"{where}={value!r} must be a list of Hydra overrides like ['train.measure_steps=5']")
+def _override_list(value: str | Sequence[str]) -> tuple[str, ...]:
+    """A list of overrides as given, or one string split like a shell line."""
+    return tuple(shlex.split(value)) if isinstance(value, str) else tuple(value)
+
+
+def _check_schema(config: dict[str, Any]) -> None:
+    """Check ``--config`` against the workflow's JSON schema (filling its defaults in)."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate as validate_schema
+
+    try:
+        validate_schema(config, str(SCHEMA))
+    except WorkflowError as exc:
+        reason = next((line for line in str(exc).splitlines() if line.startswith("ValidationError")), str(exc))
+        raise ConfigError(f"--config does not match {SCHEMA.name} (keys: config/README.md): "
+                          f"{reason.removeprefix('ValidationError: ')}") from None
 
 
 def override_key(override: str) -> str:
@@ -120,15 +126,11 @@ def override_key(override: str) -> str:
 
 def parse_settings(config: Mapping[str, Any]) -> Settings:
     """Read the workflow's ``--config`` dictionary; unknown keys and misplaced overrides are refused."""
-    unknown = sorted(set(config) - set(SETTINGS_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown workflow setting(s) {', '.join(unknown)}; use {', '.join(SETTINGS_KEYS)}")
-    launcher = str(config.get("launcher", "local"))
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"launcher={launcher!r} is not allowed; choose one of: {', '.join(LAUNCHERS)}")
-    slurm = launcher == "slurm"
-    experiment = str(config.get("experiment", "local"))
-    overrides = _override_list("overrides", config.get("overrides"))
+    config = dict(config)
+    _check_schema(config)
+    slurm = config["launcher"] == "slurm"
+    experiment = str(config["experiment"])
+    overrides = _override_list(config["overrides"])
     for override in overrides:
         key = override_key(override)
         if key in MATRIX_GROUPS or key in WORKFLOW_KEYS:
@@ -139,18 +141,12 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
             )
         if slurm and key == "cluster":
             raise ConfigError(f"override {override!r}: the slurm profile runs every stage with cluster=slurm")
-    raw = config.get("dataset_overrides") or {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"dataset_overrides={raw!r} must map dataset names to override lists")
-    per_dataset = {str(name): _override_list(f"dataset_overrides.{name}", value) for name, value in raw.items()}
+    per_dataset = {str(name): _override_list(value) for name, value in config["dataset_overrides"].items()}
     for name, values in per_dataset.items():
         for override in values:
             if not override_key(override).startswith("dataset."):
                 raise ConfigError(f"dataset_overrides.{name}: {override!r} is not a dataset.* override")
-    raw = config.get("stage_options") or {}
-    if not isinstance(raw, Mapping) or not set(raw) <= set(STAGE_KEYS):
-        raise ConfigError(f"stage_options={raw!r} must map stage names ({', '.join(STAGE_KEYS)}) to option lists")
-    options = {str(stage): _override_list(f"stage_options.{stage}", value) for stage, value in raw.items()}
+    options = {str(stage): _override_list(value) for stage, value in config["stage_options"].items()}
     for stage, values in options.items():
         if values and not values[0].startswith("--"):
             raise ConfigError(f"stage_options.{stage}={list(values)!r} must start with an option like --repeats")
@@ -174,19 +170,6 @@ def select(data: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def emulation_fallback() -> list[str]:
-    """Overrides that move an experiment whose file chose ``cluster=emulated`` to loopback where
-    network namespaces cannot be made here (with a visible notice); none where they can."""
-    from ralp_pipe.runtime.emulated import emulation_available
-
-    available, reason = emulation_available()
-    if available:
-        return []
-    print(f"NOTICE: the emulated cluster is not available here ({reason}); this experiment runs on "
-          f"the unshaped loopback network instead (cluster=local, network=loopback)", file=sys.stderr)
-    return ["cluster=local", "experiment.networks=[loopback]"]
-
-
 class Matrix:
     """The resolved experiment: its runs, each run's config and each stage's arguments and params."""
 
@@ -194,9 +177,6 @@ class Matrix:
         self.settings = settings
         head = [f"experiment={settings.experiment}", *self.launcher_args(), *settings.overrides]
         self.base = load(head, config_dir)
-        if self.base.cluster.kind == "emulated" and not any(override_key(o) == "cluster" for o in settings.overrides):
-            head += emulation_fallback()
-            self.base = load(head, config_dir)
         e = self.base.experiment
         unknown = sorted(set(settings.dataset_overrides) - set(e.datasets))
         if unknown:
