@@ -16,7 +16,7 @@ from PIL import Image
 
 from conftest import encode, folders_to_tars, noise_image
 from ralp_pipe import cli
-from ralp_pipe.data.shards import prepare, read_manifest
+from ralp_pipe.data.shards import LOCK, prepare, read_manifest
 from ralp_pipe.data.sources import SourceError
 from ralp_pipe.data.tarshard import read_index
 
@@ -41,7 +41,9 @@ def expected_samples(root: Path) -> Counter[tuple[bytes, int]]:
 
 
 def mtimes(folder: Path) -> dict[str, int]:
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    """mtime of every file below `folder` but the lock file, which each run writes its PID into."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")
+            if p.is_file() and p.name != LOCK}
 
 
 @pytest.mark.parametrize("layout", ["folders", "tars"])
@@ -124,8 +126,8 @@ def test_strict_mode_stops_naming_the_file(rgb_tree, make_config, tmp_path, caps
         prepare(make_config(rgb_tree, "dataset.shards.strict=true"), progress=False)
     argv = ["prepare-shards", "--no-progress", "dataset=imagenet1k", f"dataset.source={rgb_tree}",
             "dataset.num_classes=5", "dataset.shards.strict=true", f"paths.results={tmp_path / 'cli'}"]
-    assert cli.main(argv) == 1
-    assert str(bad) in capsys.readouterr().err
+    assert cli.main(argv) == 3
+    assert f"ralp-pipe prepare-shards: data error: unusable source file {bad}" in capsys.readouterr().err
 
 
 def test_vanished_source_fails_naming_it(rgb_tree, make_config):

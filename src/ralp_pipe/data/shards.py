@@ -7,38 +7,48 @@ assigned to shards by a fixed plan (sorted, shuffled with a constant seed, chunk
 planned shard has a fingerprint of its inputs and options; a shard whose record carries the
 same fingerprint and whose files still match their checksums is kept, so an interrupted run
 resumes and a re-run on unchanged input rewrites nothing.
+
+One run at a time prepares an output folder: it holds an exclusive lock on `.prepare.lock` in
+it (holding the run's PID) for the whole prepare; a second run waits for it, then gives up.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
+import os
 import platform
 import random
 import re
 import sys
+import time
 from collections import Counter
 from concurrent.futures import Future, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import Config, DatasetConfig, load
 from ralp_pipe.data import imaging, synthetic
-from ralp_pipe.runtime.process import process_pool
 from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
 from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
+from ralp_pipe.errors import ConfigError, DataError
+from ralp_pipe.runtime.process import process_pool
 
 FORMAT_VERSION = 1
 SHUFFLE_SEED = 0
 MANIFEST = "manifest.json"
 CLASSES = "classes.json"
 RECORDS = "parts"
+LOCK = ".prepare.lock"
+LOCK_WAIT_S = 600.0
 _SHARD_FILE = re.compile(r"^shard-\d{6}\.(tar|idx|json)$")
 
 
@@ -60,33 +70,90 @@ def read_manifest(shards_dir: Path) -> dict[str, Any]:
     """The manifest of prepared shards in `shards_dir`; fails with advice when there is none."""
     path = Path(shards_dir) / MANIFEST
     if not path.is_file():
-        raise SourceError(f"no {MANIFEST} in {shards_dir}: run `ralp-pipe prepare-shards dataset=<name>` first")
+        raise ConfigError(f"no {MANIFEST} in {shards_dir}: run `ralp-pipe prepare-shards dataset=<name>` first")
     manifest: dict[str, Any] = json.loads(path.read_text())
     return manifest
 
 
-def prepare(cfg: Config, progress: bool = True) -> Path:
-    """Build (or bring up to date) the shards of `cfg.dataset` and return their folder."""
+def prepare(cfg: Config, progress: bool = True, lock_wait_s: float = LOCK_WAIT_S) -> Path:
+    """Build (or bring up to date) the shards of `cfg.dataset` and return their folder.
+
+    Holds the output folder's lock throughout, waiting up to `lock_wait_s` for another run.
+    """
     dataset, out = cfg.dataset, output_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    source = _source_root(dataset, out)
-    found = scan(source, "folders" if dataset.layout == "synthetic" else dataset.layout)
-    if len(found.synsets) > dataset.num_classes:
-        raise SourceError(
-            f"{source} holds {len(found.synsets)} classes but dataset.num_classes={dataset.num_classes}: "
-            f"labels would not fit the model; raise dataset.num_classes or remove the extra class folders"
-        )
-    if dataset.shards.strict and found.damaged:
-        raise SourceError(f"unreadable source data in {source}: {found.damaged[0]} "
-                          f"(dataset.shards.strict=true stops here; set it to false to skip and list it)")
-    options = _content_options(dataset)
-    plan = make_plan(found, options)
-    (out / RECORDS).mkdir(exist_ok=True)
-    _remove_leftovers(out, {shard.name for shard in plan})
-    records = _build_all(plan, out, dataset, options, progress)
-    _write_if_changed(out / CLASSES, _json({synset: label for label, synset in enumerate(found.synsets)}))
-    _write_if_changed(out / MANIFEST, _json(_manifest(dataset, source, found, plan, records, options)))
+    with output_lock(out, lock_wait_s):
+        source = _source_root(dataset, out)
+        layout = "folders" if dataset.layout == "synthetic" else dataset.layout
+        found = scan(source, layout)
+        if len(found.synsets) > dataset.num_classes:
+            raise SourceError(
+                f"{source} holds {len(found.synsets)} classes but dataset.num_classes={dataset.num_classes}: "
+                f"labels would not fit the model; raise dataset.num_classes or remove the extra class folders"
+            )
+        if dataset.shards.strict and found.damaged:
+            raise SourceError(f"unreadable source data in {source}: {found.damaged[0]} "
+                              f"(dataset.shards.strict=true stops here; set it to false to skip and list it)")
+        if not found.images:
+            raise _no_usable_images(source, layout, found.skipped)
+        options = _content_options(dataset)
+        plan = make_plan(found, options)
+        (out / RECORDS).mkdir(exist_ok=True)
+        _remove_leftovers(out, {shard.name for shard in plan})
+        records = _build_all(plan, out, dataset, options, progress)
+        if not any(record["images"] for record in records):
+            (out / MANIFEST).unlink(missing_ok=True)  # it lists shards of an earlier source, removed just now
+            raise _no_usable_images(source, layout, found.skipped + [i for r in records for i in r["skipped"]])
+        _write_if_changed(out / CLASSES, _json({synset: label for label, synset in enumerate(found.synsets)}))
+        _write_if_changed(out / MANIFEST, _json(_manifest(dataset, source, found, plan, records, options)))
     return out
+
+
+@contextmanager
+def output_lock(out: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold the exclusive lock of the output folder `out` (its PID written in `out/.prepare.lock`).
+
+    Another holder is waited for, with a message naming its PID, for at most `wait_s` seconds;
+    then a DataError names it.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    deadline = time.monotonic() + wait_s
+    announced = False
+    with open(path, "a+") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = path.read_text().strip() or "unknown"
+                if time.monotonic() >= deadline:
+                    raise DataError(
+                        f"{out} is being prepared by another run (PID {holder}, lock {path}); gave up after "
+                        f"{wait_s:g} s: let that run finish or stop it, then run again"
+                    ) from None
+                if not announced:
+                    print(f"ralp-pipe prepare-shards: {out} is being prepared by PID {holder}; "
+                          f"waiting up to {wait_s:g} s for it to finish", file=sys.stderr, flush=True)
+                    announced = True
+                time.sleep(0.1)
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+
+
+def _no_usable_images(source: Path, layout: str, skipped: list[dict[str, str]]) -> DataError:
+    """The error for a source that yields no image: what was found instead and what was expected."""
+    expected = f"{source}/n01440764/*.JPEG" if layout == "folders" else f"{source}/n01440764.tar"
+    if skipped:
+        kinds = Counter(re.split(r"[:(]", item["reason"], maxsplit=1)[0].strip() for item in skipped)
+        found = f"{len(skipped)} entries skipped ({', '.join(f'{n} {kind}' for kind, n in kinds.most_common())})"
+    else:
+        found = "it is empty"
+    return DataError(f"0 usable images in {source}: {found}; expected {expected} (dataset.layout={layout})")
 
 
 def make_plan(found: Scan, options: dict[str, Any]) -> list[PlannedShard]:
@@ -314,16 +381,14 @@ def _write_if_changed(path: Path, text: str) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe prepare-shards` (the dataset itself comes from Hydra overrides)."""
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS",
+                        help=f"how long to wait for another run preparing the same folder (default {LOCK_WAIT_S:g})")
 
 
 def main(args: argparse.Namespace) -> int:
     """Prepare the shards of the configured dataset and print a one-line summary."""
     cfg = load(args.overrides)
-    try:
-        out = prepare(cfg, progress=not args.no_progress)
-    except SourceError as exc:
-        print(f"ralp-pipe prepare-shards: {exc}", file=sys.stderr)
-        return 1
+    out = prepare(cfg, progress=not args.no_progress, lock_wait_s=args.lock_wait)
     manifest = read_manifest(out)
     print(f"{manifest['images']} images of {manifest['classes_found']} classes in {len(manifest['shards'])} shards, "
           f"{len(manifest['skipped'])} entries skipped -> {out}")

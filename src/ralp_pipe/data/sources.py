@@ -7,14 +7,14 @@ import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
-from ralp_pipe.config import ConfigError
+from ralp_pipe.errors import DataError
 
 SYNSET = re.compile(r"^n\d{8}$")
+END_OF_ARCHIVE = bytes(2 * tarfile.BLOCKSIZE)  # two zero blocks close every tar
 
 
-class SourceError(ConfigError):
+class SourceError(DataError):
     """A source collection or file that cannot be used; the message names it."""
 
 
@@ -128,33 +128,57 @@ def _scan_tar_entry(entry: os.DirEntry[str], result: Scan) -> None:
     result.synsets.append(synset)
     try:
         with tarfile.open(entry.path, "r:") as archive:
-            for member in _members(archive, rel, result):
-                name = member.name
-                member_rel = f"{rel}/{name}"
-                if any(part.startswith(".") for part in name.split("/")):
-                    result.skip(member_rel, "hidden entry")
-                elif not member.isfile():
-                    if not member.isdir():
-                        result.skip(member_rel, "not a regular file inside the tar")
-                else:
-                    result.images.append(
-                        SourceImage(member_rel, synset, entry.path, member.offset_data, member.size, stat.st_mtime_ns)
-                    )
+            complete = _read_members(archive, rel, result)
+            for member in archive.members:
+                _add_tar_member(member, rel, synset, entry.path, stat.st_mtime_ns, result)
+            if complete:
+                _check_tar_end(entry.path, archive, stat.st_size, rel, result)
     except (tarfile.TarError, OSError) as exc:
         result.skip(rel, f"cannot read tar: {exc}", damaged=True)
 
 
-def _members(archive: tarfile.TarFile, rel: str, result: Scan) -> Iterator[tarfile.TarInfo]:
-    """Members of `archive` up to the first damaged header (a truncated tar keeps what precedes it)."""
-    while True:
-        try:
-            member = archive.next()
-        except tarfile.TarError as exc:
-            result.skip(rel, f"tar damaged after {len(archive.members)} members: {exc}", damaged=True)
-            return
-        if member is None:
-            return
-        yield member
+def _add_tar_member(member: tarfile.TarInfo, rel: str, synset: str, path: str, mtime_ns: int, result: Scan) -> None:
+    """Record one member of a synset tar as a candidate image, or as skipped with the reason."""
+    name = member.name
+    member_rel = f"{rel}/{name}"
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts:
+        result.skip(member_rel, "unsafe path (absolute or with a '..' part)")
+    elif any(part.startswith(".") for part in parts):
+        result.skip(member_rel, "hidden entry")
+    elif not member.isfile():
+        if not member.isdir():
+            result.skip(member_rel, "not a regular file inside the tar")
+    else:
+        result.images.append(SourceImage(member_rel, synset, path, member.offset_data, member.size, mtime_ns))
+
+
+def _check_tar_end(path: str, archive: tarfile.TarFile, size: int, rel: str, result: Scan) -> None:
+    """Record the fully read `archive` as damaged unless two zero blocks follow its last member, as they end a tar.
+
+    tarfile reads a missing or cut header as the end of the archive, so a tar cut at a block
+    boundary or inside a header would otherwise lose its remaining members without a word.
+    """
+    last = archive.members[-1] if archive.members else None
+    end = archive.offset  # where tarfile looked for the next header: just after the last member's data
+    with open(path, "rb") as handle:
+        handle.seek(end)
+        trailer = handle.read(len(END_OF_ARCHIVE))
+    if trailer != END_OF_ARCHIVE:
+        after = f"after member {last.name!r}" if last else "at the start"
+        result.skip(rel, f"truncated tar: {path} has no end-of-archive blocks {after} (offset {end} of {size} bytes); "
+                         f"members after it are lost: download or copy the tar again", damaged=True)
+
+
+def _read_members(archive: tarfile.TarFile, rel: str, result: Scan) -> bool:
+    """Read member headers up to the first damaged one (a damaged tar keeps what precedes it); False if damaged."""
+    try:
+        while archive.next() is not None:
+            pass
+    except tarfile.TarError as exc:
+        result.skip(rel, f"tar damaged after {len(archive.members)} members: {exc}", damaged=True)
+        return False
+    return True
 
 
 def _rel(path: Path, root: Path) -> str:

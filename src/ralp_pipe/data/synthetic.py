@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import SyntheticSource
+from ralp_pipe.errors import DataError
 from ralp_pipe.runtime.process import process_pool
 
 GENERATOR_VERSION = 1
@@ -41,8 +43,10 @@ def generate(target: Path, num_classes: int, options: SyntheticSource, workers: 
     """Write the collection to `target` (class folders of `<synset>_<i>.JPEG`) unless it is already there.
 
     A `target.json` stamp beside the folder records the settings of a finished collection; with
-    the same settings nothing is rewritten, otherwise the folder is rebuilt under a temporary name
-    and swapped in.
+    the same settings nothing is rewritten, otherwise the folder is rebuilt under a temporary name,
+    counted against the settings and swapped in. The caller holds the lock of the folder above
+    `target` (`ralp_pipe.data.shards.output_lock`): the temporary folder of an earlier, killed
+    build is deleted.
     """
     stamp = target.with_name(target.name + ".json")
     settings = {"generator": GENERATOR_VERSION, "num_classes": num_classes, **vars(options)}
@@ -58,11 +62,25 @@ def generate(target: Path, num_classes: int, options: SyntheticSource, workers: 
         with process_pool(workers) as pool:
             for done in [pool.submit(_write_classes, building, a, b, options) for a, b in zip(bounds, bounds[1:])]:
                 done.result()
+    _check_complete(building, num_classes, options.images_per_class)
     stamp.unlink(missing_ok=True)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(building, target)
-    stamp.write_text(json.dumps(settings, sort_keys=True) + "\n")
+    write_json_atomic(stamp, settings)
     return target
+
+
+def _check_complete(folder: Path, num_classes: int, images_per_class: int) -> None:
+    """Refuse a generated collection whose classes or images differ from what was asked."""
+    expected = {synset: images_per_class for synset in synset_ids(num_classes)}
+    found = {entry.name: len(os.listdir(entry)) for entry in folder.iterdir() if entry.is_dir()}
+    if found != expected:
+        wrong = sorted(set(found) ^ set(expected)) + sorted(s for s in found.keys() & expected if found[s] != expected[s])
+        raise DataError(
+            f"synthetic collection in {folder} is incomplete: {sum(found.values())} images in {len(found)} classes, "
+            f"expected {num_classes * images_per_class} in {num_classes} (first difference: {wrong[0]}); "
+            f"was it changed by another process? run prepare-shards again"
+        )
 
 
 def _write_classes(folder: Path, start: int, stop: int, options: SyntheticSource) -> None:
