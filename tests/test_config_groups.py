@@ -1,0 +1,50 @@
+"""Every option of every Hydra config group composes, alone and as the experiments combine them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ralp_pipe.config import CONFIG_DIR, Config, load
+from ralp_pipe.config.schema import MIN_IMAGE_SIZE
+
+GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
+OPTIONS = [(group, option.stem) for group in GROUPS for option in sorted((CONFIG_DIR / group).glob("*.yaml"))]
+REAL_DATA = {"imagenet1k", "imagenet22k"}
+
+
+def _overrides(group: str, option: str, source: Path) -> list[str]:
+    extra = [f"dataset.source={source}"] if group == "dataset" and option in REAL_DATA else []
+    if group == "model" and option in MIN_IMAGE_SIZE:  # the default experiment's 32 px is too small for it
+        extra.append(f"train.image_size={MIN_IMAGE_SIZE[option]}")
+    return [f"{group}={option}", *extra]
+
+
+def test_every_group_has_options() -> None:
+    assert set(GROUPS) == {"cluster", "dataset", "experiment", "model", "network", "strategy"}
+    assert len(OPTIONS) >= 30
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_each_option_composes_and_selects_itself(group: str, option: str, tmp_path: Path) -> None:
+    overrides = _overrides(group, option, tmp_path)
+    if group == "experiment" and option == "paper":
+        overrides += ["dataset=imagenet1k", f"dataset.source={tmp_path}"]
+    cfg = load(overrides)
+    assert isinstance(cfg, Config)
+    section = getattr(cfg, group)
+    selected = section.kind if group == "cluster" else section.name
+    assert selected == option
+
+
+def test_the_paper_experiment_composes_with_every_dataset_model_and_network(tmp_path: Path) -> None:
+    base = load(["experiment=paper", "dataset=imagenet1k", f"dataset.source={tmp_path}"])
+    e = base.experiment
+    for dataset in e.datasets:
+        for model in e.models:
+            for network in e.networks:
+                cfg = load(["experiment=paper", f"dataset={dataset}", f"dataset.source={tmp_path}",
+                            f"model={model}", f"network={network}", "cluster.gpus=16"])
+                assert (cfg.dataset.name, cfg.model.name, cfg.network.name) == (dataset, model, network)
+                assert cfg.train.image_size == 224 and cfg.train.loader == "dali"
