@@ -196,6 +196,7 @@ class Matrix:
         self.runs = [Run(d, m, s, g, n) for d in e.datasets for m in e.models for s in e.strategies
                      for g in e.gpus for n in e.networks]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
+        self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
         self._check_workloads()
 
     def launcher_args(self) -> list[str]:
@@ -247,10 +248,16 @@ class Matrix:
 
     def first(self, **wildcards: str) -> Run:
         """A run matching the given wildcard values (stages shared by several runs use any of them)."""
-        for run in self.runs:
-            if all(run.wildcards[k] == str(v) for k, v in wildcards.items()):
-                return run
-        raise ConfigError(f"no run of experiment '{self.settings.experiment}' matches {wildcards}")
+        keys = tuple(sorted(wildcards))
+        if keys not in self._first:  # one index per set of wildcard names, built on first use
+            index: dict[tuple[str, ...], Run] = {}
+            for run in self.runs:
+                index.setdefault(tuple(run.wildcards[k] for k in keys), run)
+            self._first[keys] = index
+        try:
+            return self._first[keys][tuple(str(wildcards[k]) for k in keys)]
+        except KeyError:
+            raise ConfigError(f"no run of experiment '{self.settings.experiment}' matches {wildcards}") from None
 
     @property
     def workloads(self) -> list[list[str]]:
