@@ -16,6 +16,7 @@ from ralp_pipe.planning.planner import build_plan
 from ralp_pipe.planning.profiling import analytic_profile
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
+from ralp_pipe.results.records import Profile
 
 GPU_MACS = 5e12  # a V100-class device, multiply-accumulates per second
 CPU_MACS = 5e10  # a few CPU cores
@@ -32,7 +33,7 @@ def _plan(model: str, image: int, overrides: list[str], macs: float, measured_bw
     workers = {topology(s, n).num_workers for n in gpus for s in ("ralp_h", "ralp_n")}
     profile = analytic_profile(model, 1000, image, sorted({batch, *(batch * w for w in workers)}), macs, measured_bw, MEMORY)
     cfg = load([f"model={model}", f"train.image_size={image}", f"train.batch_size={batch}", *overrides])
-    return build_plan(profile, "analytic", cfg, gpus)
+    return build_plan(Profile.from_dict(profile, "analytic"), "analytic", cfg, gpus).to_dict()
 
 
 def test_predicted_bytes_per_step_equal_volume_step_bytes_for_every_strategy_and_split() -> None:

@@ -5,69 +5,61 @@ of every admissible configuration (every split 1..len(units)-1 for `ralp_h` / `r
 bytes per step from :func:`ralp_pipe.engine.volume.step_bytes`, keeps the fastest, and compares it
 with the `ps` baseline. A RALP variant whose best split is not faster than `ps` is kept in the
 plan with ``pays: false`` and a reason, so the engine can still run it as the comparison.
-The engine reads ``plan["strategies"][name]["split"]``.
+It reads a :class:`~ralp_pipe.results.records.Profile` and writes a :class:`~ralp_pipe.results.records.Plan`;
+the engine reads ``plan.strategies[name]["split"]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from ralp_pipe.engine import models
-from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import STRATEGIES, Config, ConfigError, cluster_kind, load, workload
 from ralp_pipe.planning.costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
+from ralp_pipe.errors import DataError
+from ralp_pipe.results.records import Plan, Profile
 
 RALP = ("ralp_h", "ralp_n")
 
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
 
-def read_profile(path: str | Path) -> dict[str, Any]:
-    """A profile JSON written by `ralp-pipe profile`, with a clear error when it is not one."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read profile {path}: {exc}; write one with `ralp-pipe profile --out {path}`") from exc
-    missing = [k for k in ("model", "num_classes", "image_size", "units", "update", "link") if k not in doc]
-    if missing:
-        raise ConfigError(f"profile {path} lacks {', '.join(missing)}: re-run `ralp-pipe profile --out {path}`")
-    return doc
-
-
-def check_profile_matches(profile: Mapping[str, Any], cfg: Config, path: str | Path) -> None:
+def check_profile_matches(profile: Profile, cfg: Config, path: str | Path) -> None:
     """Refuse a profile of another model, class count or image size than `cfg`."""
     wanted = workload(cfg)
     for key in ("model", "num_classes", "image_size"):
-        value = wanted[key]
-        if profile[key] != value:
+        value, profiled = wanted[key], getattr(profile, key)
+        if profiled != value:
             raise ConfigError(
-                f"profile {path} has {key}={profile[key]!r} but the configuration asks for {value!r}: "
+                f"profile {path} has {key}={profiled!r} but the configuration asks for {value!r}: "
                 f"profile that configuration or pass matching overrides"
             )
 
 
-def cluster_link(profile: Mapping[str, Any], cfg: Config) -> Link:
+def cluster_link(profile: Profile, cfg: Config) -> Link:
     """The link the run will see: measured, capped by network.rate where the cluster is shaped."""
-    measured = profile["link"].get("measured") or {}
+    measured = profile.link.get("measured") or {}
     rate = cfg.network.rate if cluster_kind(cfg.cluster.kind).shapes_links else None
     try:
         return effective_link(measured.get("bytes_per_s"), rate, float(measured.get("latency_s", 0.0)),
                               measured.get("allreduce_bus_bytes_per_s"))
     except ValueError as exc:
-        raise ConfigError(f"{exc} (profile of {profile['model']}, network.rate={cfg.network.rate})") from exc
+        raise ConfigError(f"{exc} (profile of {profile.model}, network.rate={cfg.network.rate})") from exc
 
 
-def shared_cpu(cfg: Config, profile: Mapping[str, Any]) -> SharedCpu | None:
+def shared_cpu(cfg: Config, profile: Profile) -> SharedCpu | None:
     """The CPU every rank shares where a local or emulated run has no GPUs, else None (a device each)."""
-    if profile.get("device") != "cpu" or not cluster_kind(cfg.cluster.kind).shares_host_cpus:
+    if profile.device != "cpu" or not cluster_kind(cfg.cluster.kind).shares_host_cpus:
         return None
-    hw = profile["hardware"]
-    return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))
+    hw = profile.hardware or {}
+    try:
+        return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))
+    except KeyError as exc:
+        raise DataError(f"CPU profile of {profile.model} lacks hardware.{exc.args[0]}: re-run `ralp-pipe profile`") from exc
 
 
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
@@ -152,14 +144,14 @@ def plan_gpus(
     return entries
 
 
-def build_plan(profile: Mapping[str, Any], profile_path: str | Path, cfg: Config, gpus: Sequence[int]) -> dict[str, Any]:
-    """The plan document for `cfg` at every GPU count in `gpus` (the first one is the main entry)."""
+def build_plan(profile: Profile, profile_path: str | Path, cfg: Config, gpus: Sequence[int]) -> Plan:
+    """The plan for `cfg` at every GPU count in `gpus` (the first one is the main entry)."""
     check_profile_matches(profile, cfg, profile_path)
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
     names = [u.name for u in units]
-    if names != [u["name"] for u in profile["units"]]:
+    if names != [u["name"] for u in profile.units]:
         raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")
-    costs = compute_costs(profile)
+    costs = compute_costs(profile.to_dict())
     link = cluster_link(profile, cfg)
     shared = shared_cpu(cfg, profile)
     num_ps = cfg.strategy.num_ps
@@ -168,21 +160,21 @@ def build_plan(profile: Mapping[str, Any], profile_path: str | Path, cfg: Config
         str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared) for n in gpus
     }
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
-    return {
+    return Plan(
         **workload(cfg),
-        "gpus": gpus[0],
-        "network": cfg.network.name,
-        "cluster_kind": cfg.cluster.kind,
-        "bandwidth_bytes_per_s": link.bytes_per_s,
-        "bandwidth_source": link.source,
-        "latency_s": link.latency_s,
-        "allreduce_bytes_per_s": link.ring_bytes_per_s,
-        "shared_cpu": None if shared is None else {"cores": shared.cores, "profile_threads": shared.profile_threads},
-        "profile": str(profile_path),
-        "recommended": best[0],
-        "strategies": by_gpus[str(gpus[0])],
-        "by_gpus": by_gpus,
-    }
+        gpus=gpus[0],
+        network=cfg.network.name,
+        cluster_kind=cfg.cluster.kind,
+        bandwidth_bytes_per_s=link.bytes_per_s,
+        bandwidth_source=link.source,
+        latency_s=link.latency_s,
+        allreduce_bytes_per_s=link.ring_bytes_per_s,
+        shared_cpu=None if shared is None else {"cores": shared.cores, "profile_threads": shared.profile_threads},
+        profile=str(profile_path),
+        recommended=best[0],
+        strategies=by_gpus[str(gpus[0])],
+        by_gpus=by_gpus,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,13 +190,13 @@ def main(args: argparse.Namespace) -> int:
     gpus = args.gpus or [cfg.cluster.gpus]
     if min(gpus) < 1:
         raise ConfigError(f"--gpus {' '.join(map(str, gpus))}: every GPU count must be at least 1")
-    plan = build_plan(read_profile(args.profile), args.profile, cfg, gpus)
-    write_json_atomic(args.out, plan)
-    for name, entry in plan["strategies"].items():
+    plan = build_plan(Profile.read(args.profile), args.profile, cfg, gpus)
+    plan.write(args.out)
+    for name, entry in plan.strategies.items():
         split = f" split {entry['split']:>2}" if entry["split"] else " " * 9
         print(f"{name:9s}{split}  {entry['predicted_images_per_sec']:10.2f} img/s  "
               f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
               f"{entry['reason'] if name in RALP else ''}")
-    print(f"plan for {plan['model']}/{plan['dataset']} at N={plan['gpus']} "
-          f"({plan['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, {plan['bandwidth_source']}) -> {args.out}")
+    print(f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} "
+          f"({plan.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}")
     return 0

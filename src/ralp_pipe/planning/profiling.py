@@ -1,7 +1,7 @@
 """Hardware profile of one model: per-unit compute time, bytes and memory, plus the link bandwidth.
 
-`ralp-pipe profile --out FILE.json <overrides>` writes one JSON file per model x dataset x
-hardware. For every placement unit it records forward and backward time (median of
+`ralp-pipe profile --out FILE.json <overrides>` writes one
+:class:`~ralp_pipe.results.records.Profile` per model x dataset x hardware. For every placement unit it records forward and backward time (median of
 `repeats` after `warmup` runs, each unit timed in isolation on an input of the right shape)
 at the per-worker batch and at the PS device's concatenated batches (ralp_n and ralp_h at
 `cluster.gpus`), parameter bytes, output activation bytes and peak memory. Peak memory is
@@ -38,7 +38,7 @@ from ralp_pipe.runtime import devices
 from ralp_pipe.runtime.process import free_port, start_logged, supervise
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
-from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.results.records import Profile
 from ralp_pipe.engine.topology import topology
 
 DEFAULT_MESSAGE_BYTES = 64 * 2**20
@@ -444,7 +444,7 @@ def main(args: argparse.Namespace) -> int:
                             not args.no_bandwidth)
     finally:
         torch.set_num_threads(previous)
-    write_json_atomic(args.out, doc)
+    Profile.from_dict(doc, args.out).write(args.out)
     bw = doc["link"]["measured"]
     bw_text = f", link {bw['bytes_per_s'] / 1e9:.2f} GB/s" if bw else ""
     print(f"profile {doc['model']}/{doc['dataset']} on {doc['device']}: {len(doc['units'])} units, "

@@ -20,7 +20,8 @@ from ralp_pipe.engine import models
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import STRATEGIES, ConfigError, load
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, compute_costs
-from ralp_pipe.planning.planner import RALP, best_prediction, check_profile_matches, read_profile, volume_function
+from ralp_pipe.planning.planner import RALP, best_prediction, check_profile_matches, volume_function
+from ralp_pipe.results.records import Profile
 
 GPUS = tuple(2**i for i in range(1, 11))
 LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)
@@ -133,10 +134,10 @@ def main(args: argparse.Namespace) -> int:
     cfg = load(args.overrides)
     if min(args.gpus) < 2 or min(args.link_gbit) <= 0:
         raise ConfigError(f"--gpus {args.gpus} must all be >= 2 and --link-gbit {args.link_gbit} all positive")
-    profile = read_profile(args.profile)
+    profile = Profile.read(args.profile)
     check_profile_matches(profile, cfg, args.profile)
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
-    frame = simulate(profile, units, cfg.train.batch_size, args.gpus, args.link_gbit, cfg.strategy.num_ps)
+    frame = simulate(profile.to_dict(), units, cfg.train.batch_size, args.gpus, args.link_gbit, cfg.strategy.num_ps)
     paths = write_outputs(frame, args.out)
     print(summary(frame))
     print("wrote " + ", ".join(str(p) for p in paths))

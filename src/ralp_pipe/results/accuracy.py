@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
+
+from ralp_pipe.results.layout import METRICS_FILE
+from ralp_pipe.results.records import Plan, RunMetrics
 
 KEYS = ("model", "dataset", "strategy", "gpus", "network")
 MEASURED = (*KEYS, "images_per_sec", "split")
@@ -47,8 +49,8 @@ def prediction_error(
     return joined, median_abs_error(joined["relative_error"])
 
 
-def plan_predictions(plan: dict) -> pd.DataFrame:
-    """One row per strategy and GPU count of a plan file, with the `KEYS` columns and images/sec."""
+def plan_predictions(plan: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per strategy and GPU count of a plan document, with the `KEYS` columns and images/sec."""
     rows = [
         {"model": plan["model"], "dataset": plan["dataset"], "strategy": name, "gpus": int(gpus),
          "network": plan["network"], "split": entry["split"], "images_per_sec": entry["predicted_images_per_sec"],
@@ -76,5 +78,5 @@ def measure_against_plan(
     for argv in stages:
         if cli.main(argv) != 0:
             raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed")
-    measured = [json.loads((out / s / "metrics.json").read_text()) for s in strategies]
-    return pd.DataFrame([{k: m[k] for k in MEASURED} for m in measured]), plan_predictions(json.loads(plan.read_text()))
+    measured = [RunMetrics.read(out / s / METRICS_FILE) for s in strategies]
+    return pd.DataFrame([{k: getattr(m, k) for k in MEASURED} for m in measured]), plan_predictions(Plan.read(plan).to_dict())

@@ -1,7 +1,8 @@
 """`ralp-pipe aggregate`: training records -> runs.parquet, speedups.parquet, summary.md and plots.
 
-The tables are pure functions of the raw records (``metrics.json`` of each run and the plan it
-trained with), so :mod:`ralp_pipe.results.verify` can recompute them from a bundle and compare.
+The tables are pure functions of the raw records (each run's :class:`~ralp_pipe.results.records.RunMetrics`
+and the :class:`~ralp_pipe.results.records.Plan` it was planned with), so :mod:`ralp_pipe.results.verify`
+can recompute them from a bundle and compare. File names come from :mod:`ralp_pipe.results.layout`.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ import pandas as pd
 
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import ConfigError, STRATEGIES
-from ralp_pipe.workflow.matrix import PATHS
-from ralp_pipe.results.accuracy import median_abs_error, relative_error
+from ralp_pipe.errors import DataError
 from ralp_pipe.engine.volume import CATEGORIES
+from ralp_pipe.results.accuracy import median_abs_error, relative_error
+from ralp_pipe.results.layout import (
+    CONCURRENT_TABLE, METRICS_FILE, PLAN_FILE, PLOTS_FOLDER, RUNS_TABLE, SPEEDUPS_TABLE, SUMMARY_FILE,
+)
+from ralp_pipe.results.layout import TABLE_FILES  # noqa: F401  (results.verify imports it from here)
+from ralp_pipe.results.records import Plan, RunMetrics
 
 GROUP = ["model", "dataset", "gpus", "network"]
-TABLE_FILES = ("runs.parquet", "speedups.parquet", "concurrent.parquet", "summary.md")
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
 PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # drawn by ralp_pipe.results.plots
-_COPIED = (
-    "model", "dataset", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate", "batch_size",
-    "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec", "images_per_step",
-    "step_time_s", "git_revision", "config_hash",
-)
+Records = Sequence[tuple[RunMetrics, Plan | None]]
 
 
 @dataclass
@@ -43,37 +44,26 @@ class Tables:
 
 
 def find_metrics(paths: Iterable[str | Path]) -> list[Path]:
-    """metrics.json files named directly, inside the given run folders, or anywhere below given folders."""
+    """Run records (metrics.json) named directly, inside the given run folders, or anywhere below given folders."""
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_file():
             found.append(path)
-        elif (path / "metrics.json").is_file():
-            found.append(path / "metrics.json")
+        elif (path / METRICS_FILE).is_file():
+            found.append(path / METRICS_FILE)
         elif path.is_dir():
-            found += sorted(path.rglob("metrics.json"))
+            found += sorted(path.rglob(METRICS_FILE))
         else:
             raise ConfigError(f"run record {path} does not exist: run the train stage first")
     if not found:
-        raise ConfigError(f"no metrics.json under {', '.join(map(str, paths))}")
+        raise ConfigError(f"no {METRICS_FILE} under {', '.join(map(str, paths))}")
     return found
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON document, with a clear error when it is missing or malformed."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-
-
-def plan_for(record: dict[str, Any], plans: Path) -> dict[str, Any] | None:
-    """The plan file the run's (model, dataset, N, network) was planned with, if it exists below `plans`."""
-    name = PATHS["plan"].removeprefix("plans/").format(
-        dataset=record["dataset"], model=record["model"], gpus=record["gpus"], network=record["network"]
-    )
-    path = plans / name
-    return read_json(path) if path.is_file() else None
+def plan_for(record: RunMetrics, plans: Path) -> Plan | None:
+    """The plan the run's (model, dataset, N, network) was planned with, if its file exists below `plans`."""
+    path = plans / PLAN_FILE.format(dataset=record.dataset, model=record.model, gpus=record.gpus, network=record.network)
+    return Plan.read(path) if path.is_file() else None
 
 
 def _gb(values: dict[str, Any] | None, category: str) -> float:
@@ -81,29 +71,26 @@ def _gb(values: dict[str, Any] | None, category: str) -> float:
     return math.nan if value is None else float(value)
 
 
-def run_row(record: dict[str, Any], plan: dict[str, Any] | None) -> dict[str, Any]:
-    """One row of runs.parquet from a run's metrics.json and its plan."""
-    missing = [key for key in (*_COPIED, "num_classes", "gb_per_step") if key not in record]
-    if missing:
-        raise ConfigError(f"run record of {record.get('model')}/{record.get('strategy')} lacks {', '.join(missing)}")
-    row = {key: record[key] for key in _COPIED}
-    row["classes"] = record["num_classes"]
-    row["run"] = f"{record['dataset']}/{record['model']}/n{record['gpus']}-{record['network']}/{record['strategy']}"
+def run_row(record: RunMetrics, plan: Plan | None) -> dict[str, Any]:
+    """One row of runs.parquet from a run's record and its plan."""
+    row = {key: getattr(record, key) for key in RunMetrics.columns()}
+    row["classes"] = record.num_classes
+    row["run"] = record.run
     for category in ("total", *CATEGORIES):
-        row[f"gb_{category}"] = _gb(record["gb_per_step"], category)
-        row[f"analytic_gb_{category}"] = _gb(record.get("analytic_gb_per_step"), category)
-    wire = record.get("wire_gb_per_step")  # a total from the kernel's counters; None off the emulated cluster
+        row[f"gb_{category}"] = _gb(record.gb_per_step, category)
+        row[f"analytic_gb_{category}"] = _gb(record.analytic_gb_per_step, category)
+    wire = record.wire_gb_per_step
     row["wire_gb_total"] = math.nan if wire is None else float(wire)
-    predicted = ((plan or {}).get("strategies") or {}).get(record["strategy"]) or {}
+    predicted = (plan.strategies if plan is not None else {}).get(record.strategy) or {}
     row["predicted_images_per_sec"] = float(predicted.get("predicted_images_per_sec", math.nan) or math.nan)
     volume = predicted.get("predicted_gb_per_step")
     row["predicted_gb_per_step"] = _gb(volume, "total") if isinstance(volume, dict) else float(volume or math.nan)
-    row["hardware"] = json.dumps(record.get("hardware", {}), sort_keys=True)
-    row["split"] = -1 if record["split"] is None else int(record["split"])
+    row["hardware"] = json.dumps(record.hardware, sort_keys=True)
+    row["split"] = -1 if record.split is None else int(record.split)
     return row
 
 
-def runs_table(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]) -> pd.DataFrame:
+def runs_table(records: Records) -> pd.DataFrame:
     """runs.parquet: one row per run, sorted, with its speedup over `ps` in the same group."""
     frame = pd.DataFrame([run_row(record, plan) for record, plan in records])
     order = {name: i for i, name in enumerate(STRATEGIES)}
@@ -189,9 +176,8 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def build_tables(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]],
-                 workloads: Sequence[tuple[str, dict[str, Any]]] = ()) -> Tables:
-    """All tables of an experiment from (metrics record, plan) pairs and (name, concurrent.json) pairs."""
+def build_tables(records: Records, workloads: Sequence[tuple[str, dict[str, Any]]] = ()) -> Tables:
+    """All tables of an experiment from (run record, plan) pairs and (name, concurrent.json) pairs."""
     runs = runs_table(records)
     concurrent = concurrent_table(workloads)
     summary = summary_markdown(runs) + concurrent_markdown(concurrent)
@@ -200,22 +186,29 @@ def build_tables(records: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]
 
 def load_workloads(paths: Iterable[str | Path]) -> list[tuple[str, dict[str, Any]]]:
     """(workload name = its folder's name, concurrent.json) of each concurrent result file."""
-    return [(Path(path).parent.name, read_json(Path(path))) for path in paths]
+    return [(Path(path).parent.name, _read_json(Path(path))) for path in paths]
 
 
-def load_records(run_paths: Iterable[str | Path], plans: Path) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-    """(metrics record, plan) pairs of every run found under `run_paths`."""
-    return [(record, plan_for(record, plans)) for record in map(read_json, find_metrics(run_paths))]
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"cannot read concurrent result {path}: {exc}; re-run `ralp-pipe concurrent`") from exc
+
+
+def load_records(run_paths: Iterable[str | Path], plans: Path) -> list[tuple[RunMetrics, Plan | None]]:
+    """(run record, plan) pairs of every run found under `run_paths`."""
+    return [(record, plan_for(record, plans)) for record in map(RunMetrics.read, find_metrics(run_paths))]
 
 
 def write_tables(tables: Tables, out: Path) -> None:
-    """Write runs.parquet, speedups.parquet and summary.md into `out` atomically."""
+    """Write the tables (runs, speedups, concurrent, summary) into `out` atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups),
-                        ("concurrent.parquet", tables.concurrent)):
+    for name, frame in ((RUNS_TABLE, tables.runs), (SPEEDUPS_TABLE, tables.speedups),
+                        (CONCURRENT_TABLE, tables.concurrent)):
         with atomic_path(out / name) as tmp:
             frame.to_parquet(tmp, index=False)
-    with atomic_path(out / "summary.md") as tmp:
+    with atomic_path(out / SUMMARY_FILE) as tmp:
         tmp.write_text(tables.summary)
 
 
@@ -233,6 +226,6 @@ def main(args: argparse.Namespace) -> int:
 
     tables = build_tables(load_records(args.runs, args.plans), load_workloads(args.concurrent))
     write_tables(tables, args.out)
-    write_plots(tables.runs, args.out / "plots")
+    write_plots(tables.runs, args.out / PLOTS_FOLDER)
     print(f"aggregate: {len(tables.runs)} runs -> {args.out}")
     return 0

@@ -1,0 +1,180 @@
+"""The typed records the stages hand each other: a run's metrics, a profile, a plan.
+
+Each record is a frozen dataclass whose fields are the JSON keys, in the order they are
+written; the JSON also carries ``"schema_version"`` (:data:`SCHEMA_VERSION`). A file without
+it is read as version 1; a newer version, a missing required key or an unknown key is refused
+with a :class:`~ralp_pipe.errors.DataError` naming the file and the key. Fields with a default
+may be absent from a version-1 file (hand-written plans and test records hold only what their
+readers use). Parts whose shape belongs to another module (the config, per-host wire bytes,
+unit tables, plan entries) stay plain dicts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Self
+
+from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.errors import DataError
+
+SCHEMA_VERSION = 1
+VERSION_KEY = "schema_version"
+_COLUMN = {"column": True}  # field metadata: copied as is into runs.parquet
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """Base of the records: JSON keys = dataclass fields, plus the schema version."""
+
+    KIND: ClassVar[str] = "record"
+    STAGE: ClassVar[str] = ""  # the `ralp-pipe` stage that writes it
+
+    @classmethod
+    def required(cls) -> tuple[str, ...]:
+        """Keys every file of this record must hold."""
+        return tuple(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], source: str | Path) -> Self:
+        """The record of a parsed JSON document read from `source` (named in errors)."""
+        where = f"{cls.KIND} {source}"
+        if not isinstance(doc, Mapping):
+            raise DataError(f"{where} is not a JSON object: re-run `ralp-pipe {cls.STAGE}`")
+        version = doc.get(VERSION_KEY, 1)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise DataError(f"{where} has {VERSION_KEY}={version!r}, not a positive integer")
+        if version > SCHEMA_VERSION:
+            raise DataError(f"{where} has {VERSION_KEY} {version} but this ralp-pipe reads up to {SCHEMA_VERSION}: "
+                            f"upgrade ralp-pipe or re-run `ralp-pipe {cls.STAGE}`")
+        known = {f.name for f in fields(cls)}
+        missing = [key for key in cls.required() if key not in doc]
+        if missing:
+            raise DataError(f"{where} lacks key {', '.join(map(repr, missing))}: re-run `ralp-pipe {cls.STAGE}`")
+        unknown = sorted(set(doc) - known - {VERSION_KEY})
+        if unknown:
+            raise DataError(f"{where} has unknown key {', '.join(map(repr, unknown))} for {VERSION_KEY} {version}")
+        return cls(**{key: value for key, value in doc.items() if key in known})
+
+    @classmethod
+    def read(cls, path: str | Path) -> Self:
+        """The record in JSON file `path`."""
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"cannot read {cls.KIND} {path}: {exc}; write it with `ralp-pipe {cls.STAGE}`") from exc
+        return cls.from_dict(doc, path)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document: schema version first, then the fields in order."""
+        return {VERSION_KEY: SCHEMA_VERSION, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    def write(self, path: str | Path) -> None:
+        """Write the record to `path` atomically."""
+        write_json_atomic(path, self.to_dict())
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMetrics(Record):
+    """metrics.json of one training run (see :mod:`ralp_pipe.engine.metrics` for the definitions)."""
+
+    KIND: ClassVar[str] = "run record"
+    STAGE: ClassVar[str] = "train"
+
+    model: str = field(metadata=_COLUMN)
+    dataset: str = field(metadata=_COLUMN)
+    num_classes: int
+    strategy: str = field(metadata=_COLUMN)
+    gpus: int = field(metadata=_COLUMN)
+    workers: int = field(metadata=_COLUMN)
+    num_ps: int = field(metadata=_COLUMN)
+    split: int | None = field(metadata=_COLUMN)
+    network: str = field(metadata=_COLUMN)
+    rate: str = field(metadata=_COLUMN)
+    batch_size: int = field(metadata=_COLUMN)
+    global_batch: int = field(metadata=_COLUMN)
+    image_size: int = field(metadata=_COLUMN)
+    warmup_steps: int = field(metadata=_COLUMN)
+    measure_steps: int = field(metadata=_COLUMN)
+    images_per_sec: float = field(metadata=_COLUMN)
+    images_per_step: int = field(metadata=_COLUMN)
+    step_time_s: float = field(metadata=_COLUMN)
+    window_s: float | None = None
+    gb_per_step: dict[str, float]  # by category and "total"
+    analytic_gb_per_step: dict[str, float]
+    wire_gb_per_step: float | None  # the kernel's link counters; None off the emulated cluster
+    wire_per_host: dict[str, Any] | None = None
+    world_size: int | None = None
+    roles: list[str] | None = None
+    device: str | None = None
+    backend: str | None = None
+    loader: str | None = None
+    hardware: dict[str, Any]
+    versions: dict[str, Any]
+    git_revision: str | None = field(metadata=_COLUMN)
+    config_hash: str = field(metadata=_COLUMN)
+    config: dict[str, Any]
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The fields runs.parquet copies unchanged, in order."""
+        return tuple(f.name for f in fields(cls) if f.metadata.get("column"))
+
+    @property
+    def run(self) -> str:
+        """The run's name: dataset/model/n<N>-<network>/strategy."""
+        return f"{self.dataset}/{self.model}/n{self.gpus}-{self.network}/{self.strategy}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile(Record):
+    """A profile of one model on one machine, measured (`ralp-pipe profile`) or analytic."""
+
+    KIND: ClassVar[str] = "profile"
+    STAGE: ClassVar[str] = "profile"
+
+    model: str
+    dataset: str | None = None
+    num_classes: int
+    image_size: int
+    batch_size: int | None = None
+    gpus: int | None = None
+    batches: dict[str, int]  # role or batch -> batch size profiled
+    device: str  # cpu, cuda or analytic
+    training_backend: str | None = None
+    cluster_kind: str | None = None
+    warmup: int | None = None
+    repeats: int | None = None
+    memory_method: str | None = None
+    hardware: dict[str, Any] | None = None
+    link: dict[str, Any]  # "measured" (None or the probe's result), configured rate
+    units: list[dict[str, Any]]  # one row per placement unit, see planning.profiling
+    update: dict[str, Any]
+    profile_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Record):
+    """A plan: the chosen split and predictions of every strategy (`ralp-pipe plan`)."""
+
+    KIND: ClassVar[str] = "plan"
+    STAGE: ClassVar[str] = "plan"
+
+    model: str | None = None
+    dataset: str | None = None
+    num_classes: int | None = None
+    image_size: int | None = None
+    batch_size: int | None = None
+    gpus: int | None = None
+    network: str | None = None
+    cluster_kind: str | None = None
+    bandwidth_bytes_per_s: float | None = None
+    bandwidth_source: str | None = None
+    latency_s: float | None = None
+    allreduce_bytes_per_s: float | None = None
+    shared_cpu: dict[str, int] | None = None
+    profile: str | None = None
+    recommended: str | None = None
+    strategies: dict[str, dict[str, Any]]  # strategy -> plan entry at `gpus`; the engine reads its "split"
+    by_gpus: dict[str, dict[str, dict[str, Any]]] | None = None  # str(N) -> strategy -> plan entry
