@@ -13,7 +13,7 @@ from ralp_pipe.results.aggregate import PLOT_NAMES, build_tables, load_records
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import ConfigError
 from ralp_pipe.results.aggregate import load_workloads
-from workflow_records import THROUGHPUT, write_concurrent, write_results
+from workflow_records import gb_per_step, images_per_sec, prediction_error, write_concurrent, write_results
 
 
 def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_path: Path) -> None:
@@ -22,12 +22,16 @@ def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_pa
     frame = tables.runs
     assert len(frame) == len(runs) == 16
     row = frame[(frame.model == "vgg11") & (frame.gpus == 4) & (frame.strategy == "ralp_n")].iloc[0]
-    assert row.speedup_vs_ps == pytest.approx(THROUGHPUT["ralp_n"] / THROUGHPUT["ps"])
-    assert row.prediction_error == pytest.approx(0.1)
-    assert row.predicted_gb_per_step == pytest.approx(0.5)
+    # vgg11 at N=4 on 1gbit: ralp_n 240 x 2 + 7 x 2 = 494 images/sec, ps 100 x 2 + 14 = 214
+    assert row.speedup_vs_ps == pytest.approx(494 / 214)
+    assert row.speedup_vs_ps == pytest.approx(images_per_sec("vgg11", "1gbit", "ralp_n", 4)
+                                              / images_per_sec("vgg11", "1gbit", "ps", 4))
+    assert row.prediction_error == pytest.approx(0.03)  # ralp_n's 0.02 + 0.005 per GPU beyond 2
+    assert row.prediction_error == pytest.approx(prediction_error("vgg11", "1gbit", "ralp_n", 4))
+    assert row.predicted_gb_per_step == pytest.approx(0.12)  # the plan predicts the analytic volume
     assert row.workers == 3 and row.num_ps == 1 and row.classes == 1000
-    assert row.gb_total == pytest.approx(0.06)
-    assert row.wire_gb_total == pytest.approx(1.02 * 0.06)  # kernel counters of the emulated network
+    assert row.gb_total == pytest.approx(0.12) == gb_per_step("vgg11", "ralp_n", 4)["total"]  # 0.06 x N/2
+    assert row.wire_gb_total == pytest.approx(1.02 * 0.12)  # kernel counters of the emulated network
     assert json.loads(row.hardware) == {"cpu": "test", "cpus": 2}
     assert list(frame.strategy[:4]) == ["ps", "allreduce", "ralp_h", "ralp_n"]
     ps_rows = tables.speedups[tables.speedups.strategy == "ps"]
@@ -41,8 +45,10 @@ def test_summary_is_laid_out_per_network_with_throughput_and_speedup_columns(tmp
     header = next(line for line in lines if line.startswith("| model") and "speedup" in line)
     assert header == ("| model | dataset | classes | N | ps | allreduce | ralp_h | ralp_n | allreduce speedup |"
                       " ralp_h speedup | ralp_n speedup |")
-    assert "| vgg11 | synthetic1k | 1000 | 4 | 200.0 | 300.0 | 360.0 | 480.0 | 1.50x | 1.80x | 2.40x |" in lines
-    assert "Median absolute error of predicted images/sec: 10.0% over 16 runs with a plan." in lines
+    # THROUGHPUT x 2 + 14 at N=4; speedups 314 / 214, 374 / 214, 494 / 214
+    assert "| vgg11 | synthetic1k | 1000 | 4 | 214.0 | 314.0 | 374.0 | 494.0 | 1.47x | 1.75x | 2.31x |" in lines
+    # |errors| 0, .01, .02, .03, .03, .04, .05, .06 | .10, .11, .13, .14, .25, .26, .28, .29: median (.06 + .10) / 2
+    assert "Median absolute error of predicted images/sec: 8.0% over 16 runs with a plan." in lines
 
 
 def test_missing_plan_leaves_prediction_empty_and_missing_ps_leaves_speedup_empty(tmp_path: Path) -> None:

@@ -1,26 +1,64 @@
-"""Run records in the train stage's metrics.json format, and plans in the plan stage's, for aggregate tests."""
+"""Run records in the train stage's metrics.json format, and plans in the plan stage's, for aggregate tests.
+
+Every (model, network, N, strategy) gets its own throughput, volume and prediction error, so a join
+that drops a key, or a median that is really a mean or a max, gives numbers the tests can tell apart.
+The base figures stay those of vgg11 at N=2 on 1gbit: tests/test_bundle.py edits its ralp_n record's
+`"images_per_sec": 240.0`.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Sequence
 
 import pandas as pd
 
 from ralp_pipe.engine.topology import topology
 
-# images/sec of each strategy per (model, gpus): the ps baseline is slowest, as in the paper.
+# images/sec of each strategy for vgg11 at N=2 on 1gbit: the ps baseline is slowest, as in the paper.
 THROUGHPUT = {"ps": 100.0, "allreduce": 150.0, "ralp_h": 180.0, "ralp_n": 240.0}
+# What the network leaves of each strategy's throughput: ps suffers most on a slow link.
+NETWORK_FACTOR = {"1gbit": dict.fromkeys(THROUGHPUT, 1.0),
+                  "100mbit": {"ps": 0.3, "allreduce": 0.45, "ralp_h": 0.8, "ralp_n": 0.9}}
+MODEL_OFFSET = {"vgg11": 0.0, "resnet18": 35.0}  # images/sec added to every strategy of a model
+GPUS_OFFSET = 7.0  # images/sec added per GPU beyond 2
+MODEL_VOLUME = {"vgg11": 1.0, "resnet18": 0.25}  # GB/step of a model against vgg11's
+# Relative prediction error (predicted - measured) / measured: a per-strategy part plus model, network and N parts.
+STRATEGY_ERROR = {"ps": 0.1, "allreduce": -0.04, "ralp_h": 0.25, "ralp_n": 0.02}
+MODEL_ERROR = {"vgg11": 0.0, "resnet18": 0.03}
+NETWORK_ERROR = {"1gbit": 0.0, "100mbit": -0.07}
+GPUS_ERROR = 0.005  # per GPU beyond 2
 
 
-def metrics(model: str, dataset: str, strategy: str, gpus: int, network: str = "1gbit") -> dict:
-    """A metrics.json document of one run."""
-    topo = topology(strategy, gpus)
+def images_per_sec(model: str, network: str, strategy: str, gpus: int) -> float:
+    """Measured images/sec of one run."""
+    base = THROUGHPUT[strategy] * gpus / 2 * NETWORK_FACTOR[network][strategy]
+    return base + MODEL_OFFSET[model] + GPUS_OFFSET * (gpus - 2)
+
+
+def gb_per_step(model: str, strategy: str, gpus: int) -> dict[str, float]:
+    """Measured (and analytic) GB/step of one run by category and in total."""
     volume = {"gradients": 0.4, "parameters": 0.4, "activations": 0.01, "activation_gradients": 0.01}
     if strategy.startswith("ralp"):
         volume = {"gradients": 0.02, "parameters": 0.02, "activations": 0.01, "activation_gradients": 0.01}
+    scale = MODEL_VOLUME[model] * gpus / 2
+    volume = {name: value * scale for name, value in volume.items()}
     volume["total"] = sum(volume.values())
-    ips = THROUGHPUT[strategy] * gpus / 2
+    return volume
+
+
+def prediction_error(model: str, network: str, strategy: str, gpus: int) -> float:
+    """Relative error of the plan's images/sec prediction for one run."""
+    return (STRATEGY_ERROR[strategy] + MODEL_ERROR[model] + NETWORK_ERROR[network]
+            + GPUS_ERROR * (gpus - 2))
+
+
+def metrics(model: str, dataset: str, strategy: str, gpus: int, network: str = "1gbit") -> dict[str, Any]:
+    """A metrics.json document of one run."""
+    topo = topology(strategy, gpus)
+    volume = gb_per_step(model, strategy, gpus)
+    ips = images_per_sec(model, network, strategy, gpus)
     return {
         "model": model, "dataset": dataset, "num_classes": 1000, "strategy": strategy, "gpus": gpus,
         "workers": topo.num_workers, "num_ps": len(topo.ps), "split": 8 if strategy.startswith("ralp") else None,
@@ -34,22 +72,33 @@ def metrics(model: str, dataset: str, strategy: str, gpus: int, network: str = "
     }
 
 
-def write_results(root: Path, models=("vgg11", "resnet18"), strategies=tuple(THROUGHPUT), gpus=(2, 4)) -> list[Path]:
+def plan(model: str, network: str, strategies: Sequence[str], gpus: int) -> dict[str, Any]:
+    """A plan document with each strategy's predicted images/sec and GB/step."""
+    entries = {}
+    for s in strategies:
+        volume = gb_per_step(model, s, gpus)
+        predicted = images_per_sec(model, network, s, gpus) * (1 + prediction_error(model, network, s, gpus))
+        entries[s] = {"predicted_images_per_sec": predicted, "split": 8, "pays": True,
+                      "predicted_gb_per_step": {"gradients": volume["gradients"], "total": volume["total"]}}
+    return {"strategies": entries}
+
+
+def write_results(root: Path, models: Sequence[str] = ("vgg11", "resnet18"), strategies: Sequence[str] = tuple(THROUGHPUT),
+                  gpus: Sequence[int] = (2, 4), networks: Sequence[str] = ("1gbit",)) -> list[Path]:
     """Write run folders (metrics.json, steps.parquet) and plans below `root`; returns the run folders."""
     runs = []
     for model in models:
-        for n in gpus:
-            plan = {"strategies": {s: {"predicted_images_per_sec": THROUGHPUT[s] * n / 2 * 1.1,
-                                       "predicted_gb_per_step": {"gradients": 0.25, "total": 0.5}, "split": 8, "pays": True} for s in strategies}}
-            plan_path = root / "plans" / "synthetic1k" / model / f"n{n}-1gbit.json"
-            plan_path.parent.mkdir(parents=True, exist_ok=True)
-            plan_path.write_text(json.dumps(plan))
-            for strategy in strategies:
-                run = root / "runs" / "synthetic1k" / model / f"n{n}-1gbit" / strategy
-                run.mkdir(parents=True, exist_ok=True)
-                (run / "metrics.json").write_text(json.dumps(metrics(model, "synthetic1k", strategy, n)))
-                pd.DataFrame({"step": [0, 1], "step_time_s": [0.1, 0.1]}).to_parquet(run / "steps.parquet")
-                runs.append(run)
+        for network in networks:
+            for n in gpus:
+                plan_path = root / "plans" / "synthetic1k" / model / f"n{n}-{network}.json"
+                plan_path.parent.mkdir(parents=True, exist_ok=True)
+                plan_path.write_text(json.dumps(plan(model, network, strategies, n)))
+                for strategy in strategies:
+                    run = root / "runs" / "synthetic1k" / model / f"n{n}-{network}" / strategy
+                    run.mkdir(parents=True, exist_ok=True)
+                    (run / "metrics.json").write_text(json.dumps(metrics(model, "synthetic1k", strategy, n, network)))
+                    pd.DataFrame({"step": [0, 1], "step_time_s": [0.1, 0.1]}).to_parquet(run / "steps.parquet")
+                    runs.append(run)
     return runs
 
 
