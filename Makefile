@@ -1,5 +1,5 @@
-# The two front-door commands. Both create/reuse .venv from envs/requirements.lock first.
-.PHONY: run test setup
+# The front-door commands. Each creates/reuses .venv from envs/requirements.lock first.
+.PHONY: run test test-fast setup
 
 setup:
 	@bash scripts/setup.sh
@@ -9,3 +9,7 @@ run: setup
 
 test: setup
 	@bash scripts/test.sh $(ARGS)
+
+# The unit tests only: no training/profile subprocess, snakemake workflow, SLURM or network namespace.
+test-fast: setup
+	@bash scripts/test.sh -m "not slow and not slurm and not netns" $(ARGS)

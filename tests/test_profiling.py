@@ -17,6 +17,8 @@ from ralp_pipe.engine import models
 from ralp_pipe.planning.profiling import measure_bandwidth, profile_model, worker_and_ps_batches
 
 CPU = torch.device("cpu")
+# profiles models (8-25 s a test on 2 cores) and starts bandwidth-probe rank subprocesses
+pytestmark = pytest.mark.slow
 
 
 def _total(profile: dict, batch: int, pick=statistics.median) -> float:

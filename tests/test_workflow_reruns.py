@@ -29,6 +29,12 @@ CONFIG = {
 VICTIM = "runs/synthetic22k/resnet18/n2-loopback/allreduce"
 RUN = "dataset={}, model=resnet18, gpus=2, network=loopback"
 TAIL = {("aggregate", ""), ("bundle", ""), ("all", "")}
+# pytest-timeout counts the module fixture's setup against the first test that requests it, and
+# `-k` may make any test that one. Its internal deadlines: kill_one_rank 400 s + the first snakemake's
+# communicate 400 s + one dry run 120 s + the second snakemake 400 s = 1320 s, then a test's own
+# work, at most the report's 200 s: 1520 s. The pyproject's 600 s would kill the fixture before its
+# own deadlines could report what hung; 1600 s leaves them the word.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1600)]
 
 
 def kill_one_rank(snake: subprocess.Popen[str], run_dir: str, timeout_s: float = 400) -> None:
