@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import os
 import tarfile
@@ -11,43 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.results.bundle import CHECKSUMS, make_bundle
 from ralp_pipe.cli import main as cli
-from ralp_pipe.results.verify import BundleError, verify_bundle
-from workflow_records import write_concurrent, write_results
+from ralp_pipe.errors import BundleRefused
+from ralp_pipe.results.bundle import CHECKSUMS, make_bundle
+from ralp_pipe.results.verify import verify_bundle
+from support.bundles import forge, members
 
 LOCK = Path(__file__).resolve().parents[1] / "envs" / "requirements.lock"
-
-
-@pytest.fixture
-def bundle(tmp_path: Path) -> Path:
-    """A complete bundle of 8 runs, made through the CLI after `aggregate`."""
-    root = tmp_path / "results"
-    write_results(root, models=("vgg11",), gpus=(2, 4))
-    (root / "configs").mkdir()
-    (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
-    concurrent = write_concurrent(root)
-    assert cli(["aggregate", "--runs", str(root / "runs"), "--plans", str(root / "plans"),
-                "--concurrent", str(concurrent), "--out", str(root / "tables")]) == 0
-    out = root / "bundles" / "smoke-0123.tar.gz"
-    includes = [str(root / name) for name in ("configs", "runs", "plans", "concurrent", "tables")]
-    assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(out)]) == 0
-    return out
-
-
-def members(path: Path) -> dict[str, bytes]:
-    with tarfile.open(path) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-
-
-def rewrite(source: Path, target: Path, change: dict[str, bytes]) -> Path:
-    """Copy a bundle, replacing the contents of some members."""
-    with tarfile.open(source) as old, tarfile.open(target, "w:gz") as new:
-        for member in old.getmembers():
-            data = change.get(member.name, old.extractfile(member).read())
-            member.size = len(data)
-            new.addfile(member, io.BytesIO(data))
-    return target
 
 
 def test_good_bundle_verifies_and_holds_records_tables_environment_and_checksums(bundle: Path) -> None:
@@ -72,33 +41,24 @@ def test_bundle_bytes_are_reproducible(bundle: Path, tmp_path: Path) -> None:
 def test_tampered_record_fails_its_checksum(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/metrics.json"
     data = members(bundle)[name].replace(b'"images_per_sec": 240.0', b'"images_per_sec": 999.0')
-    tampered = rewrite(bundle, tmp_path / "tampered.tar.gz", {name: data})
-    with pytest.raises(BundleError, match=f"{name}: checksum mismatch"):
+    tampered = forge(bundle, tmp_path / "tampered.tar.gz", {name: data}, checksums=False)
+    with pytest.raises(BundleRefused, match=f"{name}: checksum mismatch"):
         verify_bundle(tampered)
     assert cli(["verify", str(tampered)]) == 1
-    assert "REFUSED" in capsys.readouterr().out
+    assert f"ralp-pipe verify: REFUSED: {tampered}: bundle checksums do not hold" in capsys.readouterr().err
 
 
 def test_record_changed_with_matching_checksum_fails_table_recomputation(bundle: Path, tmp_path: Path) -> None:
-    files = members(bundle)
     name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/metrics.json"
-    data = files[name].replace(b'"images_per_sec": 240.0', b'"images_per_sec": 999.0')
-    sums = files[f"smoke-0123/{CHECKSUMS}"].replace(
-        hashlib.sha256(files[name]).hexdigest().encode(), hashlib.sha256(data).hexdigest().encode())
-    forged = rewrite(bundle, tmp_path / "forged.tar.gz", {name: data, f"smoke-0123/{CHECKSUMS}": sums})
-    with pytest.raises(BundleError, match="runs.parquet differs"):
+    data = members(bundle)[name].replace(b'"images_per_sec": 240.0', b'"images_per_sec": 999.0')
+    forged = forge(bundle, tmp_path / "forged.tar.gz", {name: data})
+    with pytest.raises(BundleRefused, match="runs.parquet differs"):
         verify_bundle(forged)
 
 
 def test_unlisted_member_is_refused(bundle: Path, tmp_path: Path) -> None:
-    target = tmp_path / "extra.tar.gz"
-    with tarfile.open(bundle) as old, tarfile.open(target, "w:gz") as new:
-        for member in old.getmembers():
-            new.addfile(member, old.extractfile(member))
-        info = tarfile.TarInfo("smoke-0123/runs/extra.json")
-        info.size = 2
-        new.addfile(info, io.BytesIO(b"{}"))
-    with pytest.raises(BundleError, match="extra.json: not in SHA256SUMS"):
+    target = forge(bundle, tmp_path / "extra.tar.gz", {"smoke-0123/runs/extra.json": b"{}"}, checksums=False)
+    with pytest.raises(BundleRefused, match="extra.json: not in SHA256SUMS"):
         verify_bundle(target)
 
 
@@ -137,18 +97,15 @@ def test_unsafe_member_paths_are_refused_without_extracting(tmp_path: Path, info
                                                              message: str) -> None:
     path = crafted(tmp_path, info, b"x")
     before = set(os.listdir(tmp_path))
-    with pytest.raises(BundleError, match=message):
+    with pytest.raises(BundleRefused, match=message):
         verify_bundle(path)
     assert set(os.listdir(tmp_path)) == before
     assert not Path("/etc/evil").exists()
 
 
 def test_tampered_concurrent_table_fails_recomputation(bundle: Path, tmp_path: Path) -> None:
-    files = members(bundle)
     name = "smoke-0123/concurrent/w0/concurrent.json"
-    data = files[name].replace(b'"slowdown": 2.0', b'"slowdown": 1.0')
-    sums = files[f"smoke-0123/{CHECKSUMS}"].replace(
-        hashlib.sha256(files[name]).hexdigest().encode(), hashlib.sha256(data).hexdigest().encode())
-    forged = rewrite(bundle, tmp_path / "forged.tar.gz", {name: data, f"smoke-0123/{CHECKSUMS}": sums})
-    with pytest.raises(BundleError, match="concurrent.parquet differs"):
+    data = members(bundle)[name].replace(b'"slowdown": 2.0', b'"slowdown": 1.0')
+    forged = forge(bundle, tmp_path / "forged.tar.gz", {name: data})
+    with pytest.raises(BundleRefused, match="concurrent.parquet differs"):
         verify_bundle(forged)

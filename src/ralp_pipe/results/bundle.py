@@ -22,15 +22,17 @@ import hashlib
 import importlib.metadata
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ralp_pipe.atomic import atomic_path
+from ralp_pipe.config import CONFIG_DIR
+from ralp_pipe.errors import BundleRefused, ConfigError
 from ralp_pipe.runtime import hardware
-from ralp_pipe.config import CONFIG_DIR, ConfigError
 
 CHECKSUMS = "SHA256SUMS"
 ENVIRONMENT = "environment.json"
@@ -68,19 +70,40 @@ def sha256(data: bytes) -> str:
 
 
 def collect(root: Path, includes: Iterable[str | Path]) -> dict[str, bytes]:
-    """Contents of the included files (folders recursively), keyed by their path relative to `root`."""
+    """Contents of the included files (folders recursively), keyed by their path relative to `root`.
+
+    An include is a path as given (absolute, or relative to the current folder) that must lie
+    below `root`; members are named by the path they are found under. A symbolic link is
+    followed only when its target is below `root` too; one that leads out is refused.
+    """
     members: dict[str, bytes] = {}
-    root = root.resolve()
+    lexical_root, real_root = Path(os.path.abspath(root)), root.resolve()
     for include in map(Path, includes):
-        path = include.resolve()
+        path = Path(os.path.abspath(include))
+        if not path.is_relative_to(lexical_root):
+            raise ConfigError(f"bundle input {include} is not below the results folder {root}: "
+                              f"pass --include paths inside --root")
         if not path.exists():
             raise ConfigError(f"bundle input {include} does not exist: run the workflow up to this stage first")
-        if not path.is_relative_to(root):
-            raise ConfigError(f"bundle input {include} is not below the results folder {root}")
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in files:
-            members[file.relative_to(root).as_posix()] = file.read_bytes()
+        for file in _files(path, real_root, frozenset()):
+            members[file.relative_to(lexical_root).as_posix()] = file.read_bytes()
     return members
+
+
+def _files(path: Path, real_root: Path, above: frozenset[Path]) -> Iterator[Path]:
+    """Files at or below `path` in name order, refusing links whose target is outside `real_root` or loops back."""
+    real = path.resolve()
+    if not real.is_relative_to(real_root):
+        kind = "symbolic link" if path.is_symlink() else "path through a symbolic link"
+        raise BundleRefused(f"bundle input {path} is a {kind} to {real}, outside the results folder {real_root}: "
+                            f"bundles never follow links out of --root; copy the file in or remove the link")
+    if real in above:
+        raise BundleRefused(f"bundle input {path} is a symbolic link to {real}, a folder above it: remove the loop")
+    if real.is_dir():
+        for child in sorted(path.iterdir()):
+            yield from _files(child, real_root, above | {real})
+    elif real.is_file():
+        yield path
 
 
 def write_bundle(out: Path, members: dict[str, bytes]) -> str:
@@ -115,7 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe bundle`."""
     parser.add_argument("--out", type=Path, required=True, help="bundle to write (NAME.tar.gz)")
     parser.add_argument("--root", type=Path, required=True, help="results folder; members are named relative to it")
-    parser.add_argument("--include", nargs="+", required=True, help="files and folders below --root to bundle")
+    parser.add_argument("--include", nargs="+", required=True,
+                        help="files and folders below --root to bundle (absolute, or relative to the current folder); "
+                             "symbolic links are followed only to targets below --root")
     parser.add_argument("--lock", type=Path, default=REPO_ROOT / "envs" / "requirements.lock",
                         help="pinned requirements to include")
 

@@ -1,31 +1,52 @@
 """`ralp-pipe verify BUNDLE`: refuse unsafe or tampered bundles, then recompute the tables and compare.
 
-Order matters: every member header is checked (no absolute or `..` paths, no links, devices or
-other special files, one top folder, no duplicates) before any content is read, and contents
-are only ever read with ``extractfile`` into a private temporary folder, never extracted by
-tarfile itself.
+Order matters: every member header is checked (declared sizes within :class:`Limits`, no
+absolute or `..` paths, no links, devices or other special files, one top folder, no duplicates,
+no file that is also another member's folder) before any content is read; contents are only
+ever streamed in chunks with ``extractfile`` into a private temporary folder (never extracted by
+tarfile itself, never held whole in memory), hashed on the way, and checked to be what their
+names say (JSON objects, UTF-8 text, readable Parquet) before the tables are recomputed.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import re
+import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from ralp_pipe.errors import BundleRefused, ConfigError
 from ralp_pipe.results.aggregate import TABLE_FILES, build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS
-from ralp_pipe.config import ConfigError
 
 CHUNK = 1 << 20
+TEXT_SUFFIXES = (".md", ".txt", ".lock")
+_UNREADABLE = (OSError, EOFError, tarfile.TarError, zlib.error)  # what a cut or corrupt tar.gz raises when read
+_SIZE = re.compile(r"^(\d+)([KMGT]?)$")
 
 
-class BundleError(Exception):
-    """A bundle that is unsafe, incomplete, tampered with or whose tables do not recompute."""
+@dataclass(frozen=True)
+class Limits:
+    """How large a bundle may inflate: its members' declared sizes together may not exceed
+    max(expand_ratio x the bundle's size, floor_bytes), nor max_bytes, nor the scratch folder's free space."""
+
+    expand_ratio: float = 100.0  # JSON, Parquet and PNG results compress 3-10x; a tar bomb 1000x
+    floor_bytes: int = 64 << 20  # small bundles of text may compress well beyond the ratio
+    max_bytes: int = 16 << 30
+
+    def allowed(self, compressed: int) -> int:
+        """The most bytes a bundle of `compressed` bytes may declare (before the free-space check)."""
+        return min(max(int(self.expand_ratio * compressed), self.floor_bytes), self.max_bytes)
 
 
 @dataclass
@@ -37,6 +58,33 @@ class Verified:
     runs: int
 
 
+def read_headers(tar: tarfile.TarFile, path: Path, limits: Limits, scratch: Path) -> list[tarfile.TarInfo]:
+    """All member headers, refusing as soon as the declared sizes outgrow `limits` or `scratch`'s free space.
+
+    Only headers are read: the data of the member that crosses the bound is never inflated.
+    """
+    compressed = path.stat().st_size
+    allowed = limits.allowed(compressed)
+    free = shutil.disk_usage(scratch).free
+    total = 0
+    try:
+        while (member := tar.next()) is not None:
+            total += member.size
+            if total > allowed:
+                raise BundleRefused(
+                    f"member {member.name!r} declares {member.size} bytes, bringing the bundle to {total} bytes "
+                    f"unpacked, over the limit of {allowed} for a {compressed}-byte bundle (ratio "
+                    f"{limits.expand_ratio:g}, floor {limits.floor_bytes}, cap {limits.max_bytes}): a tar bomb? "
+                    f"if the bundle is trusted, raise --max-expand-ratio, --expand-floor or --max-bytes"
+                )
+            if total > free:
+                raise BundleRefused(f"member {member.name!r} brings the bundle to {total} bytes unpacked, more than "
+                                    f"the {free} bytes free in {scratch}: free space there or set TMPDIR elsewhere")
+    except _UNREADABLE as exc:
+        raise BundleRefused(f"{path} is truncated or corrupt: {exc}") from exc
+    return tar.members
+
+
 def check_members(members: list[tarfile.TarInfo]) -> str:
     """Refuse unsafe member headers; returns the single top folder name."""
     seen: set[str] = set()
@@ -45,57 +93,95 @@ def check_members(members: list[tarfile.TarInfo]) -> str:
         name = member.name
         path = PurePosixPath(name)
         if not name or name.startswith("/") or "\\" in name or path.is_absolute():
-            raise BundleError(f"member {name!r} has an absolute or non-POSIX path")
+            raise BundleRefused(f"member {name!r} has an absolute or non-POSIX path")
         if any(part in ("..", "") for part in name.rstrip("/").split("/")):
-            raise BundleError(f"member {name!r} leaves the bundle folder ('..' or empty path parts)")
+            raise BundleRefused(f"member {name!r} leaves the bundle folder ('..' or empty path parts)")
         if member.issym() or member.islnk():
-            raise BundleError(f"member {name!r} is a link (to {member.linkname!r}); bundles hold only plain files")
+            raise BundleRefused(f"member {name!r} is a link (to {member.linkname!r}); bundles hold only plain files")
         if not (member.isfile() or member.isdir()):
-            raise BundleError(f"member {name!r} is a device, fifo or other special file")
+            raise BundleRefused(f"member {name!r} is a device, fifo or other special file")
         if name in seen:
-            raise BundleError(f"member {name!r} appears twice")
+            raise BundleRefused(f"member {name!r} appears twice")
         seen.add(name)
         tops.add(path.parts[0])
     if len(tops) != 1:
-        raise BundleError(f"a bundle has exactly one top folder; found {sorted(tops) or 'none'}")
+        raise BundleRefused(f"a bundle has exactly one top folder; found {sorted(tops) or 'none'}")
+    files = {m.name for m in members if m.isfile()}
+    for member in members:
+        clash = next((str(p) for p in PurePosixPath(member.name).parents if str(p) in files), None)
+        if clash is not None:
+            raise BundleRefused(f"member {clash!r} is a file, but member {member.name!r} is inside it as a folder")
     return tops.pop()
 
 
-def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    handle = tar.extractfile(member)
-    if handle is None:
-        raise BundleError(f"member {member.name!r} cannot be read")
-    return handle.read()
-
-
-def _sha256(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+def copy_out(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> str:
+    """Stream one member's bytes to `target` in chunks; returns their sha256."""
     digest = hashlib.sha256()
     handle = tar.extractfile(member)
     if handle is None:
-        raise BundleError(f"member {member.name!r} cannot be read")
-    while chunk := handle.read(CHUNK):
-        digest.update(chunk)
+        raise BundleRefused(f"member {member.name!r} cannot be read")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with handle, open(target, "wb") as out:
+            while chunk := handle.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+    except _UNREADABLE as exc:
+        raise BundleRefused(f"member {member.name!r} cannot be read whole: {exc}") from exc
     return digest.hexdigest()
 
 
-def check_checksums(tar: tarfile.TarFile, files: dict[str, tarfile.TarInfo], top: str) -> None:
-    """Every file is listed in SHA256SUMS with its digest, and every listed file exists."""
-    listing = files.get(f"{top}/{CHECKSUMS}")
-    if listing is None:
-        raise BundleError(f"bundle has no {top}/{CHECKSUMS}")
+def check_checksums(digests: dict[str, str], listing: Path, top: str) -> None:
+    """Every file is listed in SHA256SUMS (`listing`) with its digest, and every listed file exists."""
+    name_of_listing = f"{top}/{CHECKSUMS}"
+    if name_of_listing not in digests:
+        raise BundleRefused(f"bundle has no {name_of_listing}")
     expected: dict[str, str] = {}
-    for number, line in enumerate(_read(tar, listing).decode().splitlines(), 1):
-        digest, sep, name = line.partition("  ")
-        if not sep or len(digest) != 64:
-            raise BundleError(f"{CHECKSUMS} line {number} is not '<sha256>  <path>': {line!r}")
-        expected[f"{top}/{name}"] = digest
-    present = set(files) - {listing.name}
+    with open(listing, encoding="utf-8", errors="replace", newline="\n") as lines:
+        for number, line in enumerate(lines, 1):
+            digest, sep, name = line.rstrip("\n").partition("  ")
+            if not sep or len(digest) != 64:
+                raise BundleRefused(f"{CHECKSUMS} line {number} is not '<sha256>  <path>': {line[:200]!r}")
+            expected[f"{top}/{name}"] = digest
+    present = set(digests) - {name_of_listing}
     problems = [f"{name}: not in {CHECKSUMS}" for name in sorted(present - set(expected))]
     problems += [f"{name}: listed in {CHECKSUMS} but missing" for name in sorted(set(expected) - present)]
     problems += [f"{name}: checksum mismatch" for name in sorted(present & set(expected))
-                 if _sha256(tar, files[name]) != expected[name]]
+                 if digests[name] != expected[name]]
     if problems:
-        raise BundleError("bundle checksums do not hold:\n  " + "\n  ".join(problems))
+        raise BundleRefused("bundle checksums do not hold:\n  " + "\n  ".join(problems))
+
+
+def check_contents(scratch: Path, names: list[str]) -> None:
+    """Refuse members whose contents are not what their name says: JSON objects, UTF-8 text, readable Parquet."""
+    for name in names:
+        path = scratch / name
+        if name.endswith(".json"):
+            try:
+                document = json.loads(path.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise BundleRefused(f"member {name!r} is not UTF-8 JSON: {exc}") from None
+            if not isinstance(document, dict):
+                raise BundleRefused(f"member {name!r} holds a JSON {type(document).__name__}, not an object")
+        elif name.endswith(TEXT_SUFFIXES):
+            _check_text(path, name)
+        elif name.endswith(".parquet"):
+            try:
+                for _ in pq.ParquetFile(path).iter_batches():
+                    pass
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise BundleRefused(f"member {name!r} is not a readable Parquet file: {exc}") from None
+
+
+def _check_text(path: Path, name: str) -> None:
+    """Refuse a text member that is not UTF-8 or holds NUL bytes (read in chunks)."""
+    try:
+        with open(path, encoding="utf-8") as text:
+            while chunk := text.read(CHUNK):
+                if "\0" in chunk:
+                    raise BundleRefused(f"member {name!r} is binary (NUL bytes), not text")
+    except UnicodeDecodeError as exc:
+        raise BundleRefused(f"member {name!r} is not UTF-8 text: {exc}") from None
 
 
 def compare_tables(folder: Path) -> int:
@@ -104,56 +190,70 @@ def compare_tables(folder: Path) -> int:
         workloads = load_workloads(sorted((folder / "concurrent").glob("*/concurrent.json")))
         tables = build_tables(load_records([folder / "runs"], folder / "plans"), workloads)
     except ConfigError as exc:
-        raise BundleError(f"the raw records do not aggregate: {exc}") from exc
+        raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc
     stored = folder / "tables"
     for name in TABLE_FILES:
         if not (stored / name).is_file():
-            raise BundleError(f"bundle lacks tables/{name}")
+            raise BundleRefused(f"bundle lacks tables/{name}")
     for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups),
                         ("concurrent.parquet", tables.concurrent)):
         try:
             pd.testing.assert_frame_equal(pd.read_parquet(stored / name), frame, check_exact=True)
         except AssertionError as exc:
-            raise BundleError(f"tables/{name} differs from the table recomputed from the raw records: {exc}") from exc
+            raise BundleRefused(f"tables/{name} differs from the table recomputed from the raw records: {exc}") from exc
     if (stored / "summary.md").read_text() != tables.summary:
-        raise BundleError("tables/summary.md differs from the summary recomputed from the raw records")
+        raise BundleRefused("tables/summary.md differs from the summary recomputed from the raw records")
     return len(tables.runs)
 
 
-def verify_bundle(path: Path) -> Verified:
-    """Check a bundle's member safety, checksums and tables; raises :class:`BundleError` on any failure."""
+def verify_bundle(path: Path, limits: Limits = Limits()) -> Verified:
+    """Check a bundle's size, member safety, checksums, contents and tables; raises BundleRefused on any failure."""
+    scratch_parent = Path(tempfile.gettempdir())
     try:
         tar = tarfile.open(path, "r:gz")
-    except (OSError, tarfile.TarError) as exc:
-        raise BundleError(f"{path} is not a readable tar.gz bundle: {exc}") from exc
+    except _UNREADABLE as exc:
+        raise BundleRefused(f"{path} is not a readable tar.gz bundle: {exc}") from exc
     with tar:
-        try:
-            members = tar.getmembers()
-        except (OSError, tarfile.TarError, EOFError) as exc:
-            raise BundleError(f"{path} is truncated or corrupt: {exc}") from exc
+        members = read_headers(tar, path, limits, scratch_parent)
         top = check_members(members)
-        files = {m.name: m for m in members if m.isfile()}
-        check_checksums(tar, files, top)
-        with tempfile.TemporaryDirectory(prefix="ralp-verify-") as scratch:
-            for name, member in files.items():
-                target = Path(scratch, name)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(_read(tar, member))
+        files = [m for m in members if m.isfile()]
+        with tempfile.TemporaryDirectory(prefix="ralp-verify-", dir=scratch_parent) as scratch:
+            digests = {m.name: copy_out(tar, m, Path(scratch, m.name)) for m in files}
+            check_checksums(digests, Path(scratch, top, CHECKSUMS), top)
+            check_contents(Path(scratch), sorted(digests))
             runs = compare_tables(Path(scratch, top))
     return Verified(top=top, files=len(files), runs=runs)
 
 
+def byte_size(text: str) -> int:
+    """A byte count like 1048576, 512K, 64M, 16G or 1T (powers of 1024), for command-line options."""
+    match = _SIZE.match(text.strip().upper())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 1048576, 512K, 64M or 16G")
+    return int(match[1]) << (10 * "_KMGT".index(match[2] or "_"))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe verify`."""
+    default = Limits()
     parser.add_argument("bundle", type=Path, help="bundle (.tar.gz) written by `ralp-pipe bundle`")
+    parser.add_argument("--max-expand-ratio", type=float, default=default.expand_ratio, metavar="RATIO",
+                        help="refuse a bundle whose members declare more than RATIO x its size in bytes, "
+                             f"once above --expand-floor (default {default.expand_ratio:g})")
+    parser.add_argument("--expand-floor", type=byte_size, default=default.floor_bytes, metavar="SIZE",
+                        help=f"unpacked size always allowed whatever the ratio (default {default.floor_bytes >> 20}M)")
+    parser.add_argument("--max-bytes", type=byte_size, default=default.max_bytes, metavar="SIZE",
+                        help=f"refuse a bundle whose members declare more than SIZE in all (default "
+                             f"{default.max_bytes >> 30}G); bundles are also refused when larger than the free "
+                             "space of the temporary folder ($TMPDIR) they are checked in")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Verify one bundle; exit status 1 and the reason when it does not hold."""
+    """Verify one bundle; a BundleRefused (exit status 1) names the reason when it does not hold."""
+    limits = Limits(expand_ratio=args.max_expand_ratio, floor_bytes=args.expand_floor, max_bytes=args.max_bytes)
     try:
-        result = verify_bundle(args.bundle)
-    except BundleError as exc:
-        print(f"ralp-pipe verify: {args.bundle}: REFUSED: {exc}")
-        return 1
+        result = verify_bundle(args.bundle, limits)
+    except BundleRefused as exc:
+        raise BundleRefused(f"{args.bundle}: {exc}") from None
     print(f"ralp-pipe verify: {args.bundle}: OK ({result.files} files, {result.runs} runs, tables recomputed)")
     return 0
