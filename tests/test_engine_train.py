@@ -21,6 +21,7 @@ KEYS = {"model", "dataset", "num_classes", "strategy", "gpus", "workers", "num_p
 CATEGORIES = {"total", "gradients", "parameters", "activations", "activation_gradients"}
 
 
+@pytest.mark.slow  # a `ralp-pipe train` subprocess with 4 ranks
 def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     overrides = ["cluster=local", "model=resnet18", "strategy=ralp_h", "cluster.gpus=4", "train.batch_size=2",
