@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ralp_pipe.errors import BundleRefused, ConfigError
+from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.aggregate import TABLE_FILES, build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS
 
@@ -189,7 +189,7 @@ def compare_tables(folder: Path) -> int:
     try:
         workloads = load_workloads(sorted((folder / "concurrent").glob("*/concurrent.json")))
         tables = build_tables(load_records([folder / "runs"], folder / "plans"), workloads)
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc
     stored = folder / "tables"
     for name in TABLE_FILES:
