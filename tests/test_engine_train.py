@@ -1,4 +1,4 @@
-"""`ralp-pipe train` end to end: files, keys, measured = analytic bytes; split resolution."""
+"""`ralp-pipe train` end to end: files, keys, measured = analytic bytes; split resolution on meta units."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import pytest
 
 from ralp_pipe.engine import models
 from ralp_pipe.config import ConfigError, load
-from ralp_pipe.engine.train import resolve_split
+from ralp_pipe.engine.train import resolve_split, split_and_bytes
+from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.volume import step_bytes
+from ralp_pipe.errors import DataError
 
 KEYS = {"model", "dataset", "num_classes", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate",
         "batch_size", "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec",
@@ -58,14 +61,29 @@ def test_split_comes_from_the_option_then_the_plan_then_the_default(tmp_path: Pa
     assert resolve_split(load(["model=vgg11", "strategy=ps", "dataset.num_classes=10"]), units) is None
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (None, "cannot be read"), ("{}", "strategies.ralp_n.split"), ('{"strategies": {"ralp_n": {"split": 99}}}', "out of range"),
+@pytest.mark.parametrize(("content", "error", "message"), [
+    (None, DataError, "cannot read plan"), ("{}", DataError, "lacks key 'strategies'"),
+    ('{"strategies": {"ralp_h": {"split": 5}}}', DataError, "strategies.ralp_n.split"),
+    ('{"schema_version": 2, "strategies": {"ralp_n": {"split": 5}}}', DataError, "schema_version 2"),
+    ('{"strategies": {"ralp_n": {"split": 99}}}', ConfigError, "out of range"),
 ])
-def test_bad_plan_or_split_is_a_config_error_naming_the_file(tmp_path: Path, content: str | None, message: str) -> None:
+def test_bad_plan_is_a_data_error_and_bad_split_a_config_error_naming_the_file(
+    tmp_path: Path, content: str | None, error: type[Exception], message: str
+) -> None:
     plan = tmp_path / "plan.json"
     if content is not None:
         plan.write_text(content)
     units = models.placement_units(models.build("vgg11", 10))
-    with pytest.raises(ConfigError, match=message) as err:
+    with pytest.raises(error, match=message) as err:
         resolve_split(load(["model=vgg11", "strategy=ralp_n", f"strategy.plan={plan}"]), units)
     assert str(plan) in str(err.value)
+
+
+@pytest.mark.parametrize("strategy", ["ps", "allreduce", "ralp_h", "ralp_n"])
+def test_driver_resolves_split_and_bytes_on_the_meta_device_as_on_real_parameters(strategy: str) -> None:
+    cfg = load(["model=resnet18", f"strategy={strategy}", "dataset.num_classes=10", "cluster.gpus=4"])
+    topo = topology(strategy, 4)
+    split, analytic = split_and_bytes(cfg, topo)
+    units = models.placement_units(models.build("resnet18", 10))
+    assert split == resolve_split(cfg, units)
+    assert analytic == step_bytes(strategy, units, split, topo, cfg.train.batch_size, cfg.train.image_size)

@@ -1,0 +1,163 @@
+"""One rank of a training run: ``python -m ralp_pipe.engine.rank --rank-result FILE [--split K] CONFIG_JSON``.
+
+The driver (:mod:`ralp_pipe.engine.train`) resolves the split point and starts every rank with
+:func:`rank_command`; the rank identity comes from the environment (see
+:class:`ralp_pipe.runtime.launch.RankEnv`), the device type and backend from
+``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
+seed, trains `warmup_steps + measure_steps` steps and sends its step records to rank 0, which
+writes the gathered :class:`RankResult` to FILE.
+
+Test hooks: ``RALP_PIPE_FAIL_RANK=r`` and ``RALP_PIPE_FAIL_STEP=s`` make rank r fail at step s;
+``RALP_PIPE_FAIL_MODE`` is ``raise`` (default), ``kill`` (SIGKILL itself) or ``hang`` (sleep
+until stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, TypedDict
+
+import torch
+import torch.distributed as dist
+
+from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.config import Config, from_dict, to_dict
+from ralp_pipe.engine import models
+from ralp_pipe.engine.comm import Comm
+from ralp_pipe.engine.metrics import MEASURE, WARMUP, step_record, synchronize, window_edge
+from ralp_pipe.engine.strategies import Optim, StepSetup, build
+from ralp_pipe.engine.topology import Topology, topology
+from ralp_pipe.errors import RunFailure
+from ralp_pipe.runtime import hardware
+from ralp_pipe.runtime.launch import RankEnv, init_group, python_module_command
+
+BACKEND_ENV, DEVICE_ENV = "RALP_PIPE_BACKEND", "RALP_PIPE_DEVICE"
+FAIL_RANK, FAIL_STEP, FAIL_MODE = "RALP_PIPE_FAIL_RANK", "RALP_PIPE_FAIL_STEP", "RALP_PIPE_FAIL_MODE"
+
+
+class RankResult(TypedDict):
+    """What rank 0 gathers from every rank: the measured window and all step records."""
+
+    window_s: float
+    device: str
+    backend: str
+    rows: list[dict[str, Any]]  # steps.parquet rows of every rank
+    wire: dict[str, Any] | None  # per-host link counters over the window (emulated cluster only)
+
+
+def rank_command(result_file: Path, cfg: Config, split: int | None) -> list[str]:
+    """The command line every rank of `cfg`'s run is started with."""
+    split_args = [] if split is None else ["--split", str(split)]
+    return python_module_command(__name__, "--rank-result", str(result_file), *split_args, json.dumps(to_dict(cfg)))
+
+
+def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device) -> Iterator[Any] | None:
+    if rank not in topo.workers:
+        return None
+    from ralp_pipe.data.loaders import make_loader
+
+    loader = make_loader(
+        cfg.train.loader, Path(cfg.paths.results) / "data" / cfg.dataset.name, cfg.train.batch_size,
+        cfg.train.image_size, cfg.dataset.num_classes, rank=topo.workers.index(rank), world_size=topo.num_workers,
+        threads=cfg.train.loader_threads, seed=cfg.train.seed, device=str(device),
+    )
+    return iter(loader)
+
+
+def _maybe_fail(rank: int, step: int) -> None:
+    """The failure test hook (see the module docstring)."""
+    if os.environ.get(FAIL_RANK) != str(rank) or os.environ.get(FAIL_STEP) != str(step):
+        return
+    mode = os.environ.get(FAIL_MODE, "raise")
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "hang":
+        while True:
+            time.sleep(60)
+    raise RuntimeError(f"rank {rank} fails at step {step} as asked by {FAIL_RANK}/{FAIL_STEP}")
+
+
+def _wire_reading() -> Any:
+    from ralp_pipe.runtime.emulated import host_counters
+
+    return host_counters()
+
+
+def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | None:
+    """Per-host link counters over the window (emulated cluster only)."""
+    if any(reading is None for reading in start + end):
+        return None
+    from ralp_pipe.runtime.emulated import wire_gb_per_step
+
+    return wire_gb_per_step(start, end, steps)
+
+
+def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: int | None) -> RankResult | None:
+    """Train on this rank with the driver's `split`; rank 0 returns every rank's records and the window, the others None."""
+    torch.set_num_threads(hardware.threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))))
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    init_group(env, backend, cfg.cluster.init_timeout_s, cfg.cluster.timeout_s)
+    try:
+        topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
+        if env.world_size != topo.world_size:
+            raise RunFailure(f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}")
+        torch.manual_seed(cfg.train.seed)
+        units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+        t = cfg.train
+        comm = Comm(env.rank, env.world_size, backend)
+        setup = StepSetup(topo, comm, units, split, Optim(t.lr, t.momentum, t.weight_decay), device,
+                          t.batch_size, t.image_size, t.amp)
+        strategy = build(setup)
+        batches = _batches(cfg, topo, env.rank, device)
+        role = topo.role(env.rank)
+        rows, start, wire_start = [], window_edge(device), None
+        for step in range(t.warmup_steps + t.measure_steps):
+            if step == t.warmup_steps:
+                start, wire_start = window_edge(device), _wire_reading()
+            _maybe_fail(env.rank, step)
+            began = time.perf_counter()
+            strategy.step(next(batches) if batches is not None else None)
+            synchronize(device)
+            phase = WARMUP if step < t.warmup_steps else MEASURE
+            rows.append(step_record(env.rank, role, step, phase, time.perf_counter() - began, comm.take()))
+        end, wire_end = window_edge(device), _wire_reading()
+        gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
+        dist.gather_object((rows, wire_start, wire_end), gathered, dst=0)
+    finally:
+        dist.destroy_process_group()
+    if gathered is None:
+        return None
+    return RankResult(
+        window_s=end - start,
+        device=str(device),
+        backend=backend,
+        rows=[row for rank_rows, _, _ in gathered for row in rank_rows],
+        wire=_wire_gb([g[1] for g in gathered], [g[2] for g in gathered], t.measure_steps),
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of one rank started by the driver."""
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description="one rank of a training run")
+    parser.add_argument("--rank-result", required=True, type=Path, help="where rank 0 writes the gathered records")
+    parser.add_argument("--split", type=int, help="RALP split point resolved by the driver (none for ps/allreduce)")
+    parser.add_argument("config", help="resolved configuration as JSON")
+    args = parser.parse_args(argv)
+    cfg = from_dict(json.loads(args.config))
+    result = run_rank(cfg, RankEnv.from_environ(), os.environ[DEVICE_ENV], os.environ[BACKEND_ENV], args.split)
+    if result is not None:
+        write_json_atomic(args.rank_result, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
