@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, digest, load, to_dict, validate
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.results.layout import PATHS
 
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
 STAGE_DIMS: dict[str, tuple[str, ...]] = {
@@ -56,17 +57,6 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
 }
 MATRIX_GROUPS = ("dataset", "model", "strategy", "network")
-# Outputs below the results folder; the {wildcards} are a run's fields.
-PATHS = {
-    "shards": "data/{dataset}",
-    "profile": "profiles/{dataset}/{model}/n{gpus}-{network}.json",
-    "plan": "plans/{dataset}/{model}/n{gpus}-{network}.json",
-    "run": "runs/{dataset}/{model}/n{gpus}-{network}/{strategy}",
-    "concurrent": "concurrent/w{index}",
-    "tables": "tables",
-    "bundles": "bundles",
-    "logs": "logs",
-}
 WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
 SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"  # the --config keys
 
@@ -240,7 +230,7 @@ class Matrix:
         return self.base.paths.results
 
     def path(self, name: str, run: Run | None = None, **fields: Any) -> str:
-        """Output `name` of :data:`PATHS` below the results folder, for `run` or `fields` (else a pattern)."""
+        """Output `name` of the results layout (:data:`PATHS`) for `run` or `fields` (else a pattern)."""
         template = f"{self.results}/{PATHS[name]}"
         if run or fields:
             return template.format(**(run.wildcards if run else {}), **fields)
