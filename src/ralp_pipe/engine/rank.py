@@ -99,7 +99,7 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
 
 
 def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: int | None) -> RankResult | None:
-    """Train on this rank with the driver's `split`; rank 0 returns every rank's records and the window, the others None."""
+    """Train with the driver's `split`; rank 0 returns every rank's records and the window, the others None."""
     torch.set_num_threads(hardware.threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))))
     device = torch.device("cpu")
     if device_type == "cuda":

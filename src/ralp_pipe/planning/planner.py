@@ -59,7 +59,8 @@ def shared_cpu(cfg: Config, profile: Profile) -> SharedCpu | None:
     try:
         return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))
     except KeyError as exc:
-        raise DataError(f"CPU profile of {profile.model} lacks hardware.{exc.args[0]}: re-run `ralp-pipe profile`") from exc
+        raise DataError(f"CPU profile of {profile.model} lacks hardware.{exc.args[0]}: "
+                        f"re-run `ralp-pipe profile`") from exc
 
 
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:

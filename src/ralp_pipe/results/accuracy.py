@@ -78,5 +78,6 @@ def measure_against_plan(
     for argv in stages:
         if cli.main(argv) != 0:
             raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed")
-    measured = [RunMetrics.read(out / s / METRICS_FILE) for s in strategies]
-    return pd.DataFrame([{k: getattr(m, k) for k in MEASURED} for m in measured]), plan_predictions(Plan.read(plan).to_dict())
+    records = [RunMetrics.read(out / s / METRICS_FILE) for s in strategies]
+    measured = pd.DataFrame([{k: getattr(record, k) for k in MEASURED} for record in records])
+    return measured, plan_predictions(Plan.read(plan).to_dict())

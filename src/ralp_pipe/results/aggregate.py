@@ -62,7 +62,8 @@ def find_metrics(paths: Iterable[str | Path]) -> list[Path]:
 
 def plan_for(record: RunMetrics, plans: Path) -> Plan | None:
     """The plan the run's (model, dataset, N, network) was planned with, if its file exists below `plans`."""
-    path = plans / PLAN_FILE.format(dataset=record.dataset, model=record.model, gpus=record.gpus, network=record.network)
+    path = plans / PLAN_FILE.format(dataset=record.dataset, model=record.model, gpus=record.gpus,
+                                    network=record.network)
     return Plan.read(path) if path.is_file() else None
 
 
