@@ -39,7 +39,11 @@ def test_failing_rank_stops_the_run_without_output(tmp_path: Path, rank: int, st
     proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *OVERRIDES],
                           env=env, capture_output=True, text=True, timeout=180)
     elapsed = time.monotonic() - began
-    assert proc.returncode != 0
+    assert proc.returncode == 4, proc.stderr  # RunFailure's exit status
+    headline = proc.stderr.splitlines()[0]
+    assert headline.startswith("ralp-pipe train: run failed: "), proc.stderr  # one line from the driver, no traceback
+    if named is not None:
+        assert headline.startswith(f"ralp-pipe train: run failed: {named} failed first"), headline
     if named is None:
         assert "Timed out" in proc.stderr or "still running after" in proc.stderr, proc.stderr
     else:

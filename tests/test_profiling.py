@@ -9,6 +9,7 @@ from importlib import metadata
 import pytest
 import torch
 
+from ralp_pipe.errors import RunFailure
 from ralp_pipe import cli
 
 from ralp_pipe.runtime import hardware
@@ -79,7 +80,7 @@ def test_bandwidth_probe_measures_both_directions_through_argv_prefixes() -> Non
 
 
 def test_bandwidth_probe_names_the_failing_rank() -> None:
-    with pytest.raises(RuntimeError, match="rank 1 exited"):
+    with pytest.raises(RunFailure, match="rank 1 exited"):
         measure_bandwidth("gloo", 2**20, argv_prefixes=([], ["false"]), timeout_s=20)
 
 
