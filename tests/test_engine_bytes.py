@@ -10,7 +10,8 @@ from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.runtime.launch import spawn_function
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.engine.topology import assign_to_ps, topology
+from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets
+from ralp_pipe.engine.topology import topology
 
 CLASSES, BATCH, SIZE, STEPS = 10, 2, 32, 2
 # (strategy, gpus, num_ps, split): split None = the model's default
@@ -45,6 +46,7 @@ def _rank(rank: int, world: int) -> dict[tuple, list[dict]]:
                 engine.step(batch if rank in topo.workers else None)
                 traffic = comm.take()
                 steps.append({"categories": traffic.bytes_by_category, "peers": traffic.bytes_by_peer})
+            engine.finish()
             counted[case] = steps
         dist.barrier()
     return counted
@@ -73,8 +75,8 @@ def test_counted_bytes_per_step_equal_the_analytic_volume(case: tuple, counted: 
 def test_ps_workers_send_each_server_its_shard(counted: list) -> None:
     case = ("ps", 2, 2, None)
     params = [p.numel() for p in torch.nn.Sequential(*(u.module for u in _units())).parameters()]
-    owner = assign_to_ps(params, 2)
-    shard = [4 * sum(n for n, o in zip(params, owner) if o == j) for j in range(2)]
+    buckets = plan_buckets(params, [2, 3], bucket_elements(4.0, 4))  # the default 4 MB buckets of float32
+    shard = [4 * sum(params[i] for b in buckets if b.server == server for i in b.params) for server in (2, 3)]
     assert min(shard) > 0
     for worker in (0, 1):
         assert counted[worker][case][0]["peers"] == {2: shard[0], 3: shard[1]}

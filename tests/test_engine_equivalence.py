@@ -1,4 +1,5 @@
-"""All four strategies compute synchronous SGD on the global batch: same parameters after 3 steps.
+"""All four strategies compute synchronous SGD on the global batch: same parameters after 3 steps,
+with pipelined (bucketed, overlapped) and sequential parameter-server transfers alike.
 
 One set of 4 spawned gloo ranks runs every case in turn (each case on a subgroup of the first
 ranks), so the cost of starting processes is paid once.
@@ -37,24 +38,34 @@ class Case:
     model: str
     image_size: int
     batch: int
+    overlap: bool = True
+    bucket_mb: float = 4.0
 
     @property
     def key(self) -> str:
-        return f"{self.strategy}-{self.gpus}-{self.num_ps}-{self.model}"
+        pipelining = f"overlap-{self.bucket_mb:g}MB" if self.overlap else "sequential"
+        return f"{self.strategy}-{self.gpus}-{self.num_ps}-{self.model}-{pipelining}"
 
     @property
     def world_size(self) -> int:
         return topology(self.strategy, self.gpus, self.num_ps).world_size
 
 
-def _case(strategy: str, gpus: int, num_ps: int, spec: tuple[str, int, int]) -> Case:
-    return Case(strategy, gpus, num_ps, *spec)
+def _case(strategy: str, gpus: int, num_ps: int, spec: tuple[str, int, int], overlap: bool = True,
+          bucket_mb: float = 4.0) -> Case:
+    return Case(strategy, gpus, num_ps, *spec, overlap, bucket_mb)
 
 
-NO_BN_CASES = [_case(s, g, p, TINY) for s, g, p in
-               [("ps", 2, 1), ("ps", 2, 2), ("allreduce", 2, 1), ("ralp_h", 4, 1), ("ralp_n", 3, 1)]]
+# Pipelined push/pull: sequential, one bucket per parameter (0 MB), buckets of a few
+# parameters (0.002 MB = 500 floats: the tiny stack's tensors are 100s to 1000s of elements),
+# the default 4 MB (one bucket for the tiny stack), over 1, 2 and 3 servers.
+NO_BN_CASES = [_case(s, g, p, TINY, overlap, mb) for s, g, p, overlap, mb in [
+    ("ps", 2, 1, False, 4.0), ("ps", 2, 1, True, 0.0), ("ps", 2, 2, True, 4.0), ("ps", 2, 3, True, 0.002),
+    ("ps", 2, 3, False, 4.0), ("allreduce", 2, 1, True, 4.0), ("ralp_h", 4, 1, True, 0.002),
+    ("ralp_n", 3, 1, False, 4.0), ("ralp_n", 3, 1, True, 0.0)]]
 NO_BN_CASES.append(_case("ralp_n", 3, 1, NO_BN))
 BN_CASES = [_case(s, g, 1, BN) for s, g in [("allreduce", 2), ("ps", 2), ("ralp_h", 4), ("ralp_n", 3)]]
+BN_CASES += [_case("ps", 2, 1, BN, overlap=False), _case("ralp_n", 3, 1, BN, overlap=True, bucket_mb=0.0)]
 
 
 def _data(case: Case) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -91,11 +102,12 @@ def _run_case(rank: int, case: Case, group: dist.ProcessGroup) -> dict[str, torc
     units = _units(case.model)
     comm = Comm(rank, topo.world_size, "gloo", group)
     setup = StepSetup(topo, comm, units, models.default_split(units), OPTIM, torch.device("cpu"),
-                      case.batch, case.image_size)
+                      case.batch, case.image_size, overlap=case.overlap, bucket_mb=case.bucket_mb)
     engine = build(setup)
     for images, labels in _data(case):
         part = slice(rank * case.batch, (rank + 1) * case.batch)
         engine.step((images[part], labels[part]) if rank in topo.workers else None)
+    engine.finish()
     comm.barrier()
     return engine.state()
 

@@ -111,6 +111,7 @@ def validate(cfg: Config) -> None:
     _at_least("strategy.num_ps", s.num_ps, 1)
     if s.split is not None:
         _at_least("strategy.split", s.split, 1)
+    _in_range("strategy.bucket_mb", s.bucket_mb, 0.0, math.inf, "[0, inf)")
 
     _choice("cluster.kind", c.kind, CLUSTERS)
     _choice("cluster.device", c.device, DEVICES)

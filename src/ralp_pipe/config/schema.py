@@ -74,6 +74,8 @@ class StrategyConfig:
     num_ps: int = 1
     split: int | None = None
     plan: str | None = None
+    overlap: bool = True  # pipelined push/pull (Distributed TensorFlow, BytePS); false: the sequential ablation
+    bucket_mb: float = 4.0  # push/pull bucket size (BytePS partitions ~4 MB); 0: one bucket per parameter
 
 
 @dataclass

@@ -115,7 +115,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         t = cfg.train
         comm = Comm(env.rank, env.world_size, backend)
         setup = StepSetup(topo, comm, units, split, Optim(t.lr, t.momentum, t.weight_decay), device,
-                          t.batch_size, t.image_size, t.amp)
+                          t.batch_size, t.image_size, t.amp, cfg.strategy.overlap, cfg.strategy.bucket_mb)
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device)
         role = topo.role(env.rank)
@@ -126,6 +126,8 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
             _maybe_fail(env.rank, step)
             began = time.perf_counter()
             strategy.step(next(batches) if batches is not None else None)
+            if step in (t.warmup_steps - 1, t.warmup_steps + t.measure_steps - 1):
+                strategy.finish()  # transfers left in flight land before a window edge, inside this step
             synchronize(device)
             phase = WARMUP if step < t.warmup_steps else MEASURE
             rows.append(step_record(env.rank, role, step, phase, time.perf_counter() - began, comm.take()))

@@ -1,15 +1,19 @@
-"""Parameter-server baseline: workers push all gradients and pull all parameters every step.
+"""Parameter-server baseline, pipelined as Distributed TensorFlow and BytePS run it.
 
-Parameters are spread over the PS ranks by size (:func:`ralp_pipe.engine.topology.assign_to_ps`);
-each PS averages the workers' gradients of its shard, applies SGD and sends the shard back.
+Every worker pushes all gradients and pulls all parameters every step, in buckets of about
+``strategy.bucket_mb`` (:func:`ralp_pipe.engine.strategies.base.plan_buckets`) spread over the
+PS ranks by size. A bucket leaves as soon as backward has produced it; each PS reduces,
+updates and returns it as soon as every worker's copy has arrived; the next forward waits only
+for the buckets of the layer it is about to run. ``strategy.overlap=false`` is the sequential
+ablation: push everything after backward, the PS waits for all of it, pull everything.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ralp_pipe.engine.topology import PS, assign_to_ps
-from ralp_pipe.engine.strategies.base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.strategies.base import Batch, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.topology import PS
 
 
 class ParameterServerStrategy(Strategy):
@@ -19,37 +23,36 @@ class ParameterServerStrategy(Strategy):
         self.setup = setup
         self.net = setup.network()
         named = list(self.net.named_parameters())
-        owner = assign_to_ps([p.numel() for _, p in named], len(setup.topology.ps))
-        self.server: ShardServer | None = None
-        self.clients: list[ShardClient] = []
+        servers = setup.topology.ps
+        buckets = setup.buckets([p.numel() for _, p in named], servers, named[0][1].element_size())
+        self.server: PushPullServer | None = None
+        self.client: PushPullClient | None = None
         if setup.role == PS:
-            index = setup.topology.ps.index(setup.rank)
-            mine = [item for item, o in zip(named, owner) if o == index]
-            if mine:
-                self.server = ShardServer(setup.comm, mine, setup.topology.workers, setup.optim, mean=True)
+            self.server = PushPullServer(setup.comm, named, buckets, setup.topology.workers, setup.optim,
+                                         mean=True, overlap=setup.overlap)
             del self.net
         else:
-            for index, server in enumerate(setup.topology.ps):
-                params = [p for (_, p), o in zip(named, owner) if o == index]
-                if params:
-                    self.clients.append(ShardClient(setup.comm, params, server))
+            self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap)
+            self.client.attach(list(self.net.modules()))
 
     def step(self, batch: Batch | None) -> None:
-        """Worker: forward/backward, push gradients, pull parameters. PS: serve its shard."""
-        if self.setup.role == PS:
-            if self.server is not None:
-                self.server.step()
+        """Worker: forward/backward, pushing and pulling buckets. PS: serve its buckets."""
+        if self.server is not None:
+            self.server.step()
             return
-        assert batch is not None, "a ps worker needs a batch"
+        assert batch is not None and self.client is not None, "a ps worker needs a batch"
         images, labels = batch
-        for client in self.clients:
-            client.zero_grad()
+        self.client.begin()
         with self.setup.autocast():
             logits = self.net(images)
         loss_fn(logits, labels).backward()
-        handles = [h for client in self.clients for h in client.push()]
-        self.setup.comm.wait(handles)
+        self.client.end_backward()
+
+    def finish(self) -> None:
+        """Wait for the pulls still in flight (workers)."""
+        if self.client is not None:
+            self.client.finish()
 
     def state(self) -> dict[str, torch.Tensor]:
-        """A PS's shard; workers hold only copies."""
+        """A PS's buckets; workers hold only copies."""
         return self.server.state() if self.server is not None else {}

@@ -7,6 +7,10 @@ gradients. Workers backpropagate the lower part and push its gradients to the PS
 which also serves the lower parameters: it sums the workers' gradients (each already carries
 the 1/global-batch factor of the loss), applies SGD and sends the parameters back. The result
 equals SGD on the global batch (BatchNorm below the split is per worker, as in DDP).
+
+The lower part travels through the same bucketed push/pull as `ps`: with overlap its buckets
+leave during the workers' backward, the PS device receives them while it updates the upper
+part, and returns each bucket as soon as every worker's copy has arrived.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch
 
 from ralp_pipe.engine.models import activation_shapes, check_split
 from ralp_pipe.engine.topology import PS_DEVICE
-from ralp_pipe.engine.strategies.base import Batch, ShardClient, ShardServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.strategies.base import Batch, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
 
 
 class LayerPlacementStrategy(Strategy):
@@ -30,13 +34,17 @@ class LayerPlacementStrategy(Strategy):
             self.act_shape = (setup.batch_size, *activation_shapes(setup.units[:split], setup.image_size)[-1][1:])
         net = setup.network()
         self.lower, self.upper = net[:split], net[split:]
+        named = list(self.lower.named_parameters())
+        buckets = setup.buckets([p.numel() for _, p in named], [self.server_rank], named[0][1].element_size())
         if setup.role == PS_DEVICE:
             workers = setup.topology.workers
-            self.server = ShardServer(setup.comm, list(self.lower.named_parameters()), workers, setup.optim, mean=False)
+            self.server = PushPullServer(setup.comm, named, buckets, workers, setup.optim, mean=False,
+                                         overlap=setup.overlap)
             self.upper_optimizer = setup.optim.sgd(list(self.upper.parameters()))
             del self.lower
         else:
-            self.client = ShardClient(setup.comm, list(self.lower.parameters()), self.server_rank)
+            self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap)
+            self.client.attach(list(self.lower.modules()))
             del self.upper
 
     def step(self, batch: Batch | None) -> None:
@@ -49,7 +57,7 @@ class LayerPlacementStrategy(Strategy):
 
     def _work(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         comm = self.setup.comm
-        self.client.zero_grad()
+        self.client.begin()
         with self.setup.autocast():
             activations = self.lower(images).float()
         grad = torch.empty_like(activations)
@@ -59,7 +67,7 @@ class LayerPlacementStrategy(Strategy):
             comm.irecv(grad, self.server_rank),
         ])
         activations.backward(grad)
-        comm.wait(self.client.push())
+        self.client.end_backward()
 
     def _serve(self) -> None:
         comm, device = self.setup.comm, self.setup.device
@@ -74,9 +82,15 @@ class LayerPlacementStrategy(Strategy):
         loss_fn(logits, torch.cat(labels)).backward()
         assert inputs.grad is not None
         sends = [comm.isend(g, w, "activation_gradients") for g, w in zip(inputs.grad.split(self.act_shape[0]), workers)]
+        self.server.post_receives()  # the lower part's gradients arrive while the upper part updates
         self.upper_optimizer.step()
         comm.wait(sends)
         self.server.step()
+
+    def finish(self) -> None:
+        """Wait for the lower part's pulls still in flight (workers)."""
+        if self.setup.role != PS_DEVICE:
+            self.client.finish()
 
     def state(self) -> dict[str, torch.Tensor]:
         """The PS device holds every parameter (lower as a PS, upper as its own layers)."""
