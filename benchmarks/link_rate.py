@@ -8,15 +8,14 @@ interface counters are printed next to it. Run: `python benchmarks/link_rate.py 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta, measure_link_rate
+from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta
 
-BITS = {"mbit": 1e6, "gbit": 1e9}
-
-
-def configured_bits(rate: str) -> float:
-    """Bits per second of a tc rate like 100mbit or 1gbit."""
-    return float(rate[:-4]) * BITS[rate[-4:]]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
+from support.emulated_hosts import measure_link_rate  # noqa: E402
 
 
 def main() -> int:
@@ -28,7 +27,7 @@ def main() -> int:
     print(f"{'configured':>11} {'achieved Mbit/s':>16} {'ratio':>6} {'wire/payload':>13}  within 10%")
     worst = 0.0
     for rate in args.rates:
-        target = configured_bits(rate)
+        target = rate_bits_per_s(rate)
         nbytes = int(target / 8 * args.seconds)
         with EmulatedCluster(hosts=2, rate=rate, burst="1mb") as cluster:
             before = cluster.read_counters()

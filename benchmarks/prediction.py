@@ -10,13 +10,17 @@ and prints predicted vs measured images/sec side by side with the median absolut
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from ralp_pipe.config import STRATEGIES
-from ralp_pipe.results.accuracy import measure_against_plan, prediction_error
+from ralp_pipe.results.accuracy import prediction_error
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
+from support.prediction import measure_against_plan  # noqa: E402
 
 
 def main() -> int:

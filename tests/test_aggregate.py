@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe.results.aggregate import PLOT_NAMES, build_tables, load_records
+from ralp_pipe.results.aggregate import build_tables, load_records
+from ralp_pipe.results.layout import PLOT_NAMES
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import ConfigError
 from ralp_pipe.results.aggregate import load_workloads

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.results.accuracy import measure_against_plan, prediction_error
+from ralp_pipe.results.accuracy import prediction_error
+from support.prediction import measure_against_plan
 
 pytestmark = pytest.mark.slow  # profiles, plans and trains three strategies in subprocesses
 

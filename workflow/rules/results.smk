@@ -1,5 +1,5 @@
 # Tables, plots and the reproducibility bundle of the whole experiment.
-from ralp_pipe.results.aggregate import PLOT_NAMES
+from ralp_pipe.results.layout import PLOT_NAMES
 
 RUNS = [MATRIX.path("run", run) for run in MATRIX]
 PLANS = sorted({MATRIX.path("plan", run) for run in MATRIX})

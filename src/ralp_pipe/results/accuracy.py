@@ -7,8 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from ralp_pipe.results.layout import METRICS_FILE
-from ralp_pipe.results.records import Plan, RunMetrics
+from ralp_pipe.results.records import Plan
 
 KEYS = ("model", "dataset", "strategy", "gpus", "network")
 MEASURED = (*KEYS, "images_per_sec", "split")
@@ -59,25 +58,3 @@ def plan_predictions(plan: Mapping[str, Any]) -> pd.DataFrame:
         for name, entry in entries.items()
     ]
     return pd.DataFrame(rows)
-
-
-def measure_against_plan(
-    out: Path, overrides: Sequence[str], strategies: Sequence[str], profile_args: Sequence[str] = ()
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Profile, plan and train each of `strategies` here with `overrides`, writing below `out`.
-
-    Returns the measured runs (`MEASURED` columns) and the plan's predictions; a stage that
-    fails raises, naming it.
-    """
-    from ralp_pipe import cli  # the stages import this module's siblings; keep the import local
-
-    profile, plan = out / "profile.json", out / "plan.json"
-    stages = [["profile", "--out", str(profile), *profile_args, *overrides],
-              ["plan", "--profile", str(profile), "--out", str(plan), *overrides]]
-    stages += [["train", "--out", str(out / s), *overrides, f"strategy={s}", f"strategy.plan={plan}"] for s in strategies]
-    for argv in stages:
-        if cli.main(argv) != 0:
-            raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed")
-    records = [RunMetrics.read(out / s / METRICS_FILE) for s in strategies]
-    measured = pd.DataFrame([{k: getattr(record, k) for k in MEASURED} for record in records])
-    return measured, plan_predictions(Plan.read(plan).to_dict())

@@ -24,12 +24,10 @@ from ralp_pipe.results.accuracy import median_abs_error, relative_error
 from ralp_pipe.results.layout import (
     CONCURRENT_TABLE, METRICS_FILE, PLAN_FILE, PLOTS_FOLDER, RUNS_TABLE, SPEEDUPS_TABLE, SUMMARY_FILE,
 )
-from ralp_pipe.results.layout import TABLE_FILES  # noqa: F401  (results.verify imports it from here)
 from ralp_pipe.results.records import Plan, RunMetrics
 
 GROUP = ["model", "dataset", "gpus", "network"]
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
-PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # drawn by ralp_pipe.results.plots
 Records = Sequence[tuple[RunMetrics, Plan | None]]
 
 

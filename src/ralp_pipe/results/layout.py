@@ -24,3 +24,4 @@ METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; m
 RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE = "runs.parquet", "speedups.parquet", "concurrent.parquet"
 SUMMARY_FILE, PLOTS_FOLDER = "summary.md", "plots"
 TABLE_FILES = (RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE, SUMMARY_FILE)  # in the tables folder
+PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # PNGs in the plots folder

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ralp_pipe.results.aggregate import PLOT_NAMES  # noqa: E402
+from ralp_pipe.results.layout import PLOT_NAMES  # noqa: E402
 from ralp_pipe.atomic import atomic_path  # noqa: E402
 from ralp_pipe.config import STRATEGIES  # noqa: E402
 
@@ -123,7 +123,7 @@ PLOTS = {
 
 
 def write_plots(runs: pd.DataFrame, out: Path) -> list[Path]:
-    """Draw every figure of :data:`~ralp_pipe.results.aggregate.PLOT_NAMES` into `out` as PNG; returns the files."""
+    """Draw every figure of :data:`~ralp_pipe.results.layout.PLOT_NAMES` into `out` as PNG; returns the files."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in PLOT_NAMES:

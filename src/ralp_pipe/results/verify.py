@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
-from ralp_pipe.results.aggregate import TABLE_FILES, build_tables, load_records, load_workloads
+from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
+from ralp_pipe.results.layout import TABLE_FILES
 from ralp_pipe.results.bundle import CHECKSUMS
 
 CHUNK = 1 << 20
