@@ -38,6 +38,7 @@ def test_each_option_composes_and_selects_itself(group: str, option: str, tmp_pa
     assert selected == option
 
 
+@pytest.mark.slow  # composes every dataset x model x network of the paper experiment (~6 s)
 def test_the_paper_experiment_composes_with_every_dataset_model_and_network(tmp_path: Path) -> None:
     base = load(["experiment=paper", "dataset=imagenet1k", f"dataset.source={tmp_path}"])
     e = base.experiment

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 import tarfile
@@ -183,6 +184,7 @@ def test_changed_options_rebuild_and_drop_stale_shards(rgb_tree, make_config):
     assert len(shard_contents(out)) == 9
 
 
+@pytest.mark.slow  # a prepare-shards subprocess, killed and rerun (~3 s)
 def test_killed_run_resumes_and_ends_like_a_clean_run(tmp_path, make_config):
     root = tmp_path / "big"
     for label in range(3):
@@ -195,11 +197,21 @@ def test_killed_run_resumes_and_ends_like_a_clean_run(tmp_path, make_config):
             "dataset.shards.workers=1", "dataset.shards.resize_shorter=null", f"paths.results={tmp_path / 'results'}"]
     out = tmp_path / "results" / "data" / "imagenet1k"
     run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Freeze the run (SIGSTOP) as soon as 3 records exist, so that it cannot go on to finish every
+    # shard and the manifest between this check and the kill; then kill it where it stands.
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(list(out.glob("parts/shard-*.json"))) < 3:
-        time.sleep(0.01)
-    run.kill()
-    run.wait()
+    try:
+        while len(list(out.glob("parts/shard-*.json"))) < 3:
+            if run.poll() is not None:
+                pytest.fail(f"prepare-shards exited with status {run.returncode} before 3 shards were finished")
+            if time.monotonic() > deadline:
+                pytest.fail("prepare-shards finished fewer than 3 shards in 60 s")
+            time.sleep(0.01)
+        run.send_signal(signal.SIGSTOP)
+        assert run.poll() is None, f"prepare-shards ended (status {run.returncode}) before it could be killed"
+    finally:
+        run.kill()
+        run.wait()
     # A shard is finished once its record is written (after its tar and index are in place).
     finished = {f"{p.stem}.tar": (out / f"{p.stem}.tar").stat().st_mtime_ns for p in out.glob("parts/shard-*.json")}
     assert 3 <= len(finished) < 60 and not (out / "manifest.json").exists()

@@ -34,6 +34,7 @@ def _ranks(folder: Path, world_size: int) -> list[list[str]]:
     return [(folder / str(rank)).read_text().split() for rank in range(world_size)]
 
 
+@pytest.mark.slow  # builds a cluster and runs ranks (~9 s)
 def test_a_run_gets_a_host_per_rank_on_its_own_cluster(tmp_path: Path) -> None:
     with rank_placement(3, "1gbit", "1mb") as placement:
         launch_local([sys.executable, "-c", RANK, str(tmp_path)], 3, 120, tmp_path, placement=placement)
@@ -42,6 +43,7 @@ def test_a_run_gets_a_host_per_rank_on_its_own_cluster(tmp_path: Path) -> None:
     assert len({r[3] for r in ranks}) == 3 and os.readlink("/proc/self/ns/net") not in {r[3] for r in ranks}
 
 
+@pytest.mark.slow  # builds a cluster and runs ranks (~7 s)
 def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with EmulatedCluster(3, "1gbit") as cluster:
         monkeypatch.setenv(PLACEMENT_ENV, cluster.share([2, 0], master_host=2)[PLACEMENT_ENV])
@@ -61,6 +63,7 @@ def test_a_shared_layout_for_another_world_size_is_refused(monkeypatch: pytest.M
                 pass
 
 
+@pytest.mark.slow  # a training run on an emulated cluster (~37 s)
 def test_an_emulated_training_run_reports_wire_bytes_that_agree_with_the_counted_bytes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     overrides = ["cluster=emulated", "network=1gbit", "model=resnet18", "strategy=ps", "cluster.gpus=2",

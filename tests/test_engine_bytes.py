@@ -58,6 +58,7 @@ def counted() -> list[dict[tuple, list[dict]]]:
     return spawn_function(_rank, max(topology(s, g, p).world_size for s, g, p, _ in CASES))
 
 
+@pytest.mark.slow  # the `counted` fixture spawns gloo ranks and trains every case (~20 s)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_counted_bytes_per_step_equal_the_analytic_volume(case: tuple, counted: list) -> None:
     strategy, gpus, num_ps, split = case
@@ -72,6 +73,7 @@ def test_counted_bytes_per_step_equal_the_analytic_volume(case: tuple, counted: 
         assert sum(got.values()) == want["total"]
 
 
+@pytest.mark.slow  # uses the spawned `counted` fixture
 def test_ps_workers_send_each_server_its_shard(counted: list) -> None:
     case = ("ps", 2, 2, None)
     params = [p.numel() for p in torch.nn.Sequential(*(u.module for u in _units())).parameters()]
@@ -84,6 +86,7 @@ def test_ps_workers_send_each_server_its_shard(counted: list) -> None:
         assert counted[server][case][0]["peers"] == {0: size, 1: size}
 
 
+@pytest.mark.slow  # uses the spawned `counted` fixture
 def test_ring_all_reduce_sends_each_rank_its_schedule_share(counted: list) -> None:
     case = ("allreduce", 3, 1, None)
     per_rank = [counted[r][case][1]["categories"]["gradients"] for r in range(3)]

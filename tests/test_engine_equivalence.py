@@ -20,6 +20,9 @@ from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import loss_fn
 from ralp_pipe.engine.topology import topology
 
+# the module fixture spawns 4 gloo ranks that run every case (> 3 min on 2 cores)
+pytestmark = pytest.mark.slow
+
 OPTIM = Optim(lr=0.01, momentum=0.9, weight_decay=1e-3)
 CLASSES, STEPS, WORKERS = 5, 3, 2
 # Without BatchNorm every strategy equals single-process SGD. A small VGG-shaped stack keeps

@@ -14,7 +14,9 @@ KNOWN = {"alexnet": 61_100_840, "vgg11": 132_863_336, "vgg16": 138_357_544, "res
          "resnet50": 25_557_032, "resnet152": 60_192_808}
 
 
-@pytest.mark.parametrize("name", MODELS)
+# building a VGG twice (ours and torchvision's, ~130 M parameters each) takes 3-6 s
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("vgg") else n
+                                  for n in MODELS])
 def test_units_hold_exactly_the_torchvision_parameters(name: str) -> None:
     model = models.build(name, 1000)
     units = models.placement_units(model)
@@ -32,7 +34,8 @@ def test_imagenet22k_head_changes_only_the_last_layer() -> None:
     assert sum(models.parameter_count(u.module) for u in units) == KNOWN["vgg11"] - 4097 * 1000 + 4097 * 21841
 
 
-@pytest.mark.parametrize(("name", "size"), [("alexnet", 64), ("vgg11_bn", 32), ("resnet50", 32), ("resnet18", 40)])
+@pytest.mark.parametrize(("name", "size"), [("alexnet", 64), pytest.param("vgg11_bn", 32, marks=pytest.mark.slow),
+                                           pytest.param("resnet50", 32, marks=pytest.mark.slow), ("resnet18", 40)])
 def test_sequential_of_units_computes_the_model(name: str, size: int) -> None:
     torch.manual_seed(0)
     model = models.build(name, 10).eval()
@@ -43,7 +46,8 @@ def test_sequential_of_units_computes_the_model(name: str, size: int) -> None:
     assert models.activation_shapes(units, size, batch=2)[-1] == (2, 10)
 
 
-@pytest.mark.parametrize("name", ["vgg11", "resnet50", "alexnet"])
+# building VGG-11 twice takes seconds
+@pytest.mark.parametrize("name", [pytest.param("vgg11", marks=pytest.mark.slow), "resnet50", "alexnet"])
 def test_default_split_puts_every_dense_unit_on_the_ps_device(name: str) -> None:
     units = models.placement_units(models.build(name, 10))
     k = models.default_split(units)

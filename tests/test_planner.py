@@ -18,6 +18,9 @@ from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.results.records import Profile
 
+# builds VGG/ResNet models and plans every strategy and split (the module fixture ~30 s, tests 7-21 s)
+pytestmark = pytest.mark.slow
+
 GPU_MACS = 5e12  # a V100-class device, multiply-accumulates per second
 CPU_MACS = 5e10  # a few CPU cores
 MEMORY = 5e11  # bytes/s streamed by the parameter update

@@ -25,6 +25,7 @@ def vgg11() -> tuple[dict, list[models.Unit]]:
     return profile, models.placement_units(models.build("vgg11", 1000))
 
 
+@pytest.mark.slow  # simulates every strategy over N up to 1024 with exact VGG-11 bytes (4-8 s)
 def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> None:
     profile, units = vgg11
     frame = simulate(profile, units, 4, gpus=[2, 16, 1024], link_gbit=[1, 100])
@@ -40,6 +41,7 @@ def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> 
     assert ps[(1024, 1)] < 2 * ps[(16, 1)]  # the PS link caps the baseline however many GPUs join
 
 
+@pytest.mark.slow  # the simulate CLI renders PNG curves (5-7 s)
 def test_simulate_cli_writes_parquet_and_png_curves(tmp_path, vgg11, capsys) -> None:
     profile, _ = vgg11
     (tmp_path / "p.json").write_text(json.dumps(profile))

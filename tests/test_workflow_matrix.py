@@ -83,6 +83,7 @@ def test_bad_workflow_settings_are_refused(config: dict, message: str) -> None:
         Matrix(parse_settings({"experiment": "smoke", **config}))
 
 
+@pytest.mark.slow  # two snakemake subprocesses
 def test_missing_dataset_path_fails_before_any_stage_naming_it(tmp_path: Path) -> None:
     result = snakemake(tmp_path, "--cores", "1", config={"experiment": "paper"})
     assert result.returncode != 0
@@ -94,6 +95,7 @@ def test_missing_dataset_path_fails_before_any_stage_naming_it(tmp_path: Path) -
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # a snakemake subprocess per case
 @pytest.mark.parametrize("override", ["model.name=vgg11; touch {marker}", "experiment.models=['vgg11; touch {marker}']",
                                       "network.name=$(touch {marker})"])
 def test_shell_metacharacters_in_config_values_are_refused_and_never_run(tmp_path: Path, override: str) -> None:
@@ -105,6 +107,7 @@ def test_shell_metacharacters_in_config_values_are_refused_and_never_run(tmp_pat
     assert not marker.exists() and not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # a snakemake dry-run subprocess
 def test_values_with_spaces_and_quotes_reach_the_stage_as_one_argument(tmp_path: Path) -> None:
     source = tmp_path / "image net; $(touch pwned) 'x'"
     source.mkdir()
