@@ -145,6 +145,7 @@ def test_too_many_classes_for_num_classes_is_refused(rgb_tree, make_config):
         prepare(make_config(rgb_tree, "dataset.num_classes=2"), progress=False)
 
 
+@pytest.mark.slow  # two runs with a pool of 2 spawned workers (2.5 s alone, 7 s in the suite)
 def test_rerun_on_unchanged_input_touches_nothing(rgb_tree, make_config):
     cfg = make_config(rgb_tree, "dataset.shards.images_per_shard=2", "dataset.shards.workers=2")
     out = prepare(cfg, progress=False)

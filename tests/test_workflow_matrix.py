@@ -18,6 +18,7 @@ def local() -> Matrix:
     return Matrix(parse_settings({"experiment": "local", "overrides": ["train.measure_steps=7"]}))
 
 
+@pytest.mark.slow  # the 16-run local matrix (~2.4 s fixture) against full compositions
 def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
     assert len(local.runs) == 2 * 2 * 4  # datasets x models x strategies (N and network: one each)
     for run in local.runs[::3]:
@@ -27,6 +28,7 @@ def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
         assert to_dict(local.config(run)) == to_dict(full)
 
 
+@pytest.mark.slow  # uses the 16-run local matrix (~2.4 s fixture)
 def test_each_stage_composes_the_params_it_is_keyed_by(local: Matrix) -> None:
     run = local.runs[-1]
     for stage, keys in STAGE_KEYS.items():
@@ -35,6 +37,7 @@ def test_each_stage_composes_the_params_it_is_keyed_by(local: Matrix) -> None:
         assert composed == params["config"], stage
 
 
+@pytest.mark.slow  # composes two smoke matrices (~2.8 s in the suite)
 def test_overrides_reach_only_the_stages_that_read_them() -> None:
     settings = parse_settings({"experiment": "smoke", "overrides": "train.measure_steps=9 dataset.synthetic.seed=3"})
     matrix = Matrix(settings)
@@ -51,6 +54,7 @@ def test_overrides_reach_only_the_stages_that_read_them() -> None:
     assert "--repeats" not in fast.stage_args("plan", run)
 
 
+@pytest.mark.slow  # composes a smoke matrix (~1.4 s in the suite)
 def test_slurm_launcher_trains_with_cluster_slurm_and_asks_one_task_per_rank() -> None:
     matrix = Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm",
                                     "overrides": ["cluster.slurm.mem_mb=1500", "cluster.slurm.partition=debug"]}))
@@ -120,12 +124,14 @@ def test_values_with_spaces_and_quotes_reach_the_stage_as_one_argument(tmp_path:
     assert f'dataset.source="{source}"' in quoted and not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow  # composes the local matrix (~2.2 s in the suite)
 def test_local_experiment_runs_on_the_emulated_network_where_namespaces_exist() -> None:
     matrix = Matrix(parse_settings({"experiment": "local"}))
     assert matrix.base.cluster.kind == "emulated"
     assert {matrix.config(run).network.rate for run in matrix.runs} == {"1gbit"}
 
 
+@pytest.mark.slow  # composes the local matrix (~1.7 s in the suite)
 def test_the_workflow_never_probes_namespaces_while_parsing(monkeypatch) -> None:
     monkeypatch.setenv("RALP_PIPE_EMULATION", "off")  # any probe would now report "unavailable"
     matrix = Matrix(parse_settings({"experiment": "local"}))
@@ -133,6 +139,7 @@ def test_the_workflow_never_probes_namespaces_while_parsing(monkeypatch) -> None
     assert {run.network for run in matrix.runs} == {"1gbit"}
 
 
+@pytest.mark.slow  # composes the local matrix (~1.7 s in the suite)
 def test_an_explicit_cluster_choice_is_never_replaced(monkeypatch) -> None:
     monkeypatch.setenv("RALP_PIPE_EMULATION", "off")
     matrix = Matrix(parse_settings({"experiment": "local", "overrides": ["cluster=emulated"]}))
