@@ -9,11 +9,14 @@ stages start fast. Hydra overrides (``key=value``, ``group=option``) are collect
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import signal
 import sys
+import threading
+from contextlib import contextmanager
 from types import FrameType
-from typing import Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ralp_pipe.errors import Interrupted, RalpError
 
@@ -28,6 +31,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "bundle": ("ralp_pipe.results.bundle", "archive results with checksums"),
     "verify": ("ralp_pipe.results.verify", "check a bundle's checksums and recompute its tables"),
 }
+
+REDELIVER_S = 0.01  # delay before a swallowed SIGINT/SIGTERM is sent again
 
 
 def _parser(stage: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -47,26 +52,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the chosen stage and return its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     stage = next((a for a in argv if a in STAGES), None)
-    parser, stage_parsers = _parser(stage)
-    if stage is None or argv.index(stage) > 0:
-        parser.parse_args(argv)  # no stage, or options before it: argparse answers (help/usage) and exits
-    # The stage's own parser does the intermixed parsing (options between overrides): Python
-    # 3.11's parse_intermixed_args refuses a parser that has subparsers.
-    args = stage_parsers[stage].parse_intermixed_args(argv[1:])
-    args.stage = stage
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    with _interrupts_raised():  # before the stage module's (seconds long) import, so no signal finds a traceback
+        try:
+            parser, stage_parsers = _parser(stage)
+            if stage is None or argv.index(stage) > 0:
+                parser.parse_args(argv)  # no stage, or options before it: argparse answers (help/usage) and exits
+            # The stage's own parser does the intermixed parsing (options between overrides): Python
+            # 3.11's parse_intermixed_args refuses a parser that has subparsers.
+            args = stage_parsers[stage].parse_intermixed_args(argv[1:])
+            args.stage = stage
+            return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
+        except KeyboardInterrupt:
+            return _report(stage, Interrupted(signal.SIGINT))
+        except RalpError as exc:
+            return _report(stage, exc)
+
+
+@contextmanager
+def _interrupts_raised() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` (unless ignored when we started), even where code swallows it.
+
+    An exception raised in a fork handler, ``__del__`` or weakref callback is only printed as
+    "Exception ignored in ..." (Python hands it to ``sys.unraisablehook``), so a signal arriving
+    while ``subprocess`` forks a rank would be lost and the run would go on: the hook sends such a
+    swallowed signal again to this process's main thread, once the hook has returned.
+    """
+    signums = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.signal(s, _raise_interrupted) for s in signums}
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_redeliver, previous_hook)
     try:
-        return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
-    except KeyboardInterrupt:
-        return _report(stage, Interrupted(signal.SIGINT))
-    except RalpError as exc:
-        return _report(stage, exc)
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    """The SIGINT/SIGTERM handler: raise :class:`Interrupted`, or send the signal again when raising is futile."""
+    while frame is not None:
+        if frame.f_code is _redeliver.__code__:  # raised inside the hook, it would be swallowed again
+            _send_again(signum)
+            return
+        frame = frame.f_back
     raise Interrupted(signum)
+
+
+def _redeliver(previous_hook: Callable[[Any], object], unraisable: Any) -> None:
+    """``sys.unraisablehook``: a swallowed :class:`Interrupted` is sent again, anything else goes to `previous_hook`."""
+    if isinstance(unraisable.exc_value, Interrupted):
+        _send_again(unraisable.exc_value.exit_code - 128)
+    else:
+        previous_hook(unraisable)
+
+
+def _send_again(signum: int) -> None:
+    """Send `signum` to this process's main thread in a moment, if :func:`_raise_interrupted` still handles it."""
+
+    def send() -> None:
+        if signal.getsignal(signum) is _raise_interrupted:
+            signal.pthread_kill(main, signum)
+
+    main = threading.main_thread().ident or 0
+    timer = threading.Timer(REDELIVER_S, send)
+    timer.daemon = True
+    timer.start()
 
 
 def _report(stage: str, exc: RalpError) -> int:
