@@ -15,9 +15,13 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 from ralp_pipe.cli import main as cli
 from ralp_pipe.results.bundle import make_bundle
 from workflow_records import write_concurrent, write_results
+
+pytestmark = pytest.mark.slow  # two aggregations with plots, seconds each
 
 LOCK = Path(__file__).resolve().parents[1] / "envs" / "requirements.lock"
 INCLUDES = ("configs", "runs", "plans", "concurrent", "tables")

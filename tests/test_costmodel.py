@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from ralp_pipe.planning.costmodel import ComputeCosts, Link, UnitCost, predict
+from ralp_pipe.planning.costmodel import ComputeCosts, Link, Pipelining, UnitCost, predict
 
 W, B = 2, 3
 COSTS = ComputeCosts(
@@ -53,6 +53,34 @@ def test_ps_step_time_matches_the_hand_computation() -> None:
     # step = 0.0638 + 0.0056 + 0.018 = 0.0874 s; 2 x 3 = 6 images / 0.0874 s
     assert pred.step_time_s == pytest.approx(0.0874)
     assert pred.images_per_sec == pytest.approx(6 / 0.0874)
+
+
+def test_pipelined_ps_hides_its_transfers_behind_backward_but_not_the_last_pull() -> None:
+    """ps, pipelined in 1000-byte buckets: both link directions at once, overlapped with backward."""
+    pred = predict("ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK,
+                   pipelining=Pipelining(bucket_bytes=1000))
+    # one direction of the PS link: 8000 / 1e6 = 0.008 s; the PS's own work: 0.0056 s (as above);
+    # backward (0.028 + 0.014 = 0.042 s) hides both entirely: exposed = max(0, 0.008 - 0.042) = 0
+    # the last bucket: its update is 1000 / 4000 of the server's work = 0.0014 s, and its pull to
+    # both workers is 2 x 1000 / 1e6 = 0.002 s plus two 1 ms latencies = 0.004 s
+    assert pred.compute_s == pytest.approx(0.0638)
+    assert pred.server_s == pytest.approx(0.0014)
+    assert pred.comm_s == pytest.approx(0.004)
+    assert pred.step_time_s == pytest.approx(0.0692)
+
+
+def test_pipelined_ps_on_a_slow_link_exposes_what_backward_cannot_hide() -> None:
+    """At 1e5 bytes/s one direction takes 0.08 s: 0.038 s of it outlasts backward."""
+    slow = Link(bytes_per_s=1e5, latency_s=1e-3, allreduce_bytes_per_s=5e5)
+    bytes_ = volume(gradients=8000, parameters=8000)
+    pipelined = predict("ps", COSTS, W, 2, B, bytes_, slow, pipelining=Pipelining(bucket_bytes=1000))
+    # exposed = 0.08 - 0.042 = 0.038; tail = 2 x 1000 / 1e5 + 0.002 = 0.022; comm = 0.060
+    assert pipelined.comm_s == pytest.approx(0.060)
+    assert pipelined.step_time_s == pytest.approx(0.0638 + 0.0014 + 0.060)
+    # sequentially the same link carries push then pull: 16000 / 1e5 + 0.002 = 0.162
+    sequential = predict("ps", COSTS, W, 2, B, bytes_, slow)
+    assert sequential.comm_s == pytest.approx(0.162)
+    assert sequential.step_time_s == pytest.approx(0.0638 + 0.0056 + 0.162)
 
 
 def test_two_parameter_servers_split_the_reduction_and_the_transfer() -> None:

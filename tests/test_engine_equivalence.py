@@ -159,7 +159,7 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], st
     for name in want:
         assert not torch.equal(want[name], start[name]), f"{name} did not train"
         scale = want[name].abs().max().item()
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=2e-5 * scale, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=2e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("case", NO_BN_CASES, ids=lambda c: c.key)

@@ -10,12 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe.engine import models
 from ralp_pipe.config import ConfigError, load
-from ralp_pipe.engine.train import resolve_split, split_and_bytes
+from ralp_pipe.engine import models
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.train import resolve_split, split_and_bytes
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
+
+pytestmark = pytest.mark.slow  # train subprocesses and model builds of several seconds each
 
 KEYS = {"model", "dataset", "num_classes", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate",
         "batch_size", "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec",
@@ -24,7 +26,6 @@ KEYS = {"model", "dataset", "num_classes", "strategy", "gpus", "workers", "num_p
 CATEGORIES = {"total", "gradients", "parameters", "activations", "activation_gradients"}
 
 
-@pytest.mark.slow  # a `ralp-pipe train` subprocess with 4 ranks
 def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     overrides = ["cluster=local", "model=resnet18", "strategy=ralp_h", "cluster.gpus=4", "train.batch_size=2",

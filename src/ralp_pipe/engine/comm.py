@@ -67,6 +67,11 @@ class Comm:
         self._bytes[category] += nbytes
         self._peers[peer] += nbytes
 
+    @property
+    def ordered_p2p(self) -> bool:
+        """Whether point-to-point operations between two ranks run strictly in posting order (NCCL)."""
+        return self.backend == "nccl"
+
     def _staged(self, tensor: torch.Tensor) -> bool:
         return self.backend == "gloo" and tensor.is_cuda
 

@@ -5,13 +5,20 @@ parameter byte of gradient aggregation and of the SGD update), the bytes each ca
 per step (exactly :func:`ralp_pipe.engine.volume.step_bytes`), and a link (bytes/s and latency per
 message) that every host has, full duplex.
 
-Phases of one step, in order (no overlap, as a synchronous implementation runs them):
+Phases of one step:
 
-- `ps`: workers zero their flat gradient buffer and run forward+backward of every unit at
-  batch b; all W workers push the gradients over the PS links (fan-in: the PS links carry the
-  sum, split over `num_ps` servers); each PS adds the W gradient sets in place, averages them
-  and applies SGD; the workers pull the parameters straight into the model (fan-out, again
-  the sum over the PS links).
+- `ps`, sequential (``strategy.overlap=false``): workers zero their flat gradient buffer and
+  run forward+backward of every unit at batch b; all W workers push the gradients over the PS
+  links (fan-in: the PS links carry the sum, split over `num_ps` servers); each PS adds the W
+  gradient sets in place, averages them and applies SGD; the workers pull the parameters
+  straight into the model (fan-out, again the sum over the PS links).
+- `ps`, pipelined (:class:`Pipelining`, the default): buckets are pushed while backward runs
+  and pulled while later buckets are still pushed, both directions of the full-duplex PS link
+  busy at once, and each PS reduces and updates a bucket as it completes. The PS side is then
+  bound by the slower of one direction of its link (W x model bytes / num_ps) and its own
+  reduce+update; backward hides as much of that as it lasts; the last bucket's pull to every
+  worker is the tail no push can hide (the next forward needs the first layers, which backward
+  produces last).
 - `allreduce`: workers run forward+backward; a ring all-reduce sends 2(N-1)/N x gradients
   over each worker's link in 2(N-1) latency-bound steps at the measured all-reduce bus
   bandwidth (at most the link's), adding (N-1)/N of a gradient set; each worker applies SGD
@@ -173,6 +180,13 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Pipelining:
+    """Pipelined parameter-server transfers (``strategy.overlap``) in buckets of `bucket_bytes`."""
+
+    bucket_bytes: float
+
+
+@dataclass(frozen=True)
 class SharedCpu:
     """Ranks that all run on one CPU machine: its cores, the profile's threads, each rank's threads."""
 
@@ -201,8 +215,13 @@ def predict(
     split: int | None = None,
     num_ps: int = 1,
     shared: SharedCpu | None = None,
+    pipelining: Pipelining | None = None,
 ) -> Prediction:
-    """Predicted step of `strategy` with `num_workers` workers moving `volume` bytes (see module doc)."""
+    """Predicted step of `strategy` with `num_workers` workers moving `volume` bytes (see module doc).
+
+    `pipelining` None is the sequential step; it prices only `ps` (RALP's lower-part pushes are
+    small next to its activations and are priced sequentially either way).
+    """
     w, b = num_workers, batch_size
     total_param = costs.param_bytes
     add = costs.aggregate_s_per_byte  # one in-place pass over a gradient set, per byte
@@ -218,6 +237,10 @@ def predict(
         reduce_passes = w if w > 1 else 0
         server = (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
         comm = sent / num_ps / link.bytes_per_s + 2 * link.latency_s
+        if pipelining is not None:
+            server, comm = _pipelined_ps(costs.bwd(slice(None), b) * _slowdown(shared, w, world), server,
+                                         sent / 2 / num_ps / link.bytes_per_s, total_param / num_ps,
+                                         pipelining.bucket_bytes, w, link)
     elif strategy == "allreduce":
         server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
         comm = (sent / w / link.ring_bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
@@ -233,6 +256,22 @@ def predict(
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
     return Prediction(strategy, gpus, split, w * b, compute, server, comm, dict(volume))
+
+
+def _pipelined_ps(backward_s: float, server_s: float, direction_s: float, shard_bytes: float,
+                  bucket_bytes: float, workers: int, link: Link) -> tuple[float, float]:
+    """(server, comm) seconds a pipelined PS step adds to the workers' forward+backward.
+
+    The PS is busy for the slower of one link direction (`direction_s`) and its own reduce and
+    update (`server_s`); backward hides up to its own length of that; then the last bucket is
+    updated and pulled by every worker (W x bucket over the PS link), behind two latencies.
+    """
+    last = min(bucket_bytes, shard_bytes) / shard_bytes if shard_bytes else 0.0
+    exposed = max(0.0, max(direction_s, server_s) - backward_s)
+    tail_comm = workers * min(bucket_bytes, shard_bytes) / link.bytes_per_s + 2 * link.latency_s
+    if server_s > direction_s:
+        return exposed + last * server_s, tail_comm
+    return last * server_s, exposed + tail_comm
 
 
 def effective_link(

@@ -17,7 +17,9 @@ from typing import Any, Callable, Sequence
 
 from ralp_pipe.engine import models
 from ralp_pipe.config import STRATEGIES, Config, ConfigError, cluster_kind, load, workload
-from ralp_pipe.planning.costmodel import ComputeCosts, Link, Prediction, SharedCpu, compute_costs, effective_link, predict
+from ralp_pipe.planning.costmodel import (
+    ComputeCosts, Link, Pipelining, Prediction, SharedCpu, compute_costs, effective_link, predict,
+)
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
@@ -89,16 +91,21 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
     return volume
 
 
+def pipelining_of(cfg: Config) -> Pipelining | None:
+    """How `cfg`'s parameter servers move buckets: pipelined (``strategy.overlap``) or sequential (None)."""
+    return Pipelining(cfg.strategy.bucket_mb * 1e6) if cfg.strategy.overlap else None
+
+
 def best_prediction(
     strategy: str, costs: ComputeCosts, volume: VolumeFn, gpus: int, batch_size: int, link: Link,
-    num_ps: int = 1, shared: SharedCpu | None = None,
+    num_ps: int = 1, shared: SharedCpu | None = None, pipelining: Pipelining | None = None,
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
     topo = topology(strategy, gpus, num_ps)
     splits: Sequence[int | None] = range(1, len(costs.units)) if strategy in RALP else [None]
     table = [
         predict(strategy, costs, topo.num_workers, gpus, batch_size, volume(strategy, gpus, k), link, k,
-                num_ps=num_ps, shared=shared)
+                num_ps=num_ps, shared=shared, pipelining=pipelining)
         for k in splits
     ]
     return max(table, key=lambda p: p.images_per_sec), table
@@ -118,15 +125,15 @@ def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: S
 
 def plan_gpus(
     costs: ComputeCosts, unit_names: Sequence[str], volume: VolumeFn, gpus: int, batch_size: int, link: Link,
-    num_ps: int = 1, shared: SharedCpu | None = None,
+    num_ps: int = 1, shared: SharedCpu | None = None, pipelining: Pipelining | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
     entries: dict[str, dict[str, Any]] = {}
-    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared)
+    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared, pipelining)
     for strategy in STRATEGIES:
         if strategy in RALP and gpus < 2:
             continue
-        best, table = best_prediction(strategy, costs, volume, gpus, batch_size, link, num_ps, shared)
+        best, table = best_prediction(strategy, costs, volume, gpus, batch_size, link, num_ps, shared, pipelining)
         topo = topology(strategy, gpus, num_ps)
         speedup = best.images_per_sec / baseline.images_per_sec
         entry = {
@@ -157,8 +164,10 @@ def build_plan(profile: Profile, profile_path: str | Path, cfg: Config, gpus: Se
     shared = shared_cpu(cfg, profile)
     num_ps = cfg.strategy.num_ps
     volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
+    pipelining = pipelining_of(cfg)
     by_gpus = {
-        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared) for n in gpus
+        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared, pipelining)
+        for n in gpus
     }
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(

@@ -19,8 +19,8 @@ import pandas as pd
 from ralp_pipe.engine import models
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import STRATEGIES, ConfigError, load
-from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, compute_costs
-from ralp_pipe.planning.planner import RALP, best_prediction, check_profile_matches, volume_function
+from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
+from ralp_pipe.planning.planner import RALP, best_prediction, check_profile_matches, pipelining_of, volume_function
 from ralp_pipe.results.records import Profile
 
 GPUS = tuple(2**i for i in range(1, 11))
@@ -34,6 +34,7 @@ def simulate(
     gpus: Sequence[int] = GPUS,
     link_gbit: Sequence[float] = LINK_GBIT,
     num_ps: int = 1,
+    pipelining: Pipelining | None = None,
 ) -> pd.DataFrame:
     """One row per strategy x N x link speed with the best configuration's predictions."""
     costs = compute_costs(profile)
@@ -46,7 +47,7 @@ def simulate(
         for n in gpus:
             baseline = None
             for strategy in STRATEGIES:
-                best, _ = best_prediction(strategy, costs, volume, n, batch_size, link, num_ps)
+                best, _ = best_prediction(strategy, costs, volume, n, batch_size, link, num_ps, pipelining=pipelining)
                 baseline = baseline or best
                 rows.append({
                     "model": profile["model"],
@@ -137,7 +138,8 @@ def main(args: argparse.Namespace) -> int:
     profile = Profile.read(args.profile)
     check_profile_matches(profile, cfg, args.profile)
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
-    frame = simulate(profile.to_dict(), units, cfg.train.batch_size, args.gpus, args.link_gbit, cfg.strategy.num_ps)
+    frame = simulate(profile.to_dict(), units, cfg.train.batch_size, args.gpus, args.link_gbit, cfg.strategy.num_ps,
+                     pipelining_of(cfg))
     paths = write_outputs(frame, args.out)
     print(summary(frame))
     print("wrote " + ", ".join(str(p) for p in paths))

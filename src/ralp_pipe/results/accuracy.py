@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import pandas as pd
 
-from ralp_pipe.results.records import Plan
 
 KEYS = ("model", "dataset", "strategy", "gpus", "network")
 MEASURED = (*KEYS, "images_per_sec", "split")

@@ -50,7 +50,8 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "train.batch_size", "train.image_size", "train.lr", "train.momentum", "train.seed", "train.amp",
     ),
     "plan": (
-        "dataset.name", "dataset.num_classes", "model", "strategy.num_ps", "network",
+        "dataset.name", "dataset.num_classes", "model", "strategy.num_ps", "strategy.overlap", "strategy.bucket_mb",
+        "network",
         "cluster.kind", "cluster.gpus", "cluster.device", "cluster.backend",
         "train.batch_size", "train.image_size", "train.amp",
     ),

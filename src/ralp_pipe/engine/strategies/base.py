@@ -87,7 +87,7 @@ class Strategy(ABC):
     def state(self) -> dict[str, torch.Tensor]:
         """Parameters this rank holds authoritatively, by their name in the whole model."""
 
-    def finish(self) -> None:
+    def finish(self) -> None:  # noqa: B027  (a hook with nothing to do for most strategies, not abstract)
         """Complete the transfers a step left in flight (called before a window edge and at the end)."""
 
 
@@ -127,34 +127,68 @@ class FlatSgd:
 
 @dataclass(frozen=True)
 class Bucket:
-    """Parameters (indices into one parameter list) that travel as one flat message to and from one server."""
+    """One message each way between every worker and one server: elements [start, stop) of the flat layout."""
 
-    params: tuple[int, ...]
+    start: int
+    stop: int
     server: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each parameter lies in the flat buffers: reverse model order, the order backward produces gradients."""
+
+    sizes: tuple[int, ...]
+
+    @property
+    def order(self) -> list[int]:
+        """Parameter indices in layout order."""
+        return list(reversed(range(len(self.sizes))))
+
+    def offsets(self) -> dict[int, int]:
+        """First flat element of each parameter."""
+        out, offset = {}, 0
+        for index in self.order:
+            out[index] = offset
+            offset += self.sizes[index]
+        return out
+
+    def overlapping(self, bucket: Bucket) -> list[int]:
+        """Parameters with elements inside `bucket`."""
+        offsets = self.offsets()
+        return [i for i in self.order if offsets[i] < bucket.stop and offsets[i] + self.sizes[i] > bucket.start]
 
 
 def plan_buckets(sizes: list[int], servers: list[int], bucket_elems: int | None) -> list[Bucket]:
-    """How parameters of `sizes` elements travel between workers and `servers`, in sending order.
+    """The buckets parameters of `sizes` elements travel in between workers and `servers`, in sending order.
 
-    ``bucket_elems=None`` is the sequential layout: one bucket per server holding the parameters
-    :func:`assign_to_ps` gives it, in model order. Otherwise parameters are taken in reverse model
-    order (the order backward produces their gradients) into buckets of at least `bucket_elems`
-    elements (0: one parameter per bucket), and buckets are spread over the servers by size.
+    Each parameter belongs whole to one server (:func:`assign_to_ps`, as Distributed TensorFlow
+    places variables on PS tasks). Walking the flat layout (reverse model order), a bucket ends
+    where the server changes or where it reaches `bucket_elems` elements, so a large tensor is
+    split into partitions of that size as BytePS does (0: one bucket per parameter, None: no
+    size limit, the sequential layout).
     """
-    if bucket_elems is None:
-        owner = assign_to_ps(sizes, len(servers))
-        grouped = [tuple(i for i in range(len(sizes)) if owner[i] == s) for s in range(len(servers))]
-        return [Bucket(params, servers[s]) for s, params in enumerate(grouped) if params]
-    runs: list[list[int]] = [[]]
-    filled = 0
-    for index in reversed(range(len(sizes))):
-        if runs[-1] and filled >= bucket_elems:
-            runs.append([])
-            filled = 0
-        runs[-1].append(index)
-        filled += sizes[index]
-    owner = assign_to_ps([sum(sizes[i] for i in run) for run in runs], len(servers))
-    return [Bucket(tuple(run), servers[o]) for run, o in zip(runs, owner)]
+    owner = assign_to_ps(sizes, len(servers))
+    layout = FlatLayout(tuple(sizes))
+    buckets: list[Bucket] = []
+    offset = 0
+    for index in layout.order:
+        server, end = servers[owner[index]], offset + sizes[index]
+        while offset < end:
+            last = buckets[-1] if buckets else None
+            joinable = (last is not None and last.server == server and last.stop == offset and bucket_elems != 0
+                        and (bucket_elems is None or len(last) < bucket_elems))
+            start = last.start if joinable and last is not None else offset
+            stop = end if bucket_elems in (None, 0) else min(end, start + bucket_elems)
+            if joinable:
+                buckets[-1] = Bucket(start, stop, server)
+            else:
+                buckets.append(Bucket(offset, stop, server))
+            offset = stop
+    return buckets
 
 
 def bucket_elements(bucket_mb: float, element_size: int) -> int:
@@ -168,37 +202,48 @@ class PushPullServer:
     With `overlap`, a bucket is reduced, updated and sent back as soon as every worker's copy of
     it has arrived, so pulls leave while later pushes still arrive; without it the server waits
     for everything first (the sequential ablation). Receives are posted in bucket order, the
-    order workers send in, so the traffic between a worker and this server is one ordered stream
-    each way (what NCCL's point-to-point streams require).
+    order workers send in.
     """
 
     def __init__(self, comm: Comm, named: list[tuple[str, torch.Tensor]], buckets: list[Bucket],
                  workers: list[int], optim: Optim, mean: bool, overlap: bool):
         self.comm, self.workers, self.overlap = comm, workers, overlap
-        mine = [b for b in buckets if b.server == comm.rank]
-        self.names = [[named[i][0] for i in b.params] for b in mine]
-        self.shapes = [[tuple(named[i][1].shape) for i in b.params] for b in mine]
-        self.buckets = [FlatSgd([named[i][1] for i in b.params], len(workers), optim, mean) for b in mine]
-        self._pending: list[list[Handle]] = []
+        layout = FlatLayout(tuple(p.numel() for _, p in named))
+        offsets = layout.offsets()
+        flat = torch.cat([named[i][1].detach().reshape(-1) for i in layout.order])
+        self.mine = [b for b in buckets if b.server == comm.rank]
+        self.buckets = [FlatSgd([flat[b.start:b.stop]], len(workers), optim, mean) for b in self.mine]
+        held = {i for b in self.mine for i in layout.overlapping(b)}
+        self.params = [(named[i][0], tuple(named[i][1].shape), offsets[i]) for i in sorted(held)]
+        # NCCL runs the operations between two ranks in posting order: a worker pushes g_b then
+        # pulls p_b, so the server must receive g_b and send p_b before receiving g_b+1. Gloo
+        # matches each direction on its own, so all receives are posted at once.
+        self.interleave = overlap and comm.ordered_p2p
+        self._pending: dict[int, list[Handle]] = {}
+
+    def _receive(self, b: int) -> None:
+        if b < len(self.buckets) and b not in self._pending:
+            self._pending[b] = [self.comm.irecv(buf, w) for buf, w in zip(self.buckets[b].inbox, self.workers)]
 
     def post_receives(self) -> None:
-        """Start receiving every worker's gradients of every bucket (bucket order, then worker order)."""
-        self._pending = [[self.comm.irecv(buf, w) for buf, w in zip(b.inbox, self.workers)] for b in self.buckets]
+        """Start receiving the workers' gradients: of every bucket, or of the first where order must hold."""
+        for b in range(1 if self.interleave else len(self.buckets)):
+            self._receive(b)
 
     def step(self) -> None:
-        """Serve one step: receive (posting the receives unless already posted), reduce, update, send back."""
-        if not self._pending:
-            self.post_receives()
-        pending, self._pending = self._pending, []
+        """Serve one step: receive, reduce, update and send back every bucket."""
+        self.post_receives()
         sends: list[Handle] = []
         if self.overlap:
-            for bucket, handles in zip(self.buckets, pending):
-                self.comm.wait(handles)
+            for b, bucket in enumerate(self.buckets):
+                self._receive(b)
+                self.comm.wait(self._pending.pop(b))
                 bucket.reduce()
                 bucket.update()
                 sends += [self.comm.isend(bucket.flat.data, w, "parameters") for w in self.workers]
+                self._receive(b + 1)
         else:
-            self.comm.wait([h for handles in pending for h in handles])
+            self.comm.wait([h for b in range(len(self.buckets)) for h in self._pending.pop(b)])
             for bucket in self.buckets:
                 bucket.reduce()
                 bucket.update()
@@ -206,44 +251,45 @@ class PushPullServer:
         self.comm.wait(sends)
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The held parameters by name, in their own shapes."""
+        """The held parameters by name, in their own shapes (each parameter lies whole on one server)."""
+        pieces = sorted(zip(self.mine, self.buckets), key=lambda item: item[0].start)
         out = {}
-        for names, shapes, bucket in zip(self.names, self.shapes, self.buckets):
-            pieces = torch.split(bucket.flat.detach(), [int(torch.Size(s).numel()) for s in shapes])
-            out.update({n: p.reshape(s).clone() for n, p, s in zip(names, pieces, shapes)})
+        for name, shape, offset in self.params:
+            numel = int(torch.Size(shape).numel())
+            parts = [sgd.flat.detach()[max(offset, b.start) - b.start:min(offset + numel, b.stop) - b.start]
+                     for b, sgd in pieces if b.start < offset + numel and b.stop > offset]
+            out[name] = torch.cat(parts).reshape(shape).clone()
         return out
 
 
 class PushPullClient:
     """A worker's side of the parameter servers: push gradient buckets, pull parameter buckets.
 
-    The parameters and gradients are views into two flat buffers laid out bucket by bucket, so
-    buckets go out and come in without copies. With `overlap`, a bucket is pushed from a gradient
-    hook as soon as backward has produced all of it (in bucket order), the pulls are posted when
-    backward ends, and the next forward waits, layer by layer, only for the buckets holding the
-    parameters it is about to use (:meth:`attach`). Without it, everything is pushed after
-    backward and pulled before the step returns.
+    The parameters and gradients are views into two flat buffers in the layout the buckets cut,
+    so buckets go out and come in without copies. With `overlap`, a bucket is pushed from the
+    gradient hooks as soon as backward has produced every parameter in it (in bucket order), its
+    pull is posted right behind it, and the next forward waits, layer by layer, only for the
+    buckets holding the parameters it is about to use (:meth:`attach`). Without it, everything
+    is pushed after backward, then pulled before the step returns.
     """
 
     def __init__(self, comm: Comm, params: list[torch.Tensor], buckets: list[Bucket], overlap: bool):
         self.comm, self.buckets, self.overlap = comm, buckets, overlap
-        total = sum(p.numel() for p in params)
-        self.flat_params = torch.empty(total, dtype=params[0].dtype, device=params[0].device)
+        layout = FlatLayout(tuple(p.numel() for p in params))
+        offsets = layout.offsets()
+        self.flat_params = torch.empty(sum(layout.sizes), dtype=params[0].dtype, device=params[0].device)
         self.flat_grads = torch.zeros_like(self.flat_params)
-        self.views: list[slice] = []
-        self.bucket_of: dict[int, int] = {}
-        offset = 0
+        for index, p in enumerate(params):
+            view = slice(offsets[index], offsets[index] + p.numel())
+            self.flat_params[view].copy_(p.detach().reshape(-1))
+            p.data = self.flat_params[view].view_as(p)
+            p.grad = self.flat_grads[view].view_as(p)
+        self.buckets_of: dict[int, list[int]] = {id(p): [] for p in params}
         for b, bucket in enumerate(buckets):
-            start = offset
-            for i in bucket.params:
-                p, view = params[i], slice(offset, offset + params[i].numel())
-                self.flat_params[view].copy_(p.detach().reshape(-1))
-                p.data = self.flat_params[view].view_as(p)
-                p.grad = self.flat_grads[view].view_as(p)
-                self.bucket_of[id(p)] = b
-                offset += p.numel()
-            self.views.append(slice(start, offset))
-        self._left = [len(b.params) for b in buckets]
+            for index in layout.overlapping(bucket):
+                self.buckets_of[id(params[index])].append(b)
+        self._parts = [sum(b in self.buckets_of[id(p)] for p in params) for b in range(len(buckets))]
+        self._left = list(self._parts)
         self._next = 0
         self._sends: list[Handle] = []
         self._pulls: dict[int, Handle] = {}
@@ -252,9 +298,9 @@ class PushPullClient:
                 p.register_post_accumulate_grad_hook(self._on_gradient)
 
     def attach(self, modules: list[nn.Module]) -> None:
-        """Make each module's forward wait first for the pulls of the buckets holding its parameters."""
+        """Make each module's forward wait first for the pulls of the buckets holding its own parameters."""
         for module in modules:
-            needed = sorted({self.bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in self.bucket_of})
+            needed = sorted({b for p in module.parameters(recurse=False) for b in self.buckets_of.get(id(p), [])})
             if needed:
                 module.register_forward_pre_hook(lambda _m, _x, needed=needed: self.wait_pulls(needed))
 
@@ -263,27 +309,34 @@ class PushPullClient:
         self.comm.wait(self._sends)
         self._sends = []
         self.flat_grads.zero_()
-        self._left = [len(b.params) for b in self.buckets]
+        self._left = list(self._parts)
         self._next = 0
 
     def _on_gradient(self, param: torch.Tensor) -> None:
-        bucket = self.bucket_of[id(param)]
-        self._left[bucket] -= 1
+        for bucket in self.buckets_of[id(param)]:
+            self._left[bucket] -= 1
         while self._next < len(self.buckets) and self._left[self._next] == 0:
             self._push(self._next)
 
-    def _push(self, bucket: int) -> None:
-        self._sends.append(self.comm.isend(self.flat_grads[self.views[bucket]], self.buckets[bucket].server, "gradients"))
-        self._next = bucket + 1
+    def _push(self, b: int) -> None:
+        bucket = self.buckets[b]
+        self._sends.append(self.comm.isend(self.flat_grads[bucket.start:bucket.stop], bucket.server, "gradients"))
+        self._next = b + 1
+        if self.overlap:  # the pull right behind its push: gloo tells the server "ready" with the push's data
+            self._pull(b)
+
+    def _pull(self, b: int) -> None:
+        bucket = self.buckets[b]
+        self.wait_pulls([b])  # one the last forward did not wait for (a parameter it did not use)
+        self._pulls[b] = self.comm.irecv(self.flat_params[bucket.start:bucket.stop], bucket.server)
 
     def end_backward(self) -> None:
-        """Push what is left (every bucket without overlap), then post every bucket's pull in bucket order."""
+        """Push what is left; without overlap that is every bucket, then every pull, waited for here."""
         while self._next < len(self.buckets):
             self._push(self._next)
-        self.wait_pulls(range(len(self.buckets)))  # any the forward did not wait for (unused parameters)
-        for b, bucket in enumerate(self.buckets):
-            self._pulls[b] = self.comm.irecv(self.flat_params[self.views[b]], bucket.server)
         if not self.overlap:
+            for b in range(len(self.buckets)):
+                self._pull(b)
             self.finish()
 
     def wait_pulls(self, buckets: "range | list[int]") -> None:
