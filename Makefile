@@ -1,5 +1,5 @@
 # The front-door commands. Each creates/reuses .venv from envs/requirements.lock first.
-.PHONY: run test test-fast setup
+.PHONY: run test test-fast lint setup
 
 setup:
 	@bash scripts/setup.sh
@@ -8,7 +8,12 @@ run: setup
 	@bash scripts/run.sh $(ARGS)
 
 test: setup
+	@bash scripts/lint.sh
 	@bash scripts/test.sh $(ARGS)
+
+# Static checks: ruff (lint and format), snakefmt and snakemake --lint.
+lint: setup
+	@bash scripts/lint.sh
 
 # The unit tests only: no training/profile subprocess, snakemake workflow, SLURM or network namespace.
 test-fast: setup
