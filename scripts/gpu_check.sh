@@ -1,36 +1,56 @@
 #!/usr/bin/env bash
-# GPU smoke: every strategy for a few steps on ONE GPU (ranks share cuda:0 over gloo), then one
-# allreduce run with NCCL when the machine has >= 2 GPUs. Prints each run's figures.
-# Usage: scripts/gpu_check.sh [OUT_DIR]   (about 1-3 minutes; needs a CUDA build of torch)
+# GPU check on ONE GPU (ranks share cuda:0 over gloo; NCCL needs a device per rank): every
+# strategy with pipelined and sequential parameter-server transfers, AMP, the DALI loader
+# with "mixed" (GPU) decoding from shards this script prepares, and `ralp-pipe profile` on
+# CUDA. Prints every figure; one more NCCL pair where the machine has >= 2 GPUs.
+# Usage: scripts/gpu_check.sh [OUT_DIR]   (under 5 minutes on a current GPU; needs a CUDA build of torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 OUT="${1:-results/gpu_check}"
+mkdir -p "$OUT"
 "$PY" - <<'PYEOF'
 import sys, torch
 if not torch.cuda.is_available():
     sys.exit("gpu_check: no CUDA device visible to torch; nothing to check")
 print(f"torch {torch.__version__} CUDA {torch.version.cuda}: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
 PYEOF
-COMMON=(model=resnet18 dataset.num_classes=1000 train.batch_size=32 train.image_size=64
-        train.warmup_steps=2 train.measure_steps=5 cluster.device=cuda cluster.timeout_s=240 cluster.init_timeout_s=60)
+COMMON=(model=resnet18 train.batch_size=32 train.image_size=64 train.warmup_steps=2 train.measure_steps=5
+        cluster.device=cuda cluster.timeout_s=240 cluster.init_timeout_s=60 "paths.results=$OUT/results")
 run() {  # name, overrides...
   local name=$1; shift
   timeout 300 "$PY" -m ralp_pipe.cli train --out "$OUT/$name" "${COMMON[@]}" "$@"
-  "$PY" - "$OUT/$name/metrics.json" <<'PYEOF'
+  "$PY" - "$OUT/$name/metrics.json" "$name" <<'PYEOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
 gb, an = m["gb_per_step"]["total"], m["analytic_gb_per_step"]["total"]
-print(f"  {m['strategy']:<9} {m['backend']:<5} {m['device']:<7} {m['images_per_sec']:9.1f} img/s  "
+print(f"  {sys.argv[2]:<22} {m['backend']:<5} {m['device']:<7} {m['images_per_sec']:9.1f} img/s  "
       f"step {m['step_time_s'] * 1e3:7.1f} ms  {gb:.4f} GB/step (analytic {an:.4f}, equal={gb == an})")
 PYEOF
 }
 for strategy in ps allreduce ralp_h ralp_n; do
   run "$strategy" strategy=$strategy cluster.gpus=2 cluster.backend=gloo
+  [ "$strategy" = allreduce ] || run "${strategy}_sequential" strategy=$strategy cluster.gpus=2 cluster.backend=gloo strategy.overlap=false
 done
 run amp_allreduce strategy=allreduce cluster.gpus=2 cluster.backend=gloo train.amp=true
+run amp_ralp_n strategy=ralp_n cluster.gpus=2 cluster.backend=gloo train.amp=true
+"$PY" -m ralp_pipe.cli prepare-shards --no-progress dataset=synthetic1k "paths.results=$OUT/results"
+run dali_mixed_ps strategy=ps cluster.gpus=2 cluster.backend=gloo dataset=synthetic1k train.loader=dali
+timeout 300 "$PY" -m ralp_pipe.cli profile --out "$OUT/profile-cuda.json" --repeats 3 model=resnet18 \
+  train.batch_size=32 train.image_size=64 cluster.device=cuda cluster.gpus=2
+"$PY" - "$OUT/profile-cuda.json" <<'PYEOF'
+import json, sys
+p = json.load(open(sys.argv[1]))
+units = p["units"]
+print(f"  profile on {p['device']}: {len(units)} units, training backend {p.get('training_backend')}, "
+      f"link {((p['link'] or {}).get('measured') or {}).get('bytes_per_s', 0) / 1e9:.2f} GB/s")
+for u in units:
+    times = {k: v for k, v in u.items() if k.endswith("_s") or k.startswith("fwd") or k.startswith("bwd")}
+    print(f"    {u['name']:<16} {json.dumps(times)[:150]}")
+PYEOF
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   run nccl_allreduce strategy=allreduce cluster.gpus=2 cluster.backend=nccl
+  run nccl_ps strategy=ps cluster.gpus=2 cluster.backend=nccl
   run nccl_ralp_n strategy=ralp_n cluster.gpus=2 cluster.backend=nccl
 fi
 echo "gpu_check: all runs finished; metrics under $OUT"

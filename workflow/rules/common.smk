@@ -1,6 +1,8 @@
 # Helpers shared by the rules: look a run up from wildcards, stage params, SLURM resources.
 import os
 
+from ralp_pipe.results.layout import CONCURRENT_FILE, METRICS_FILE, STEPS_FILE
+
 
 def run_of(wildcards):
     """The (first) matrix run matching a job's wildcards."""

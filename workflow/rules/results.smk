@@ -1,5 +1,12 @@
 # Tables, plots and the reproducibility bundle of the whole experiment.
-from ralp_pipe.results.layout import PLOT_NAMES
+from ralp_pipe.results.layout import (
+    CONCURRENT_TABLE,
+    PLOT_NAMES,
+    PLOTS_FOLDER,
+    RUNS_TABLE,
+    SPEEDUPS_TABLE,
+    SUMMARY_FILE,
+)
 
 RUNS = [MATRIX.path("run", run) for run in MATRIX]
 PLANS = sorted({MATRIX.path("plan", run) for run in MATRIX})
@@ -10,30 +17,35 @@ CONCURRENT = [MATRIX.path("concurrent", index=i) for i in range(len(MATRIX.workl
 
 rule aggregate:
     input:
-        metrics=[f"{run}/metrics.json" for run in RUNS],
-        steps=[f"{run}/steps.parquet" for run in RUNS],
+        metrics=[f"{run}/{METRICS_FILE}" for run in RUNS],
+        steps=[f"{run}/{STEPS_FILE}" for run in RUNS],
         plans=PLANS,
-        concurrent=[f"{folder}/concurrent.json" for folder in CONCURRENT],
+        concurrent=[f"{folder}/{CONCURRENT_FILE}" for folder in CONCURRENT],
     output:
         runs=report(
-            f"{TABLES}/runs.parquet", category="Tables", labels={"table": "runs"}
+            f"{TABLES}/{RUNS_TABLE}", caption="../report/runs.rst", category="Tables"
         ),
         speedups=report(
-            f"{TABLES}/speedups.parquet",
+            f"{TABLES}/{SPEEDUPS_TABLE}",
+            caption="../report/speedups.rst",
             category="Tables",
-            labels={"table": "speedups"},
         ),
         concurrent=report(
-            f"{TABLES}/concurrent.parquet",
+            f"{TABLES}/{CONCURRENT_TABLE}",
+            caption="../report/concurrent.rst",
             category="Tables",
-            labels={"table": "concurrent"},
         ),
         summary=report(
-            f"{TABLES}/summary.md", category="Tables", labels={"table": "summary"}
+            f"{TABLES}/{SUMMARY_FILE}",
+            caption="../report/summary.rst",
+            category="Tables",
         ),
         plots=[
             report(
-                f"{TABLES}/plots/{name}.png", category="Plots", labels={"plot": name}
+                f"{TABLES}/{PLOTS_FOLDER}/{name}.png",
+                caption="../report/plots.rst",
+                category="Plots",
+                labels={"plot": name},
             )
             for name in PLOT_NAMES
         ],

@@ -6,8 +6,8 @@ rule train:
         shards=MATRIX.path("shards"),
         plan=MATRIX.path("plan"),
     output:
-        metrics=f"{MATRIX.path('run')}/metrics.json",
-        steps=f"{MATRIX.path('run')}/steps.parquet",
+        metrics=f"{MATRIX.path('run')}/{METRICS_FILE}",
+        steps=f"{MATRIX.path('run')}/{STEPS_FILE}",
     log:
         f"{MATRIX.path('logs')}/train/{{dataset}}/{{model}}/n{{gpus}}-{{network}}/{{strategy}}.log",
     conda:
@@ -33,7 +33,7 @@ rule train:
 # Several training jobs at once on one emulated network (experiment.concurrent), each also alone.
 rule concurrent:
     output:
-        f"{MATRIX.path('concurrent')}/concurrent.json",
+        f"{MATRIX.path('concurrent')}/{CONCURRENT_FILE}",
     log:
         f"{MATRIX.path('logs')}/concurrent/w{{index}}.log",
     wildcard_constraints:

@@ -40,6 +40,7 @@ from ralp_pipe.data import imaging, synthetic
 from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
 from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
 from ralp_pipe.errors import ConfigError, DataError
+from ralp_pipe.results.layout import PATHS
 from ralp_pipe.runtime.process import process_pool
 
 FORMAT_VERSION = 1
@@ -62,8 +63,8 @@ class PlannedShard:
 
 
 def output_dir(cfg: Config) -> Path:
-    """Where the shards of `cfg.dataset` live: `<paths.results>/data/<dataset.name>`."""
-    return Path(cfg.paths.results) / "data" / cfg.dataset.name
+    """Where the shards of `cfg.dataset` live: `<paths.results>/data/<dataset.name>` (:data:`PATHS`)."""
+    return Path(cfg.paths.results) / PATHS["shards"].format(dataset=cfg.dataset.name)
 
 
 def read_manifest(shards_dir: Path) -> dict[str, Any]:

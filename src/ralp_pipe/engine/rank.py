@@ -61,9 +61,10 @@ def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device) -> It
     if rank not in topo.workers:
         return None
     from ralp_pipe.data.loaders import make_loader
+    from ralp_pipe.data.shards import output_dir
 
     loader = make_loader(
-        cfg.train.loader, Path(cfg.paths.results) / "data" / cfg.dataset.name, cfg.train.batch_size,
+        cfg.train.loader, output_dir(cfg), cfg.train.batch_size,
         cfg.train.image_size, cfg.dataset.num_classes, rank=topo.workers.index(rank), world_size=topo.num_workers,
         threads=cfg.train.loader_threads, seed=cfg.train.seed, device=str(device),
     )

@@ -21,6 +21,7 @@ PATHS = {
     "logs": "logs",
 }
 METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; metrics.json marks it complete
+CONCURRENT_FILE = "concurrent.json"  # in a concurrent workload's folder
 RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE = "runs.parquet", "speedups.parquet", "concurrent.parquet"
 SUMMARY_FILE, PLOTS_FOLDER = "summary.md", "plots"
 TABLE_FILES = (RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE, SUMMARY_FILE)  # in the tables folder

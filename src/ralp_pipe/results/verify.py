@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
-from ralp_pipe.results.layout import TABLE_FILES
+from ralp_pipe.results.layout import CONCURRENT_FILE, TABLE_FILES
 from ralp_pipe.results.bundle import CHECKSUMS
 
 CHUNK = 1 << 20
@@ -188,7 +188,7 @@ def _check_text(path: Path, name: str) -> None:
 def compare_tables(folder: Path) -> int:
     """Recompute the tables from the raw records below `folder` and compare; returns the run count."""
     try:
-        workloads = load_workloads(sorted((folder / "concurrent").glob("*/concurrent.json")))
+        workloads = load_workloads(sorted((folder / "concurrent").glob(f"*/{CONCURRENT_FILE}")))
         tables = build_tables(load_records([folder / "runs"], folder / "plans"), workloads)
     except (ConfigError, DataError) as exc:
         raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc

@@ -14,7 +14,6 @@ CLI: ``ralp-pipe concurrent --out DIR --job "strategy=ps model=vgg11" --job "str
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -23,13 +22,14 @@ from typing import Any, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, ConfigError, load
+from ralp_pipe.engine.topology import topology
+from ralp_pipe.errors import RunFailure
+from ralp_pipe.results.layout import CONCURRENT_FILE, METRICS_FILE
+from ralp_pipe.results.records import RunMetrics
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import start_logged, stop, wait_all
-from ralp_pipe.engine.topology import topology
 
 SHARED_HOST = 0
-METRICS = "metrics.json"
-THROUGHPUT = "images_per_sec"
 
 
 def layout(configs: Sequence[Config]) -> tuple[list[list[int]], int]:
@@ -68,15 +68,11 @@ def _run_jobs(
         stop(procs)
     failed = [str(logs[i]) for i, code in enumerate(codes) if code != 0]
     if failed:
-        raise RuntimeError(f"concurrent training jobs failed (exit {codes}); see {', '.join(failed)}")
+        raise RunFailure(f"concurrent training jobs failed (exit {codes}); see {', '.join(failed)}")
 
 
 def _throughput(out: Path) -> float:
-    path = out / METRICS
-    try:
-        return float(json.loads(path.read_text())[THROUGHPUT])
-    except (OSError, KeyError, ValueError) as exc:
-        raise RuntimeError(f"{path} has no readable {THROUGHPUT!r}: {exc}") from exc
+    return RunMetrics.read(out / METRICS_FILE).images_per_sec
 
 
 def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Path) -> dict[str, Any]:
@@ -109,7 +105,7 @@ def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Pa
             "together_images_per_sec": together,
             "slowdown": alone / together,
         })
-    write_json_atomic(out / "concurrent.json", summary)
+    write_json_atomic(out / CONCURRENT_FILE, summary)
     return summary
 
 
