@@ -38,9 +38,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def die_with_parent() -> None:
-    """In a child (before exec, or as a pool initializer): get SIGKILL when the parent dies."""
-    parent = os.getppid()
+def die_with_parent(parent: int | None = None) -> None:
+    """In a child (before exec, or as a pool initializer): get SIGKILL when the parent dies.
+
+    `parent` is the PID the child must still have as its parent (default: its parent now);
+    a child whose parent is already gone exits at once.
+    """
+    parent = os.getppid() if parent is None else parent
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
@@ -79,11 +83,29 @@ def stop(procs: Sequence[Process], grace: float = GRACE_S) -> None:
             time.sleep(POLL_S)
 
 
+class _Pool(ProcessPoolExecutor):
+    """A process pool whose workers are killed, and whose queued work is dropped, when its block fails."""
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> bool | None:
+        if exc_type is None:
+            return super().__exit__(exc_type, *rest)
+        workers = list((getattr(self, "_processes", None) or {}).values())  # ours: started by this pool
+        self.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.kill()
+        for worker in workers:
+            worker.join(GRACE_S)
+        return None
+
+
 def process_pool(workers: int) -> ProcessPoolExecutor:
-    """`workers` fresh interpreters (spawned: safe next to threads) that die with this process."""
-    return ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
-    )
+    """`workers` fresh interpreters (spawned: safe next to threads) that die with this process.
+
+    A failure or interrupt inside the ``with`` block kills the workers at once instead of
+    waiting for the work they hold (an interrupted `prepare-shards` exits promptly).
+    """
+    return _Pool(max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                 initargs=(os.getpid(),))
 
 
 def tail(path: Path, lines: int = 25) -> str:
