@@ -3,18 +3,25 @@ Ctrl-C and SIGTERM mid-run, staging folders of killed drivers, failed reruns ove
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from ralp_pipe import cli
+from ralp_pipe.config import load
+from ralp_pipe.engine import train
+from ralp_pipe.errors import ConfigError, RunFailure
+from ralp_pipe.runtime import hardware
 
-SMALL = ["model=resnet18", "strategy=ps", "cluster.gpus=2", "train.batch_size=2", "train.image_size=32",
+SMALL = ["cluster=local", "model=resnet18", "strategy=ps", "cluster.gpus=2", "train.batch_size=2", "train.image_size=32",
          "train.warmup_steps=1"]
 
 
@@ -47,6 +54,163 @@ def _one_line(stderr: str, kind: str) -> str:
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
     assert lines[0].startswith(f"ralp-pipe train: {kind}: "), stderr
     return lines[0]
+
+
+@contextmanager
+def _tmpfs(where: Path, size: str, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of `size` mounted on folder `where` (made here), read-only if asked; unmounted afterwards."""
+    where.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.fail(f"these tests need to mount a tmpfs (as root): mount said {mounted.stderr.strip()!r}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)
+
+
+def _fill(folder: Path) -> None:
+    """Write into `folder` until its filesystem is full."""
+    with open(folder / "filler", "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
+def _wait_for_ranks(proc: subprocess.Popen[str], runs: Path, name: str = "run") -> None:
+    """Wait until the driver started writing rank logs into its staging folder in `runs`."""
+    deadline = time.monotonic() + 120
+    while not list(runs.glob(f".{name}.ranks-*/rank*.log")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.01)
+
+
+def _start_train(out: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+
+
+# --- 1: an unusable --out is refused before any rank starts ----------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["file", "below a file"])
+def test_out_that_is_or_lies_below_a_file_is_refused_before_the_ranks_start(tmp_path: Path, where: str) -> None:
+    (tmp_path / "taken").write_text("not a folder\n")
+    out = tmp_path / "taken" if where == "file" else tmp_path / "taken" / "runs" / "run"
+    began = time.monotonic()
+    proc = _train(out, "train.measure_steps=3")
+    assert proc.returncode == 2, proc.stderr
+    line = _one_line(proc.stderr, "configuration error")
+    assert f"--out {out}" in line and "choose another --out" in line, line
+    assert ("is a file, not a folder" if where == "file" else f"{tmp_path / 'taken'}/runs: Not a directory (ENOTDIR)") \
+        in line, line
+    assert time.monotonic() - began < 30, "the refusal came after a measurement"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], "a staging folder was made"
+
+
+# --- 2: full and read-only disks: one line naming the path and errno, nothing half-written -----------------------------
+
+def test_out_on_a_disk_without_room_for_the_records_is_refused_naming_it(tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "disk", "20m") as disk:
+        _fill(disk)
+        proc = _train(disk / "runs" / "run", "train.measure_steps=3")
+        assert proc.returncode == 2, proc.stderr
+        line = _one_line(proc.stderr, "configuration error")
+        need = f"{train.MIN_FREE_BYTES / 1e6:.0f} MB"
+        assert f"{disk}/runs: No space left on device (ENOSPC): 0.0 MB free, the run's records and logs need {need}" \
+            in line, line
+        assert sorted(p.name for p in (disk / "runs").iterdir()) == [], "a staging folder was left"
+
+
+@pytest.mark.parametrize("out_is_the_mount", [False, True])
+def test_read_only_out_is_refused_naming_the_path_and_erofs(tmp_path: Path, out_is_the_mount: bool) -> None:
+    with _tmpfs(tmp_path / "disk", "20m", read_only=True) as disk:
+        out = disk if out_is_the_mount else disk / "runs" / "run"
+        proc = _train(out, "train.measure_steps=3")
+        assert proc.returncode == 2, proc.stderr
+        line = _one_line(proc.stderr, "configuration error")
+        failing = disk if out_is_the_mount else disk / "runs"
+        assert f"--out {out}: cannot write there: {failing}" in line and "Read-only file system (EROFS)" in line, line
+        assert list(disk.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"], "a staging folder was left"
+
+
+@pytest.mark.slow  # a `ralp-pipe train` subprocess with 3 ranks
+def test_disk_filling_under_the_rank_logs_during_the_run_is_named_not_an_empty_log(tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "disk", "20m") as disk:
+        runs = disk / "runs"
+        proc = _start_train(runs / "run", "train.measure_steps=50")
+        try:
+            _wait_for_ranks(proc, runs)
+            _fill(disk)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 4, stderr
+        headline = stderr.splitlines()[0]
+        assert headline.startswith(f"ralp-pipe train: run failed: {runs}/.run.ranks-"), headline
+        assert "No space left on device (ENOSPC): the disk holding the rank logs filled up" in headline, headline
+        assert "Traceback" not in stderr.split(headline)[0]
+        assert list(runs.iterdir()) == [], "the failed run left its staging folder or output"
+
+
+@pytest.mark.slow  # a `ralp-pipe train` subprocess with 3 ranks
+def test_disk_full_when_the_driver_writes_the_records_is_one_line_and_leaves_no_half_record(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    with _tmpfs(runs / "run", "20m") as out:  # --out is a disk of its own, the staging folder lies next to it
+        proc = _start_train(out, "train.measure_steps=50")
+        try:
+            _wait_for_ranks(proc, runs)
+            _fill(out)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 4, stderr
+        line = _one_line(stderr, "run failed")
+        assert f"cannot write the run's records to {out}: {out}/steps.parquet: " in line, line
+        assert "No space left on device (ENOSPC); the measurement is lost" in line, line
+        assert sorted(p.name for p in out.iterdir()) == ["filler"], "a record or temporary file was left"
+    assert [p.name for p in runs.iterdir()] == ["run"], "the staging folder was left"
+
+
+# --- 3: more ranks than the host can run ---------------------------------------------------------------------------
+
+def _no_launch(command: list[str], world_size: int, *_: object) -> None:
+    raise AssertionError(f"the driver launched {world_size} ranks")
+
+
+def test_a_thousand_local_ranks_are_refused_with_the_hosts_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train, "launch_local", _no_launch)  # should the check fail, no thousand processes start
+    cfg = load(["cluster=local", "model=resnet18", "cluster.gpus=1000"])
+    with pytest.raises(ConfigError) as refused:
+        train.run(cfg, tmp_path / "run")
+    message = str(refused.value)
+    cores = hardware.usable_cores()
+    assert message.startswith(f"cluster.gpus=1000 makes ps start 1001 ranks on this host (cluster.kind=local), "
+                              f"which has {cores} CPU cores and "), message
+    assert f"max(8, 4 x {cores} cores) = {max(8, 4 * cores)}" in message, message
+    assert "use fewer cluster.gpus, or cluster=slurm" in message, message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 64)
+    monkeypatch.setattr(hardware, "usable_memory_bytes", lambda: 8_000_000_000)
+    monkeypatch.setattr(train, "launch_local", _no_launch)
+    cfg = load(["cluster=local", "model=vgg16", "strategy=allreduce", "cluster.gpus=4"])  # 553 MB of parameters
+    with pytest.raises(ConfigError, match=r"8.0 GB / 2.16 GB a rank = 3, a rank taking 0.5 GB \+ 3 x 0.55 GB of vgg16"):
+        train.run(cfg, tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_slurm_ranks_are_not_bounded_by_this_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 1)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    cfg = load(["cluster=slurm", "model=resnet18", "cluster.gpus=1000"])
+    with pytest.raises(RunFailure, match="outside a SLURM allocation"):  # got past the host check, to srun
+        train.run(cfg, tmp_path / "run")
 
 
 # --- 4: Ctrl-C and SIGTERM -----------------------------------------------------------------------------------------
@@ -116,8 +280,75 @@ def test_signal_raised_where_python_swallows_exceptions_still_stops_the_stage(
 def test_signal_while_the_driver_imports_torch_gives_one_line_too(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(tmp_path / "run"), *SMALL],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # past the interpreter's start, inside the seconds-long import of the stage's modules
+    deadline = time.monotonic() + 60
+    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():  # the stage's modules are being imported
+        assert proc.poll() is None and time.monotonic() < deadline, "torch was never loaded"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert _one_line(stderr, "stopped") == "ralp-pipe train: stopped: interrupted by SIGTERM"
+
+
+# --- 5: staging folders of killed drivers ----------------------------------------------------------------------------
+
+@pytest.mark.slow  # two `ralp-pipe train` subprocesses with 3 ranks each
+def test_staging_folder_of_a_killed_driver_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    killed = _start_train(runs / "run", "train.measure_steps=50")
+    try:
+        _wait_for_ranks(killed, runs)
+        killed.kill()  # SIGKILL: no cleanup; its ranks die with it (parent-death signal)
+        killed.wait(timeout=30)
+    finally:
+        killed.kill()
+    [left] = runs.glob(".run.ranks-*")
+    assert json.loads((left / train.DRIVER_FILE).read_text())["pid"] == killed.pid
+    proc = _train(runs / "run", "train.measure_steps=2")
+    assert proc.returncode == 0, proc.stderr
+    assert f"removed {left}, left by a driver that was killed" in proc.stdout, proc.stdout
+    assert sorted(p.name for p in runs.iterdir()) == ["run"]
+
+
+def test_only_stale_staging_folders_of_that_out_are_removed(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    me = {"host": os.uname().nodename, "pid": os.getpid(), "start": train._process_start(os.getpid())}
+    owners = {
+        ".run.ranks-dead": {**me, "pid": int(gone.stdout)},  # its driver is gone
+        ".run.ranks-reused": {**me, "start": "1"},  # its PID now belongs to another process (started at another time)
+        ".run.ranks-alive": me,  # a driver running right now
+        ".run.ranks-elsewhere": {**me, "host": "another-host", "pid": int(gone.stdout)},  # cannot tell: kept
+        ".other.ranks-dead": {**me, "pid": int(gone.stdout)},  # another --out's
+    }
+    for name, owner in owners.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / train.DRIVER_FILE).write_text(json.dumps(owner))
+    (tmp_path / ".run.ranks-unclaimed-new").mkdir()  # a driver that has only just made it
+    old = tmp_path / ".run.ranks-unclaimed-old"
+    old.mkdir()
+    os.utime(old, (time.time() - 2 * train.UNCLAIMED_STALE_S,) * 2)
+    (tmp_path / ".run.ranks-file").write_text("not a staging folder\n")
+    train.remove_stale_staging(tmp_path / "run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".other.ranks-dead", ".run.ranks-alive", ".run.ranks-elsewhere", ".run.ranks-file", ".run.ranks-unclaimed-new"]
+
+
+# --- 6: a failed rerun leaves no older record looking current ----------------------------------------------------------
+
+@pytest.mark.slow  # two `ralp-pipe train` subprocesses with 3 ranks each
+def test_failed_rerun_sets_the_older_records_aside_and_a_successful_one_replaces_them(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"old": true}\n')
+    (out / "steps.parquet").write_bytes(b"old steps")
+    failing = {**os.environ, "RALP_PIPE_FAIL_RANK": "1", "RALP_PIPE_FAIL_STEP": "1"}
+    proc = _train(out, "train.measure_steps=2", env=failing)
+    assert proc.returncode == 4, proc.stderr
+    assert f"moved the previous run's metrics.json and steps.parquet to {out / '.previous'}/ as *.old" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == [".previous"], "the failed rerun left a record looking current"
+    assert (out / ".previous" / "metrics.json.old").read_text() == '{"old": true}\n'
+    assert (out / ".previous" / "steps.parquet.old").read_bytes() == b"old steps"
+    proc = _train(out, "train.measure_steps=2")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "steps.parquet"]
+    assert "old" not in json.loads((out / "metrics.json").read_text())

@@ -35,6 +35,14 @@ STAGES: dict[str, tuple[str, str]] = {
 REDELIVER_S = 0.01  # delay before a swallowed SIGINT/SIGTERM is sent again
 
 
+class _Signalled(BaseException):
+    """A SIGINT/SIGTERM: a BaseException like KeyboardInterrupt, so `except Exception` (torch's imports) lets it by."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _parser(stage: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="ralp-pipe", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
@@ -64,13 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
         except KeyboardInterrupt:
             return _report(stage, Interrupted(signal.SIGINT))
+        except _Signalled as stopped:
+            return _report(stage, Interrupted(stopped.signum))
         except RalpError as exc:
             return _report(stage, exc)
 
 
 @contextmanager
 def _interrupts_raised() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`Interrupted` (unless ignored when we started), even where code swallows it.
+    """SIGINT and SIGTERM stop the stage (unless ignored when we started), even where code swallows exceptions.
 
     An exception raised in a fork handler, ``__del__`` or weakref callback is only printed as
     "Exception ignored in ..." (Python hands it to ``sys.unraisablehook``), so a signal arriving
@@ -90,19 +100,19 @@ def _interrupts_raised() -> Iterator[None]:
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    """The SIGINT/SIGTERM handler: raise :class:`Interrupted`, or send the signal again when raising is futile."""
+    """The SIGINT/SIGTERM handler: raise :class:`_Signalled`, or send the signal again when raising is futile."""
     while frame is not None:
         if frame.f_code is _redeliver.__code__:  # raised inside the hook, it would be swallowed again
             _send_again(signum)
             return
         frame = frame.f_back
-    raise Interrupted(signum)
+    raise _Signalled(signum)
 
 
 def _redeliver(previous_hook: Callable[[Any], object], unraisable: Any) -> None:
-    """``sys.unraisablehook``: a swallowed :class:`Interrupted` is sent again, anything else goes to `previous_hook`."""
-    if isinstance(unraisable.exc_value, Interrupted):
-        _send_again(unraisable.exc_value.exit_code - 128)
+    """``sys.unraisablehook``: a swallowed :class:`_Signalled` is sent again, anything else goes to `previous_hook`."""
+    if isinstance(unraisable.exc_value, _Signalled):
+        _send_again(unraisable.exc_value.signum)
     else:
         previous_hook(unraisable)
 
