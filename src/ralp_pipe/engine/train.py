@@ -13,27 +13,41 @@ task per rank the command is itself a rank and rank 0 writes the files.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from ralp_pipe.atomic import atomic_path
+from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import Config, cluster_kind, digest, load, to_dict
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.metrics import summarize
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.topology import Topology, topology
-from ralp_pipe.errors import DataError
+from ralp_pipe.errors import ConfigError, DataError, RunFailure
 from ralp_pipe.results.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.results.records import Plan, RunMetrics
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm
+
+STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-XXXX next to --out
+DRIVER_FILE = "driver.json"  # in the staging folder: host, PID and start time of the driver that owns it
+UNCLAIMED_STALE_S = 60.0  # a staging folder without DRIVER_FILE (written right after it is made) is stale after this
+PREVIOUS_FOLDER = ".previous"  # in --out: an earlier run's records, set aside while a rerun runs
+MIN_FREE_BYTES = 16 * 2**20  # free space a run needs at least, for its records, rank logs and temporary copies
+ROW_BYTES = 1024  # one step record as JSON in the rank result, in steps.parquet and in their temporary copies
+FULL_BYTES = 2**20  # a filesystem with less free space is full for the ranks' logs
+RANK_BASE_BYTES = 500_000_000  # memory of one rank before its model: interpreter, torch, gloo buffers
+PARAMETER_COPIES = 3  # a rank holds parameters, their gradients and momentum (or the buffers in flight)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,11 +87,17 @@ def _plan_split(path: Path, strategy: str) -> int:
     return split
 
 
-def split_and_bytes(cfg: Config, topo: Topology) -> tuple[int | None, dict[str, int]]:
-    """The run's split point and analytic bytes per step, from placement units on the meta device."""
+def meta_units(cfg: Config) -> list[models.Unit]:
+    """The model's placement units on the meta device: shapes and parameter counts only, no memory, no initialisation."""
+    with torch.device("meta"):
+        return models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+
+
+def split_and_bytes(cfg: Config, topo: Topology, units: list[models.Unit] | None = None) -> tuple[int | None, dict[str, int]]:
+    """The run's split point and analytic bytes per step, from placement units on the meta device (`units` if given)."""
     t = cfg.train
-    with torch.device("meta"):  # shapes and parameter counts only: no parameter memory, no initialisation
-        units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    units = meta_units(cfg) if units is None else units
+    with torch.device("meta"):  # the activation shapes too
         split = resolve_split(cfg, units)
         return split, volume.step_bytes(topo.strategy, units, split, topo, t.batch_size, t.image_size)
 
@@ -126,12 +146,29 @@ def build_metrics(cfg: Config, topo: Topology, split: int | None, analytic: dict
     )
 
 
+def os_problem(exc: OSError, path: Path | None = None) -> str:
+    """`path: strerror (ERRNO)` of an OSError for one-line messages; `path` where the error names no file."""
+    name = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
+    return f"{exc.filename or path or '?'}: {exc.strerror or exc} ({name})"
+
+
 def write_run(out: Path, metrics: RunMetrics, rows: list[dict[str, Any]]) -> None:
-    """Write steps.parquet, then metrics.json (the completion marker), each atomically."""
+    """Write steps.parquet, then metrics.json (the completion marker), each atomically; all or nothing."""
     frame = pd.DataFrame(rows).sort_values(["rank", "step"], kind="stable")
-    with atomic_path(out / STEPS_FILE) as tmp:
-        frame.to_parquet(tmp, index=False)
-    metrics.write(out / METRICS_FILE)
+    created = not out.exists()
+    writing = out / STEPS_FILE
+    try:
+        with atomic_path(writing) as tmp:
+            tmp.write_bytes(frame.to_parquet(index=False))  # Python's I/O gives the errno if it fails
+        writing = out / METRICS_FILE
+        metrics.write(writing)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # steps without metrics.json would be a record of nothing
+            (out / STEPS_FILE).unlink(missing_ok=True)
+            if created:
+                out.rmdir()
+        raise RunFailure(f"cannot write the run's records to {out}: {os_problem(exc, writing)}; the measurement is lost: "
+                         f"free space there (or choose another --out) and rerun") from exc
 
 
 def _finish(cfg: Config, topo: Topology, out: Path, split: int | None, analytic: dict[str, int],
@@ -141,22 +178,118 @@ def _finish(cfg: Config, topo: Topology, out: Path, split: int | None, analytic:
     return metrics
 
 
-def run(cfg: Config, out: Path) -> RunMetrics | None:
-    """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks)."""
-    topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
-    split, analytic = split_and_bytes(cfg, topo)
-    device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
-    launcher = cluster_kind(cfg.cluster.kind).launcher
-    if launcher == "srun" and in_slurm_step(topo.world_size):
-        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split)
-        return None if result is None else _finish(cfg, topo, out, split, analytic, result)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=out.parent))
+def check_host(cfg: Config, topo: Topology, units: list[models.Unit]) -> None:
+    """Refuse more ranks than this host's cores and memory can run, when every rank runs here."""
+    cores, memory = hardware.usable_cores(), hardware.usable_memory_bytes()
+    parameters = sum(p.numel() * p.element_size() for u in units for p in u.module.parameters())
+    per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters
+    by_cores, by_memory = max(8, 4 * cores), memory // per_rank
+    if topo.world_size <= min(by_cores, by_memory):
+        return
+    raise ConfigError(
+        f"cluster.gpus={cfg.cluster.gpus} makes {topo.strategy} start {topo.world_size} ranks on this host "
+        f"(cluster.kind={cfg.cluster.kind}), which has {cores} CPU cores and {memory / 1e9:.1f} GB of memory: "
+        f"at most {min(by_cores, by_memory)} ranks fit (max(8, 4 x {cores} cores) = {by_cores}; "
+        f"{memory / 1e9:.1f} GB / {per_rank / 1e9:.2f} GB a rank = {by_memory}, a rank taking "
+        f"{RANK_BASE_BYTES / 1e9:.1f} GB + {PARAMETER_COPIES} x {parameters / 1e9:.2f} GB of {cfg.model.name} "
+        f"parameters): use fewer cluster.gpus, or cluster=slurm to spread the ranks over nodes"
+    )
+
+
+def record_bytes(cfg: Config, topo: Topology) -> int:
+    """Free space the run needs next to and in --out: its step records (in several copies), logs and metrics."""
+    rows = topo.world_size * (cfg.train.warmup_steps + cfg.train.measure_steps)
+    return max(MIN_FREE_BYTES, rows * ROW_BYTES + FULL_BYTES)
+
+
+def _process_start(pid: int) -> str | None:
+    """Start time of process `pid` (clock ticks since boot, /proc/PID/stat field 22), None if there is none."""
     try:
-        result_file = staging / "result.json"
-        command = rank_command(result_file, cfg, split)
-        env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
-        timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _is_stale(staging: Path) -> bool:
+    """True when the driver that made `staging` is gone (a folder no driver claimed counts after a minute)."""
+    try:
+        owner = json.loads((staging / DRIVER_FILE).read_text())
+        host, pid, started = owner["host"], int(owner["pid"]), owner["start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return time.time() - staging.lstat().st_mtime > UNCLAIMED_STALE_S
+    return host == socket.gethostname() and _process_start(pid) != started
+
+
+def remove_stale_staging(out: Path) -> None:
+    """Remove the staging folders of earlier drivers of `out` that were killed (`.NAME.ranks-*` next to it)."""
+    for staging in out.parent.glob(f".{out.name}{STAGING_INFIX}*"):
+        if staging.is_dir() and not staging.is_symlink() and _is_stale(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+            print(f"ralp-pipe train: removed {staging}, left by a driver that was killed")
+
+
+def _refuse_out(out: Path, problem: str) -> ConfigError:
+    return ConfigError(f"--out {out}: {problem}; choose another --out or fix that path")
+
+
+def make_staging(out: Path, needed: int) -> Path:
+    """Check --out before any rank starts and make this run's staging folder next to it, claimed by this driver.
+
+    --out must be a folder (or not exist yet), it and its parent writable, with `needed` bytes free.
+    """
+    if out.exists() and not out.is_dir():
+        raise _refuse_out(out, "is a file, not a folder (the run writes metrics.json and steps.parquet into it)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(out)
+        for folder in dict.fromkeys(p for p in (out.parent, out) if p.is_dir()):
+            free = shutil.disk_usage(folder).free
+            if free < needed:
+                raise _refuse_out(out, f"{folder}: {os.strerror(errno.ENOSPC)} (ENOSPC): {free / 1e6:.1f} MB free, "
+                                       f"the run's records and logs need {needed / 1e6:.0f} MB")
+        if out.is_dir():
+            fd, probe = tempfile.mkstemp(prefix=f".{out.name}.probe-", dir=out)
+            os.close(fd)
+            os.unlink(probe)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_INFIX}", dir=out.parent))
+    except OSError as exc:
+        if isinstance(exc, FileExistsError | NotADirectoryError):  # a file where a folder of the path should be
+            raise _refuse_out(out, f"{os_problem(exc)}: a file stands where a folder of the path should be") from exc
+        raise _refuse_out(out, f"cannot write there: {os_problem(exc)}") from exc
+    try:
+        write_json_atomic(staging / DRIVER_FILE,
+                          {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())})
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _refuse_out(out, f"cannot write there: {os_problem(exc)}") from exc
+    return staging
+
+
+def set_aside_previous(out: Path) -> None:
+    """Move an earlier run's records into `out/.previous/` (as NAME.old) so that a failed rerun leaves none current."""
+    found = [name for name in (METRICS_FILE, STEPS_FILE) if (out / name).exists()]  # the completion marker first
+    if not found:
+        return
+    previous = out / PREVIOUS_FOLDER
+    try:
+        previous.mkdir(exist_ok=True)
+        for name in found:
+            os.replace(out / name, previous / f"{name}.old")
+    except OSError as exc:
+        raise _refuse_out(out, f"cannot move the previous run's records aside: {os_problem(exc)}") from exc
+    print(f"ralp-pipe train: moved the previous run's {' and '.join(found)} to {previous}/ as *.old "
+          f"(removed once this run succeeds)")
+
+
+def _launch(cfg: Config, topo: Topology, staging: Path, split: int | None, device_type: str, backend: str) -> RankResult:
+    """Start and supervise the ranks; return rank 0's result. A full disk under the ranks' logs is named."""
+    launcher = cluster_kind(cfg.cluster.kind).launcher
+    result_file = staging / "result.json"
+    command = rank_command(result_file, cfg, split)
+    env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
+    timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
+    try:
         if launcher == "srun":
             os.environ.update(env)
             gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
@@ -168,7 +301,33 @@ def run(cfg: Config, out: Path) -> RunMetrics | None:
                 launch_local(command, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(command, topo.world_size, timeout, staging, None, env)
-        result: RankResult = json.loads(result_file.read_text())
-        return _finish(cfg, topo, out, split, analytic, result)
+    except RunFailure as exc:
+        if shutil.disk_usage(staging).free >= FULL_BYTES:
+            raise
+        raise RunFailure(f"{staging}: {os.strerror(errno.ENOSPC)} (ENOSPC): the disk holding the rank logs filled up "
+                         f"during the run, so the ranks' own errors may be missing; free space there and rerun. "
+                         f"{exc}") from exc
+    result: RankResult = json.loads(result_file.read_text())
+    return result
+
+
+def run(cfg: Config, out: Path) -> RunMetrics | None:
+    """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks)."""
+    topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
+    units = meta_units(cfg)
+    split, analytic = split_and_bytes(cfg, topo, units)
+    device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
+    kind = cluster_kind(cfg.cluster.kind)
+    if kind.launcher == "srun" and in_slurm_step(topo.world_size):
+        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split)
+        return None if result is None else _finish(cfg, topo, out, split, analytic, result)
+    if kind.shares_host_cpus:
+        check_host(cfg, topo, units)
+    staging = make_staging(out, record_bytes(cfg, topo))
+    try:
+        set_aside_previous(out)
+        metrics = _finish(cfg, topo, out, split, analytic, _launch(cfg, topo, staging, split, device_type, backend))
+        shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
+        return metrics
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -36,12 +36,30 @@ def describe() -> dict[str, object]:
         "hostname": socket.gethostname(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "cpu_affinity": usable_cores(),
         "torch_threads": torch.get_num_threads(),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 2),
         "gpus": gpus,
         "platform": platform.platform(),
     }
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask: what ranks started here share)."""
+    return len(os.sched_getaffinity(0))
+
+
+def usable_memory_bytes() -> int:
+    """Memory processes started here may use: the machine's, or its cgroup's limit (v2 or v1) when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total
 
 
 def threads_per_rank(ranks_on_host: int) -> int:
@@ -51,7 +69,7 @@ def threads_per_rank(ranks_on_host: int) -> int:
     """
     if "SLURM_CPUS_PER_TASK" in os.environ:
         return max(1, int(os.environ["SLURM_CPUS_PER_TASK"]))
-    return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
+    return max(1, usable_cores() // ranks_on_host)
 
 
 def versions() -> dict[str, str | None]:
