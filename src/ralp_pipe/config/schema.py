@@ -17,6 +17,7 @@ MODELS = (
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
 )
 STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
+RALP_STRATEGIES = ("ralp_h", "ralp_n")  # layer placement: workers run units[:split], one PS device the rest
 LAYOUTS = ("folders", "tars", "synthetic")
 LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = tuple(CLUSTER_KINDS)

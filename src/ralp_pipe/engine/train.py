@@ -295,9 +295,9 @@ def _launch(cfg: Config, topo: Topology, staging: Path, split: int | None, devic
             gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
             launch_slurm(command, topo.world_size, timeout, staging, gpus_per_task)
         elif launcher == "emulated":
-            from ralp_pipe.runtime.emulated import rank_placement
+            from ralp_pipe.runtime.emulated import emulated_sites
 
-            with rank_placement(topo.world_size, cfg.network.rate, cfg.network.burst) as emulated:
+            with emulated_sites(topo.world_size, cfg.network.rate, cfg.network.burst) as emulated:
                 launch_local(command, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(command, topo.world_size, timeout, staging, None, env)

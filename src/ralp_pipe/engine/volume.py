@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from ralp_pipe.config import RALP_STRATEGIES
 from ralp_pipe.engine.models import Unit, activation_shapes, check_split, parameter_count
 from ralp_pipe.engine.topology import Topology
 
@@ -83,7 +84,7 @@ def step_bytes(
         elements["activations"] = workers * activations
         elements["activation_gradients"] = workers * activations
     result = {name: count * bytes_per_element for name, count in elements.items()}
-    if strategy in ("ralp_h", "ralp_n"):
+    if strategy in RALP_STRATEGIES:
         result["labels"] = workers * batch_size * LABEL_BYTES
     result["total"] = sum(result.values())
     return result

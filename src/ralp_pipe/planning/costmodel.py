@@ -47,6 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ralp_pipe.config.units import rate_bytes_per_s
+from ralp_pipe.config import RALP_STRATEGIES
 from ralp_pipe.engine.models import check_split
 
 # tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
@@ -244,7 +245,7 @@ def predict(
     elif strategy == "allreduce":
         server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
         comm = (sent / w / link.ring_bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
-    elif strategy in ("ralp_h", "ralp_n"):
+    elif strategy in RALP_STRATEGIES:
         check_split(split, len(costs.units), f"the {strategy} prediction")
         lower, upper = slice(0, split), slice(split, None)
         lower_param = sum(u.param_bytes for u in costs.units[lower])

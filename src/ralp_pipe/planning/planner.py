@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ralp_pipe.engine import models
-from ralp_pipe.config import STRATEGIES, Config, ConfigError, cluster_kind, load, workload
+from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, Config, ConfigError, cluster_kind, load, workload
 from ralp_pipe.planning.costmodel import (
     ComputeCosts, Link, Pipelining, Prediction, SharedCpu, compute_costs, effective_link, predict,
 )
@@ -25,7 +25,6 @@ from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.results.records import Plan, Profile
 
-RALP = ("ralp_h", "ralp_n")
 
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
@@ -102,7 +101,7 @@ def best_prediction(
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
     topo = topology(strategy, gpus, num_ps)
-    splits: Sequence[int | None] = range(1, len(costs.units)) if strategy in RALP else [None]
+    splits: Sequence[int | None] = range(1, len(costs.units)) if strategy in RALP_STRATEGIES else [None]
     table = [
         predict(strategy, costs, topo.num_workers, gpus, batch_size, volume(strategy, gpus, k), link, k,
                 num_ps=num_ps, shared=shared, pipelining=pipelining)
@@ -131,7 +130,7 @@ def plan_gpus(
     entries: dict[str, dict[str, Any]] = {}
     baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared, pipelining)
     for strategy in STRATEGIES:
-        if strategy in RALP and gpus < 2:
+        if strategy in RALP_STRATEGIES and gpus < 2:
             continue
         best, table = best_prediction(strategy, costs, volume, gpus, batch_size, link, num_ps, shared, pipelining)
         topo = topology(strategy, gpus, num_ps)
@@ -145,7 +144,7 @@ def plan_gpus(
             "pays": None if strategy == "ps" else speedup > 1.0,
             "reason": "the baseline" if strategy == "ps" else _reason(strategy, best, baseline, unit_names),
         }
-        if strategy in RALP:
+        if strategy in RALP_STRATEGIES:
             entry["split_after_unit"] = unit_names[best.split - 1]
             entry["table"] = [{**p.as_dict(), "after_unit": unit_names[p.split - 1]} for p in table]
         entries[strategy] = entry
@@ -206,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
         split = f" split {entry['split']:>2}" if entry["split"] else " " * 9
         print(f"{name:9s}{split}  {entry['predicted_images_per_sec']:10.2f} img/s  "
               f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
-              f"{entry['reason'] if name in RALP else ''}")
+              f"{entry['reason'] if name in RALP_STRATEGIES else ''}")
     print(f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} "
           f"({plan.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}")
     return 0

@@ -31,7 +31,7 @@ from torch import nn
 from ralp_pipe.runtime import hardware
 
 from ralp_pipe.engine import models
-from ralp_pipe.config import STRATEGIES, ConfigError, cluster_kind, load, workload
+from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, cluster_kind, load, workload
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import devices
@@ -349,7 +349,7 @@ def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
     """Per-worker batch and the PS device's concatenated batch of ralp_n and ralp_h at `gpus`."""
     batches = {"worker": batch_size}
     if gpus >= 2:
-        for strategy in ("ralp_n", "ralp_h"):
+        for strategy in RALP_STRATEGIES:
             batches[f"ps_{strategy}"] = batch_size * topology(strategy, gpus).num_workers
     return batches
 

@@ -18,9 +18,9 @@ import pandas as pd
 
 from ralp_pipe.engine import models
 from ralp_pipe.atomic import atomic_path
-from ralp_pipe.config import STRATEGIES, ConfigError, load
+from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, load
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
-from ralp_pipe.planning.planner import RALP, best_prediction, check_profile_matches, pipelining_of, volume_function
+from ralp_pipe.planning.planner import best_prediction, check_profile_matches, pipelining_of, volume_function
 from ralp_pipe.results.records import Profile
 
 GPUS = tuple(2**i for i in range(1, 11))
@@ -56,7 +56,7 @@ def simulate(
                     "gpus": n,
                     "link_gbit": gbit,
                     "split": best.split,
-                    "split_after_unit": names[best.split - 1] if strategy in RALP else None,
+                    "split_after_unit": names[best.split - 1] if strategy in RALP_STRATEGIES else None,
                     "images_per_sec": best.images_per_sec,
                     "step_time_s": best.step_time_s,
                     "compute_s": best.compute_s,
@@ -116,7 +116,7 @@ def summary(frame: pd.DataFrame) -> str:
         for n in (frame.gpus.min(), frame.gpus.max()):
             part = frame[(frame.link_gbit == gbit) & (frame.gpus == n)]
             best = part.loc[part.images_per_sec.idxmax()]
-            split = f" split {int(best.split)}" if best.strategy in RALP else ""
+            split = f" split {int(best.split)}" if best.strategy in RALP_STRATEGIES else ""
             lines.append(f"{gbit:>5g} Gbit/s N={n:<5d} best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, "
                          f"{best.speedup_over_ps:.2f}x ps, {best.gb_per_step:.3g} GB/step")
     return "\n".join(lines)

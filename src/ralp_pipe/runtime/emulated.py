@@ -31,13 +31,13 @@ from ralp_pipe.config import ConfigError
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
 
 if TYPE_CHECKING:
-    from ralp_pipe.runtime.launch import RankPlacement
+    from ralp_pipe.runtime.launch import RankSite
 
 SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespaces
 INTERFACE = "eth0"
 SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
 HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host: the host's index (its link)
-PLACEMENT_ENV = "RALP_PIPE_EMULATED_PLACEMENT"  # JSON: where a child launcher puts its ranks on a shared cluster
+SHARED_HOSTS_ENV = "RALP_PIPE_SHARED_HOSTS"  # JSON: where a child launcher puts its ranks on a shared cluster
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
 
@@ -220,7 +220,7 @@ class EmulatedCluster:
             {"prefix": self.prefix(host), "env": self.env(host, master_host), "master_addr": self.address(master_host)}
             for host in hosts_of_ranks
         ]
-        return {PLACEMENT_ENV: json.dumps({"ranks": ranks})}
+        return {SHARED_HOSTS_ENV: json.dumps({"ranks": ranks})}
 
     def run(self, host: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
@@ -292,24 +292,24 @@ def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters])
 
 
 @contextmanager
-def rank_placement(world_size: int, rate: str, burst: str) -> Iterator[Callable[[int], "RankPlacement"]]:
-    """Placement of the ranks of one emulated run (for ``launch_local``).
+def emulated_sites(world_size: int, rate: str, burst: str) -> Iterator[Callable[[int], "RankSite"]]:
+    """Where each rank of one emulated run starts (the `sites` of ``launch_local``).
 
-    Inside a shared cluster (``PLACEMENT_ENV`` set by :meth:`EmulatedCluster.share`, e.g. by the
+    Inside a shared cluster (``SHARED_HOSTS_ENV`` set by :meth:`EmulatedCluster.share`, e.g. by the
     `concurrent` stage) the ranks join its hosts; otherwise a cluster of `world_size` hosts with
     `rate` per link is built for the run, rank r on host r, and removed afterwards.
     """
-    from ralp_pipe.runtime.launch import RankPlacement
+    from ralp_pipe.runtime.launch import RankSite
 
-    shared = os.environ.get(PLACEMENT_ENV)
+    shared = os.environ.get(SHARED_HOSTS_ENV)
     if shared:
         ranks = json.loads(shared)["ranks"]
         if len(ranks) != world_size:
             raise ConfigError(
-                f"{PLACEMENT_ENV} places {len(ranks)} ranks but this run has {world_size}; "
+                f"{SHARED_HOSTS_ENV} places {len(ranks)} ranks but this run has {world_size}; "
                 f"the job's strategy or cluster.gpus differ from what the shared cluster was laid out for"
             )
-        yield lambda rank: RankPlacement(list(ranks[rank]["prefix"]), dict(ranks[rank]["env"]), ranks[rank]["master_addr"])
+        yield lambda rank: RankSite(list(ranks[rank]["prefix"]), dict(ranks[rank]["env"]), ranks[rank]["master_addr"])
         return
     with EmulatedCluster(world_size, rate, burst) as cluster:
-        yield lambda rank: RankPlacement(cluster.prefix(rank), cluster.env(rank), cluster.address(0))
+        yield lambda rank: RankSite(cluster.prefix(rank), cluster.env(rank), cluster.address(0))

@@ -1,9 +1,9 @@
 """Starting the ranks of one run: locally as subprocesses, under SLURM, or as spawned functions.
 
 - :func:`launch_local` starts one subprocess per rank on this machine, each in its own
-  process group and killed with its parent. A :class:`RankPlacement` hook gives each rank an
+  process group and killed with its parent. A `sites` function gives each rank a :class:`RankSite`: an
   argv prefix, extra environment and the master address, e.g.
-  ``RankPlacement(["ip", "netns", "exec", "h1"], {"GLOO_SOCKET_IFNAME": "eth0"}, "10.0.0.1")``
+  ``RankSite(["ip", "netns", "exec", "h1"], {"GLOO_SOCKET_IFNAME": "eth0"}, "10.0.0.1")``
   to run rank 1 inside network namespace `h1`.
 - :func:`launch_slurm` runs the ranks with ``srun`` inside an allocation (one task per rank,
   one GPU per task where the job has GPUs); :func:`RankEnv.from_environ` reads a rank's
@@ -37,7 +37,7 @@ from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime.process import free_port, start_logged, stop, supervise
 
 @dataclass(frozen=True)
-class RankPlacement:
+class RankSite:
     """How to start one rank: argv prefix, extra environment and the address of rank 0."""
 
     prefix: list[str] = field(default_factory=list)
@@ -45,7 +45,7 @@ class RankPlacement:
     master_addr: str = "127.0.0.1"
 
 
-Placement = Callable[[int], RankPlacement]
+Sites = Callable[[int], RankSite]
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def launch_local(
     world_size: int,
     timeout_s: float,
     log_dir: Path,
-    placement: Placement | None = None,
+    sites: Sites | None = None,
     env: dict[str, str] | None = None,
 ) -> None:
     """Run `command` once per rank on this machine (torchrun-style environment) and supervise the ranks."""
@@ -133,7 +133,7 @@ def launch_local(
     logs: list[Path] = []
     try:
         for rank in range(world_size):
-            where = placement(rank) if placement else RankPlacement()
+            where = sites(rank) if sites else RankSite()
             rank_env = {
                 **os.environ,
                 **(env or {}),
