@@ -19,9 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.runtime.launch import spawn_function
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.runtime.launch import spawn_function
 
 OPTIM = Optim(lr=0.01, momentum=0.9, weight_decay=1e-4)
 
@@ -37,11 +37,23 @@ def _window(step: object, batch: tuple[torch.Tensor, torch.Tensor], steps: int) 
     return time.perf_counter() - began
 
 
-def _rank(rank: int, world: int, model: str, batch_size: int, size: int, steps: int, reps: int) -> dict[str, list[float]]:
+def _rank(
+    rank: int, world: int, model: str, batch_size: int, size: int, steps: int, reps: int
+) -> dict[str, list[float]]:
     torch.manual_seed(0)
     ours_units = models.placement_units(models.build(model, 1000))
-    ours = build(StepSetup(topology("allreduce", world), Comm(rank, world, "gloo"), ours_units, None, OPTIM,
-                           torch.device("cpu"), batch_size, size))
+    ours = build(
+        StepSetup(
+            topology("allreduce", world),
+            Comm(rank, world, "gloo"),
+            ours_units,
+            None,
+            OPTIM,
+            torch.device("cpu"),
+            batch_size,
+            size,
+        )
+    )
     torch.manual_seed(0)
     plain_model = DistributedDataParallel(models.build(model, 1000))
     plain_opt = OPTIM.sgd(list(plain_model.parameters()))
@@ -53,7 +65,10 @@ def _rank(rank: int, world: int, model: str, batch_size: int, size: int, steps: 
         plain_opt.step()
 
     gen = torch.Generator().manual_seed(rank)
-    batch = (torch.randn(batch_size, 3, size, size, generator=gen), torch.randint(0, 1000, (batch_size,), generator=gen))
+    batch = (
+        torch.randn(batch_size, 3, size, size, generator=gen),
+        torch.randint(0, 1000, (batch_size,), generator=gen),
+    )
     rates: dict[str, list[float]] = {"ours": [], "plain": []}
     for rep in range(reps):
         order = [("ours", ours.step), ("plain", plain_step)]
@@ -73,10 +88,17 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args()
-    rates = spawn_function(_rank, args.world, (args.model, args.batch, args.size, args.steps, args.reps),
-                           timeout_s=1800, threads=args.threads)[0]
-    print(f"{args.model} {args.size}x{args.size} batch {args.batch}/worker, {args.world} workers (gloo), "
-          f"{args.steps} steps per window, windows alternated")
+    rates = spawn_function(
+        _rank,
+        args.world,
+        (args.model, args.batch, args.size, args.steps, args.reps),
+        timeout_s=1800,
+        threads=args.threads,
+    )[0]
+    print(
+        f"{args.model} {args.size}x{args.size} batch {args.batch}/worker, {args.world} workers (gloo), "
+        f"{args.steps} steps per window, windows alternated"
+    )
     for name in ("ours", "plain"):
         print(f"  {name:>5} images/s per window: " + ", ".join(f"{r:.1f}" for r in rates[name]))
     ours, plain = statistics.median(rates["ours"]), statistics.median(rates["plain"])

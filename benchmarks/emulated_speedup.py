@@ -38,32 +38,54 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="keep run folders here (default: temporary)")
     args = parser.parse_args()
     common = [
-        "cluster=emulated", "network=1gbit", "cluster.gpus=4", "train.batch_size=4", "train.image_size=32",
-        "train.warmup_steps=1", f"train.measure_steps={args.steps}",
+        "cluster=emulated",
+        "network=1gbit",
+        "cluster.gpus=4",
+        "train.batch_size=4",
+        "train.image_size=32",
+        "train.warmup_steps=1",
+        f"train.measure_steps={args.steps}",
     ]
     ok = True
     with tempfile.TemporaryDirectory(prefix="ralp-speedup-") as tmp:
         root = args.out or Path(tmp)
-        print(f"{'model':<10} {'classes':>7} {'ps img/s':>9} {'ralp_n img/s':>13} {'speedup':>8} "
-              f"{'ps GB/step':>11} {'ralp_n GB/step':>15} {'GB ratio':>9} {'wire GB/step ps':>16}")
+        print(
+            f"{'model':<10} {'classes':>7} {'ps img/s':>9} {'ralp_n img/s':>13} {'speedup':>8} "
+            f"{'ps GB/step':>11} {'ralp_n GB/step':>15} {'GB ratio':>9} {'wire GB/step ps':>16}"
+        )
         for model, dataset, check in (("vgg11", "synthetic22k", True), ("resnet50", "synthetic1k", False)):
             ps = train(root / f"{model}-ps", [*common, f"model={model}", f"dataset={dataset}", "strategy=ps"])
             ralp = train(root / f"{model}-ralp_n", [*common, f"model={model}", f"dataset={dataset}", "strategy=ralp_n"])
             speedup, ratio = ralp[0] / ps[0], ps[1] / ralp[1]
-            print(f"{model:<10} {dataset[9:]:>7} {ps[0]:9.2f} {ralp[0]:13.2f} {speedup:8.2f} {ps[1]:11.4f} "
-                  f"{ralp[1]:15.4f} {ratio:9.1f} {ps[2]:16.4f}")
+            print(
+                f"{model:<10} {dataset[9:]:>7} {ps[0]:9.2f} {ralp[0]:13.2f} {speedup:8.2f} {ps[1]:11.4f} "
+                f"{ralp[1]:15.4f} {ratio:9.1f} {ps[2]:16.4f}"
+            )
             if check:
                 ok &= speedup >= 3 and ratio >= 10
         job = "model=vgg11 dataset=synthetic1k strategy=ps cluster.gpus=2"
         subprocess.run(
-            [sys.executable, "-m", "ralp_pipe.cli", "concurrent", "--out", str(root / "concurrent"),
-             "--job", job, "--job", job, *(o for o in common if not o.startswith("cluster.gpus"))],
+            [
+                sys.executable,
+                "-m",
+                "ralp_pipe.cli",
+                "concurrent",
+                "--out",
+                str(root / "concurrent"),
+                "--job",
+                job,
+                "--job",
+                job,
+                *(o for o in common if not o.startswith("cluster.gpus")),
+            ],
             check=True,
         )
         summary = json.loads((root / "concurrent" / "concurrent.json").read_text())
         for entry in summary["jobs"]:
-            print(f"concurrent job {entry['job']}: alone {entry['alone_images_per_sec']:.2f} img/s, together "
-                  f"{entry['together_images_per_sec']:.2f} img/s, slowdown {entry['slowdown']:.2f}x")
+            print(
+                f"concurrent job {entry['job']}: alone {entry['alone_images_per_sec']:.2f} img/s, together "
+                f"{entry['together_images_per_sec']:.2f} img/s, slowdown {entry['slowdown']:.2f}x"
+            )
             ok &= entry["slowdown"] > 1.2
     print("targets met" if ok else "targets NOT met")
     return 0 if ok else 1

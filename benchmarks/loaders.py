@@ -52,11 +52,19 @@ def main() -> int:
         prepare(cfg)
     manifest = read_manifest(shards_dir)
     size, threads = cfg.train.image_size, cfg.train.loader_threads
-    print(f"shards: {shards_dir} ({len(manifest['shards'])} shards, {manifest['images']} images, "
-          f"{manifest['shards'][0]['name']} .. {manifest['shards'][-1]['name']})")
+    print(
+        f"shards: {shards_dir} ({len(manifest['shards'])} shards, {manifest['images']} images, "
+        f"{manifest['shards'][0]['name']} .. {manifest['shards'][-1]['name']})"
+    )
     print(f"batch {args.batch_size}, crop {size}, threads {threads}, cpu, {args.repeats} x {args.batches} batches each")
-    loaders = {kind: iter(make_loader(kind, shards_dir, args.batch_size, size, cfg.dataset.num_classes,
-                                      threads=threads, seed=cfg.train.seed)) for kind in KINDS}
+    loaders = {
+        kind: iter(
+            make_loader(
+                kind, shards_dir, args.batch_size, size, cfg.dataset.num_classes, threads=threads, seed=cfg.train.seed
+            )
+        )
+        for kind in KINDS
+    }
     rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for repeat in range(args.repeats):
         for kind in KINDS if repeat % 2 == 0 else reversed(KINDS):
@@ -64,8 +72,10 @@ def main() -> int:
             print(f"  window {repeat + 1} {kind:>12}: {rates[kind][-1]:8.1f} img/s")
     median = {kind: statistics.median(values) for kind, values in rates.items()}
     ratio = median["dali"] / median["torchvision"]
-    print(f"dali {median['dali']:.1f} img/s | torchvision {median['torchvision']:.1f} img/s | "
-          f"ratio dali/torchvision {ratio:.2f} ({'meets' if ratio >= 1 else 'misses'} target >= 1)")
+    print(
+        f"dali {median['dali']:.1f} img/s | torchvision {median['torchvision']:.1f} img/s | "
+        f"ratio dali/torchvision {ratio:.2f} ({'meets' if ratio >= 1 else 'misses'} target >= 1)"
+    )
     return 0
 
 

@@ -35,14 +35,31 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="ralp-prediction-"))
     measured, predicted = [], []
     for model in args.models:
-        common = [f"model={model}", "dataset=synthetic1k", "network=loopback", "cluster=local",
-                  f"cluster.gpus={args.gpus}", f"train.batch_size={args.batch}", "train.image_size=32",
-                  "train.warmup_steps=2", f"train.measure_steps={args.steps}", "train.loader=synthetic"]
+        common = [
+            f"model={model}",
+            "dataset=synthetic1k",
+            "network=loopback",
+            "cluster=local",
+            f"cluster.gpus={args.gpus}",
+            f"train.batch_size={args.batch}",
+            "train.image_size=32",
+            "train.warmup_steps=2",
+            f"train.measure_steps={args.steps}",
+            "train.loader=synthetic",
+        ]
         runs, plan = measure_against_plan(out / model, common, STRATEGIES, ["--repeats", "5"])
         measured.append(runs)
         predicted.append(plan)
     joined, median = prediction_error(pd.concat(measured, ignore_index=True), pd.concat(predicted, ignore_index=True))
-    columns = ["model", "strategy", "gpus", "split", "images_per_sec_measured", "images_per_sec_predicted", "relative_error"]
+    columns = [
+        "model",
+        "strategy",
+        "gpus",
+        "split",
+        "images_per_sec_measured",
+        "images_per_sec_predicted",
+        "relative_error",
+    ]
     print(joined[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"median absolute relative error of images/sec: {median:.1%} (target <= 20%); files in {out}")
     return 0

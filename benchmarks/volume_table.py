@@ -14,18 +14,20 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from ralp_pipe.config import STRATEGIES
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.config import STRATEGIES
-from ralp_pipe.runtime.launch import spawn_function
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.runtime.launch import spawn_function
 
 MODELS = ("vgg11", "resnet50")
 CLASSES = (1000, 21841)
 
 
-def _rank(rank: int, world: int, model: str, classes: int, strategy: str, gpus: int, batch: int, size: int) -> dict[str, int]:
+def _rank(
+    rank: int, world: int, model: str, classes: int, strategy: str, gpus: int, batch: int, size: int
+) -> dict[str, int]:
     torch.manual_seed(0)
     units = models.placement_units(models.build(model, classes))
     topo = topology(strategy, gpus)
@@ -49,7 +51,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=32)
     args = parser.parse_args()
     print(f"N={args.gpus}, batch {args.batch}/worker, {args.size}x{args.size}; GB per step, all ranks' sends")
-    print(f"{'model':<9} {'classes':>7} {'strategy':<9} {'measured':>10} {'analytic':>10} {'equal':>5}  split  by category (measured)")
+    print(
+        f"{'model':<9} {'classes':>7} {'strategy':<9} {'measured':>10} {'analytic':>10} {'equal':>5}  split  by category (measured)"
+    )
     for model in args.models:
         for classes in CLASSES:
             units = models.placement_units(models.build(model, classes))
@@ -57,13 +61,17 @@ def main() -> None:
                 topo = topology(strategy, args.gpus)
                 split = None if strategy in ("ps", "allreduce") else models.default_split(units)
                 want = volume.step_bytes(strategy, units, split, topo, args.batch, args.size)
-                per_rank = spawn_function(_rank, topo.world_size,
-                                          (model, classes, strategy, args.gpus, args.batch, args.size), timeout_s=1800)
+                per_rank = spawn_function(
+                    _rank, topo.world_size, (model, classes, strategy, args.gpus, args.batch, args.size), timeout_s=1800
+                )
                 got = {name: sum(r[name] for r in per_rank) for name in volume.CATEGORIES}
                 total = sum(got.values())
                 parts = ", ".join(f"{k} {v / 1e9:.4f}" for k, v in got.items() if v)
-                print(f"{model:<9} {classes:>7} {strategy:<9} {total / 1e9:>10.4f} {want['total'] / 1e9:>10.4f} "
-                      f"{str(total == want['total']):>5}  {str(split):>5}  {parts}", flush=True)
+                print(
+                    f"{model:<9} {classes:>7} {strategy:<9} {total / 1e9:>10.4f} {want['total'] / 1e9:>10.4f} "
+                    f"{str(total == want['total']):>5}  {str(split):>5}  {parts}",
+                    flush=True,
+                )
             del units
 
 

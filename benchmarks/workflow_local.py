@@ -54,16 +54,29 @@ def main() -> int:
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="ralp-workflow-"))
     work.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(work),
-               "--cores", "all", "--config", f"experiment={args.experiment}"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "workflow" / "Snakefile"),
+        "--directory",
+        str(work),
+        "--cores",
+        "all",
+        "--config",
+        f"experiment={args.experiment}",
+    ]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     for name, seconds in sorted(rule_times(result.stdout + result.stderr).items(), key=lambda kv: -kv[1]):
         print(f"  {name:16s} {seconds:8.0f} s")
-    print(f"workflow {args.experiment}: {elapsed:.0f} s measured, budget {BUDGET_S} s, "
-          f"ratio {elapsed / BUDGET_S:.2f} ({'within' if elapsed <= BUDGET_S else 'OVER'} budget); "
-          f"exit {result.returncode}; results in {work}")
+    print(
+        f"workflow {args.experiment}: {elapsed:.0f} s measured, budget {BUDGET_S} s, "
+        f"ratio {elapsed / BUDGET_S:.2f} ({'within' if elapsed <= BUDGET_S else 'OVER'} budget); "
+        f"exit {result.returncode}; results in {work}"
+    )
     if result.returncode != 0:
         print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)
     return result.returncode

@@ -57,8 +57,13 @@ def make_config(tmp_path: Path) -> Callable[..., Config]:
     """Build a validated Config for a source tree, writing results under tmp_path/results."""
 
     def build(source: Path | None, *overrides: str, layout: str = "folders") -> Config:
-        base = [f"paths.results={tmp_path / 'results'}", "dataset.num_classes=5",
-                "dataset.shards.images_per_shard=3", "dataset.shards.workers=1", "dataset.shards.resize_shorter=null"]
+        base = [
+            f"paths.results={tmp_path / 'results'}",
+            "dataset.num_classes=5",
+            "dataset.shards.images_per_shard=3",
+            "dataset.shards.workers=1",
+            "dataset.shards.resize_shorter=null",
+        ]
         if source is not None:
             base = ["dataset=imagenet1k", f"dataset.layout={layout}", f"dataset.source={source}", *base]
         return load([*base, *overrides])
@@ -76,8 +81,22 @@ def bundle(tmp_path: Path) -> Path:
     (root / "configs").mkdir()
     (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
     concurrent = write_concurrent(root)
-    assert cli(["aggregate", "--runs", str(root / "runs"), "--plans", str(root / "plans"),
-                "--concurrent", str(concurrent), "--out", str(root / "tables")]) == 0
+    assert (
+        cli(
+            [
+                "aggregate",
+                "--runs",
+                str(root / "runs"),
+                "--plans",
+                str(root / "plans"),
+                "--concurrent",
+                str(concurrent),
+                "--out",
+                str(root / "tables"),
+            ]
+        )
+        == 0
+    )
     out = root / "bundles" / "smoke-0123.tar.gz"
     includes = [str(root / name) for name in ("configs", "runs", "plans", "concurrent", "tables")]
     assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(out)]) == 0

@@ -9,11 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe.results.aggregate import build_tables, load_records
-from ralp_pipe.results.layout import PLOT_NAMES
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import ConfigError
-from ralp_pipe.results.aggregate import load_workloads
+from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
+from ralp_pipe.results.layout import PLOT_NAMES
 from workflow_records import gb_per_step, images_per_sec, prediction_error, write_concurrent, write_results
 
 
@@ -25,8 +24,9 @@ def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_pa
     row = frame[(frame.model == "vgg11") & (frame.gpus == 4) & (frame.strategy == "ralp_n")].iloc[0]
     # vgg11 at N=4 on 1gbit: ralp_n 240 x 2 + 7 x 2 = 494 images/sec, ps 100 x 2 + 14 = 214
     assert row.speedup_vs_ps == pytest.approx(494 / 214)
-    assert row.speedup_vs_ps == pytest.approx(images_per_sec("vgg11", "1gbit", "ralp_n", 4)
-                                              / images_per_sec("vgg11", "1gbit", "ps", 4))
+    assert row.speedup_vs_ps == pytest.approx(
+        images_per_sec("vgg11", "1gbit", "ralp_n", 4) / images_per_sec("vgg11", "1gbit", "ps", 4)
+    )
     assert row.prediction_error == pytest.approx(0.03)  # ralp_n's 0.02 + 0.005 per GPU beyond 2
     assert row.prediction_error == pytest.approx(prediction_error("vgg11", "1gbit", "ralp_n", 4))
     assert row.predicted_gb_per_step == pytest.approx(0.12)  # the plan predicts the analytic volume
@@ -44,8 +44,10 @@ def test_summary_is_laid_out_per_network_with_throughput_and_speedup_columns(tmp
     lines = tables.summary.splitlines()
     assert "## Network 1gbit (1gbit)" in lines
     header = next(line for line in lines if line.startswith("| model") and "speedup" in line)
-    assert header == ("| model | dataset | classes | N | ps | allreduce | ralp_h | ralp_n | allreduce speedup |"
-                      " ralp_h speedup | ralp_n speedup |")
+    assert header == (
+        "| model | dataset | classes | N | ps | allreduce | ralp_h | ralp_n | allreduce speedup |"
+        " ralp_h speedup | ralp_n speedup |"
+    )
     # THROUGHPUT x 2 + 14 at N=4; speedups 314 / 214, 374 / 214, 494 / 214
     assert "| vgg11 | synthetic1k | 1000 | 4 | 214.0 | 314.0 | 374.0 | 494.0 | 1.47x | 1.75x | 2.31x |" in lines
     # |errors| 0, .01, .02, .03, .03, .04, .05, .06 | .10, .11, .13, .14, .25, .26, .28, .29: median (.06 + .10) / 2
@@ -74,8 +76,9 @@ def test_duplicate_and_missing_records_are_refused_by_name(tmp_path: Path) -> No
 def test_cli_writes_tables_and_every_plot(tmp_path: Path) -> None:
     write_results(tmp_path, models=("vgg11",), gpus=(2, 4))
     out = tmp_path / "tables"
-    assert cli(["aggregate", "--runs", str(tmp_path / "runs"), "--plans", str(tmp_path / "plans"),
-                "--out", str(out)]) == 0
+    assert (
+        cli(["aggregate", "--runs", str(tmp_path / "runs"), "--plans", str(tmp_path / "plans"), "--out", str(out)]) == 0
+    )
     assert len(pd.read_parquet(out / "runs.parquet")) == 8
     assert set(pd.read_parquet(out / "speedups.parquet").columns) >= {"speedup", "ps_images_per_sec"}
     assert (out / "summary.md").read_text().startswith("# Results")

@@ -23,9 +23,11 @@ ORDER = ("ps", "allreduce", "ralp_h", "ralp_n")
 NETWORKS = ("100mbit", "1gbit")
 MODELS = ("vgg11", "resnet18")
 GPUS = (2, 4)
-TABLES = {"### Throughput (images/sec) and speedup over ps": "throughput",
-          "### Transfer volume (GB/step, all categories)": "volume",
-          "### Predicted throughput (images/sec) and its error against the measurement": "predicted"}
+TABLES = {
+    "### Throughput (images/sec) and speedup over ps": "throughput",
+    "### Transfer volume (GB/step, all categories)": "volume",
+    "### Predicted throughput (images/sec) and its error against the measurement": "predicted",
+}
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def assert_shown(cell: str, expected: float) -> None:
     number = re.fullmatch(r"(-?\d+(?:\.(\d+))?)[x%]?", cell)
     assert number, f"{cell!r} is not a number"
     decimals = len(number.group(2) or "")
-    assert abs(float(number.group(1)) - expected) <= 0.5 * 10 ** -decimals + 1e-9, f"{cell!r} shows {expected}"
+    assert abs(float(number.group(1)) - expected) <= 0.5 * 10**-decimals + 1e-9, f"{cell!r} shows {expected}"
 
 
 def expected_rows(raw: Raw, network: str) -> dict[tuple[str, str, str, str], dict[str, Any]]:
@@ -102,8 +104,9 @@ def expected_rows(raw: Raw, network: str) -> dict[tuple[str, str, str, str], dic
             "images_per_sec": [runs[s]["images_per_sec"] for s in ORDER],
             "speedup": [runs[s]["images_per_sec"] / ps for s in ORDER[1:]],
             "gb_total": [runs[s]["gb_per_step"]["total"] for s in ORDER],
-            "predicted": [raw.plans[(network, model, dataset, gpus)]["strategies"][s]["predicted_images_per_sec"]
-                          for s in ORDER],
+            "predicted": [
+                raw.plans[(network, model, dataset, gpus)]["strategies"][s]["predicted_images_per_sec"] for s in ORDER
+            ],
             "error_pct": [100 * raw.error((network, model, dataset, gpus, s)) for s in ORDER],
         }
     return rows
@@ -121,9 +124,13 @@ def test_the_records_can_tell_joins_and_medians_apart(results: tuple[Raw, Tables
     """The fixture is discriminating: speedups differ across groups; median, mean and max errors differ."""
     raw, _ = results
     for strategy in ORDER[1:]:
-        speedups = [raw.records[(n, m, "synthetic1k", g, strategy)]["images_per_sec"]
-                    / raw.records[(n, m, "synthetic1k", g, "ps")]["images_per_sec"]
-                    for n in NETWORKS for m in MODELS for g in GPUS]
+        speedups = [
+            raw.records[(n, m, "synthetic1k", g, strategy)]["images_per_sec"]
+            / raw.records[(n, m, "synthetic1k", g, "ps")]["images_per_sec"]
+            for n in NETWORKS
+            for m in MODELS
+            for g in GPUS
+        ]
         assert len({round(s, 6) for s in speedups}) == len(speedups), strategy
     for network in NETWORKS:
         errors = [abs(raw.error(k)) for k in raw.records if k[0] == network]
@@ -166,8 +173,9 @@ def test_each_network_states_the_median_error_of_its_own_runs(results: tuple[Raw
     assert sorted(accuracy) == sorted(NETWORKS)
     for network in NETWORKS:
         errors = [abs(raw.error(k)) for k in raw.records if k[0] == network]
-        line = re.fullmatch(r"Median absolute error of predicted images/sec: (\S+)% over (\d+) runs with a plan\.",
-                            accuracy[network])
+        line = re.fullmatch(
+            r"Median absolute error of predicted images/sec: (\S+)% over (\d+) runs with a plan\.", accuracy[network]
+        )
         assert line, accuracy[network]
         assert_shown(line.group(1), 100 * statistics.median(errors))
         assert int(line.group(2)) == len(errors) == 16
@@ -182,7 +190,9 @@ def test_the_run_count_is_that_of_the_records(results: tuple[Raw, Tables]) -> No
     assert len(raw.records) == len(NETWORKS) * len(MODELS) * len(GPUS) * len(ORDER)
 
 
-def test_speedup_and_error_of_every_row_of_the_parquet_tables_match_the_raw_records(results: tuple[Raw, Tables]) -> None:
+def test_speedup_and_error_of_every_row_of_the_parquet_tables_match_the_raw_records(
+    results: tuple[Raw, Tables],
+) -> None:
     """runs.parquet's speedup and error and speedups.parquet's ps baseline are those of the row's own group."""
     raw, tables = results
     assert len(tables.runs) == len(tables.speedups) == len(raw.records)

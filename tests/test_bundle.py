@@ -23,10 +23,19 @@ def test_good_bundle_verifies_and_holds_records_tables_environment_and_checksums
     result = verify_bundle(bundle)
     assert result.top == "smoke-0123" and result.runs == 8
     names = set(members(bundle))
-    for name in ("runs/synthetic1k/vgg11/n2-1gbit/ps/metrics.json", "runs/synthetic1k/vgg11/n4-1gbit/ralp_n/steps.parquet",
-                 "tables/runs.parquet", "tables/summary.md", "tables/concurrent.parquet",
-                 "concurrent/w0/concurrent.json", "tables/plots/speedup.png", "configs/smoke.json",
-                 "environment.json", "requirements.lock", CHECKSUMS):
+    for name in (
+        "runs/synthetic1k/vgg11/n2-1gbit/ps/metrics.json",
+        "runs/synthetic1k/vgg11/n4-1gbit/ralp_n/steps.parquet",
+        "tables/runs.parquet",
+        "tables/summary.md",
+        "tables/concurrent.parquet",
+        "concurrent/w0/concurrent.json",
+        "tables/plots/speedup.png",
+        "configs/smoke.json",
+        "environment.json",
+        "requirements.lock",
+        CHECKSUMS,
+    ):
         assert f"smoke-0123/{name}" in names
     assert cli(["verify", str(bundle)]) == 0
 
@@ -93,8 +102,9 @@ def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.T
         (_info("other/file"), "exactly one top folder"),
     ],
 )
-def test_unsafe_member_paths_are_refused_without_extracting(tmp_path: Path, info: tarfile.TarInfo,
-                                                             message: str) -> None:
+def test_unsafe_member_paths_are_refused_without_extracting(
+    tmp_path: Path, info: tarfile.TarInfo, message: str
+) -> None:
     path = crafted(tmp_path, info, b"x")
     before = set(os.listdir(tmp_path))
     with pytest.raises(BundleRefused, match=message):

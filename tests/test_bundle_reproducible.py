@@ -34,8 +34,22 @@ def aggregated(root: Path) -> Path:
     (root / "configs").mkdir()
     (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
     concurrent = write_concurrent(root)
-    assert cli(["aggregate", "--runs", str(root / "runs"), "--plans", str(root / "plans"),
-                "--concurrent", str(concurrent), "--out", str(root / "tables")]) == 0
+    assert (
+        cli(
+            [
+                "aggregate",
+                "--runs",
+                str(root / "runs"),
+                "--plans",
+                str(root / "plans"),
+                "--concurrent",
+                str(concurrent),
+                "--out",
+                str(root / "tables"),
+            ]
+        )
+        == 0
+    )
     return root
 
 

@@ -45,7 +45,15 @@ def test_the_paper_experiment_composes_with_every_dataset_model_and_network(tmp_
     for dataset in e.datasets:
         for model in e.models:
             for network in e.networks:
-                cfg = load(["experiment=paper", f"dataset={dataset}", f"dataset.source={tmp_path}",
-                            f"model={model}", f"network={network}", "cluster.gpus=16"])
+                cfg = load(
+                    [
+                        "experiment=paper",
+                        f"dataset={dataset}",
+                        f"dataset.source={tmp_path}",
+                        f"model={model}",
+                        f"network={network}",
+                        "cluster.gpus=16",
+                    ]
+                )
                 assert (cfg.dataset.name, cfg.model.name, cfg.network.name) == (dataset, model, network)
                 assert cfg.train.image_size == 224 and cfg.train.loader == "dali"

@@ -19,8 +19,10 @@ from ralp_pipe.planning.costmodel import ComputeCosts, Link, Pipelining, UnitCos
 
 W, B = 2, 3
 COSTS = ComputeCosts(
-    units=(UnitCost("u0", 1000, (2, 4), (0.010, 0.018), (0.020, 0.036)),
-           UnitCost("u1", 3000, (2, 4), (0.005, 0.009), (0.010, 0.018))),
+    units=(
+        UnitCost("u0", 1000, (2, 4), (0.010, 0.018), (0.020, 0.036)),
+        UnitCost("u1", 3000, (2, 4), (0.005, 0.009), (0.010, 0.018)),
+    ),
     update_s_per_byte=1e-6,
     aggregate_s_per_byte=2e-7,
 )
@@ -57,8 +59,9 @@ def test_ps_step_time_matches_the_hand_computation() -> None:
 
 def test_pipelined_ps_hides_its_transfers_behind_backward_but_not_the_last_pull() -> None:
     """ps, pipelined in 1000-byte buckets: both link directions at once, overlapped with backward."""
-    pred = predict("ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK,
-                   pipelining=Pipelining(bucket_bytes=1000))
+    pred = predict(
+        "ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK, pipelining=Pipelining(bucket_bytes=1000)
+    )
     # one direction of the PS link: 8000 / 1e6 = 0.008 s; the PS's own work: 0.0056 s (as above);
     # backward (0.028 + 0.014 = 0.042 s) hides both entirely: exposed = max(0, 0.008 - 0.042) = 0
     # the last bucket: its update is 1000 / 4000 of the server's work = 0.0014 s, and its pull to

@@ -24,9 +24,17 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ralp_pipe.config import load
 
     results = tmp_path_factory.mktemp("results")
-    cfg = load([f"paths.results={results}", "dataset.num_classes=6", "dataset.synthetic.images_per_class=4",
-                "dataset.synthetic.height=40", "dataset.synthetic.width=48",
-                "dataset.shards.images_per_shard=8", "dataset.shards.workers=1"])
+    cfg = load(
+        [
+            f"paths.results={results}",
+            "dataset.num_classes=6",
+            "dataset.synthetic.images_per_class=4",
+            "dataset.synthetic.height=40",
+            "dataset.synthetic.width=48",
+            "dataset.shards.images_per_shard=8",
+            "dataset.shards.workers=1",
+        ]
+    )
     return prepare(cfg, progress=False)
 
 
@@ -60,9 +68,12 @@ def test_dali_reads_every_member_through_our_index_files(shards):
 
     @pipeline_def(batch_size=6, num_threads=1, device_id=None)
     def reader():
-        jpegs, classes = fn.readers.webdataset(paths=[str(shards / s["name"]) for s in entries],
-                                               index_paths=[str(shards / s["index"]) for s in entries],
-                                               ext=["jpg", "cls"], missing_component_behavior="error")
+        jpegs, classes = fn.readers.webdataset(
+            paths=[str(shards / s["name"]) for s in entries],
+            index_paths=[str(shards / s["index"]) for s in entries],
+            ext=["jpg", "cls"],
+            missing_component_behavior="error",
+        )
         return jpegs, classes
 
     pipe = reader()
@@ -96,8 +107,7 @@ def test_dali_and_torchvision_agree_on_labels_and_shapes(shards, world_size):
         part = [everything[i] for i in rank_range(len(everything), rank, world_size)]
         epoch = len(part) // BATCH
         for kind in ("dali", "torchvision"):
-            loader = make_loader(kind, shards, BATCH, 32, 6, rank=rank, world_size=world_size, threads=2,
-                                 shuffle=False)
+            loader = make_loader(kind, shards, BATCH, 32, 6, rank=rank, world_size=world_size, threads=2, shuffle=False)
             assert take_labels(loader, 2 * epoch) == part * 2, kind
 
 
@@ -115,8 +125,10 @@ def test_images_are_normalised_crops(shards):
 def test_synthetic_batches_are_deterministic_and_split_invariant():
     first = [b for b in itertools.islice(iter(make_loader("synthetic", None, 8, 32, 10, seed=5)), 3)]
     again = [b for b in itertools.islice(iter(make_loader("synthetic", None, 8, 32, 10, seed=5)), 3)]
-    halves = [itertools.islice(iter(make_loader("synthetic", None, 4, 32, 10, rank=r, world_size=2, seed=5)), 3)
-              for r in range(2)]
+    halves = [
+        itertools.islice(iter(make_loader("synthetic", None, 4, 32, 10, rank=r, world_size=2, seed=5)), 3)
+        for r in range(2)
+    ]
     for (images, labels), (images2, labels2), (a, b) in zip(first, again, zip(*halves)):
         assert images.shape == (8, 3, 32, 32) and labels.dtype == torch.int64
         assert torch.equal(images, images2) and torch.equal(labels, labels2)

@@ -43,8 +43,9 @@ def expected_samples(root: Path) -> Counter[tuple[bytes, int]]:
 
 def mtimes(folder: Path) -> dict[str, int]:
     """mtime of every file below `folder` but the lock file, which each run writes its PID into."""
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")
-            if p.is_file() and p.name != LOCK}
+    return {
+        str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != LOCK
+    }
 
 
 @pytest.mark.parametrize("layout", ["folders", "tars"])
@@ -83,8 +84,14 @@ def test_oddities_become_rgb_or_are_skipped_with_reasons(rgb_tree, make_config):
     manifest = read_manifest(out)
     reasons = {item["path"]: item["reason"] for item in manifest["skipped"]}
     assert set(reasons) == {
-        "n00000003/truncated.JPEG", "n00000003/zero.JPEG", "n00000003/text.JPEG", "n00000003/.hidden.JPEG",
-        "n00000003/nested", "stray_folder", "LOC_synset_mapping.txt", ".DS_Store",
+        "n00000003/truncated.JPEG",
+        "n00000003/zero.JPEG",
+        "n00000003/text.JPEG",
+        "n00000003/.hidden.JPEG",
+        "n00000003/nested",
+        "stray_folder",
+        "LOC_synset_mapping.txt",
+        ".DS_Store",
     }
     assert "truncated" in reasons["n00000003/truncated.JPEG"]
     assert "0 bytes" in reasons["n00000003/zero.JPEG"]
@@ -125,8 +132,15 @@ def test_strict_mode_stops_naming_the_file(rgb_tree, make_config, tmp_path, caps
     bad.write_bytes(b"")
     with pytest.raises(SourceError, match=str(bad)):
         prepare(make_config(rgb_tree, "dataset.shards.strict=true"), progress=False)
-    argv = ["prepare-shards", "--no-progress", "dataset=imagenet1k", f"dataset.source={rgb_tree}",
-            "dataset.num_classes=5", "dataset.shards.strict=true", f"paths.results={tmp_path / 'cli'}"]
+    argv = [
+        "prepare-shards",
+        "--no-progress",
+        "dataset=imagenet1k",
+        f"dataset.source={rgb_tree}",
+        "dataset.num_classes=5",
+        "dataset.shards.strict=true",
+        f"paths.results={tmp_path / 'cli'}",
+    ]
     assert cli.main(argv) == 3
     assert f"ralp-pipe prepare-shards: data error: unusable source file {bad}" in capsys.readouterr().err
 
@@ -181,7 +195,9 @@ def test_changed_options_rebuild_and_drop_stale_shards(rgb_tree, make_config):
     out = prepare(make_config(rgb_tree, "dataset.shards.images_per_shard=2"), progress=False)
     assert len(read_manifest(out)["shards"]) == 5
     prepare(make_config(rgb_tree, "dataset.shards.images_per_shard=4"), progress=False)
-    assert sorted(p.name for p in out.glob("shard-*")) == [f"shard-00000{i}.{e}" for i in range(3) for e in ("idx", "tar")]
+    assert sorted(p.name for p in out.glob("shard-*")) == [
+        f"shard-00000{i}.{e}" for i in range(3) for e in ("idx", "tar")
+    ]
     assert len(shard_contents(out)) == 9
 
 
@@ -193,9 +209,20 @@ def test_killed_run_resumes_and_ends_like_a_clean_run(tmp_path, make_config):
         for number in range(20):  # PNGs under .JPEG names: each one is re-encoded, so the run takes a while
             image = noise_image(label * 100 + number, size=(384, 384))
             (root / f"n{label:08d}" / f"n{label:08d}_{number}.JPEG").write_bytes(encode(image, "PNG"))
-    argv = [sys.executable, "-m", "ralp_pipe.cli", "prepare-shards", "--no-progress", "dataset=imagenet1k",
-            f"dataset.source={root}", "dataset.num_classes=5", "dataset.shards.images_per_shard=1",
-            "dataset.shards.workers=1", "dataset.shards.resize_shorter=null", f"paths.results={tmp_path / 'results'}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ralp_pipe.cli",
+        "prepare-shards",
+        "--no-progress",
+        "dataset=imagenet1k",
+        f"dataset.source={root}",
+        "dataset.num_classes=5",
+        "dataset.shards.images_per_shard=1",
+        "dataset.shards.workers=1",
+        "dataset.shards.resize_shorter=null",
+        f"paths.results={tmp_path / 'results'}",
+    ]
     out = tmp_path / "results" / "data" / "imagenet1k"
     run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Freeze the run (SIGSTOP) as soon as 3 records exist, so that it cannot go on to finish every
@@ -218,6 +245,7 @@ def test_killed_run_resumes_and_ends_like_a_clean_run(tmp_path, make_config):
     assert 3 <= len(finished) < 60 and not (out / "manifest.json").exists()
     prepare(make_config(root, "dataset.shards.images_per_shard=1"), progress=False)
     assert {name: (out / name).stat().st_mtime_ns for name in finished} == finished
-    clean = prepare(make_config(root, "dataset.shards.images_per_shard=1", f"paths.results={tmp_path / 'clean'}"),
-                    progress=False)
+    clean = prepare(
+        make_config(root, "dataset.shards.images_per_shard=1", f"paths.results={tmp_path / 'clean'}"), progress=False
+    )
     assert (out / "manifest.json").read_bytes() == (clean / "manifest.json").read_bytes()

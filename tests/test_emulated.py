@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.runtime.process import GRACE_S
 from ralp_pipe.runtime.emulated import (
     SWITCH_ENV,
     EmulatedCluster,
@@ -22,6 +21,7 @@ from ralp_pipe.runtime.emulated import (
     LinkCounters,
     wire_gb_per_step,
 )
+from ralp_pipe.runtime.process import GRACE_S
 from support.emulated_hosts import emulation_available, measure_link_rate, run_on_hosts
 
 SUPPORT_ROOT = Path(__file__).resolve().parent  # holds support/, for the test's own subprocesses
@@ -60,13 +60,16 @@ def _root_veths() -> str:
 
 def test_a_failing_rank_stops_the_others_and_leaves_nothing_behind(tmp_path: Path) -> None:
     veths_before = _root_veths()
-    record = 'readlink /proc/self/ns/net > {out}.ns; echo $$ > {out}.pid; {then}'
+    record = "readlink /proc/self/ns/net > {out}.ns; echo $$ > {out}.pid; {then}"
     # Rank 0 notes when it fails (CLOCK_BOOTTIME, as /proc/uptime shows it), so the time measured
     # below excludes building the namespaces and links, which is slow on a loaded machine.
     failed = tmp_path / "h0.failed"
     commands = [
-        ["sh", "-c", record.format(out=tmp_path / "h0",
-                                   then=f"sleep 0.5; cut -d' ' -f1 /proc/uptime > {failed}; exit 3")],
+        [
+            "sh",
+            "-c",
+            record.format(out=tmp_path / "h0", then=f"sleep 0.5; cut -d' ' -f1 /proc/uptime > {failed}; exit 3"),
+        ],
         ["sh", "-c", record.format(out=tmp_path / "h1", then="exec sleep 60")],
     ]
     codes, _ = run_on_hosts(commands, timeout=30)
@@ -223,7 +226,10 @@ def test_rootless_user_gets_a_working_shaped_cluster() -> None:
     )
     result = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", sys.executable, "-c", probe],
-        capture_output=True, text=True, timeout=60, cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
     )
     assert result.returncode == 0, result.stderr
     # Shaped at 1gbit the payload rate is 1e9 * 1448 / 1514 = 956 Mbit/s (tbf counts 1514-byte frames

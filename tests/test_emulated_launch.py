@@ -66,11 +66,24 @@ def test_a_shared_layout_for_another_world_size_is_refused(monkeypatch: pytest.M
 @pytest.mark.slow  # a training run on an emulated cluster (~37 s)
 def test_an_emulated_training_run_reports_wire_bytes_that_agree_with_the_counted_bytes(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    overrides = ["cluster=emulated", "network=1gbit", "model=resnet18", "strategy=ps", "cluster.gpus=2",
-                 "dataset.num_classes=10", "train.batch_size=2", "train.image_size=32", "train.warmup_steps=1",
-                 "train.measure_steps=2"]
-    proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
-                          capture_output=True, text=True, timeout=300)
+    overrides = [
+        "cluster=emulated",
+        "network=1gbit",
+        "model=resnet18",
+        "strategy=ps",
+        "cluster.gpus=2",
+        "dataset.num_classes=10",
+        "train.batch_size=2",
+        "train.image_size=32",
+        "train.warmup_steps=1",
+        "train.measure_steps=2",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     counted, wire = metrics["gb_per_step"]["total"], metrics["wire_gb_per_step"]

@@ -8,15 +8,22 @@ import torch.distributed as dist
 
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.runtime.launch import spawn_function
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.runtime.launch import spawn_function
 
 CLASSES, BATCH, SIZE, STEPS = 10, 2, 32, 2
 # (strategy, gpus, num_ps, split): split None = the model's default
-CASES = [("ps", 2, 2, None), ("ps", 3, 1, None), ("allreduce", 3, 1, None), ("allreduce", 2, 1, None),
-         ("ralp_h", 4, 1, None), ("ralp_n", 3, 1, None), ("ralp_n", 3, 1, 5)]
+CASES = [
+    ("ps", 2, 2, None),
+    ("ps", 3, 1, None),
+    ("allreduce", 3, 1, None),
+    ("allreduce", 2, 1, None),
+    ("ralp_h", 4, 1, None),
+    ("ralp_n", 3, 1, None),
+    ("ralp_n", 3, 1, 5),
+]
 
 
 def _units() -> list[models.Unit]:
@@ -37,12 +44,18 @@ def _rank(rank: int, world: int) -> dict[tuple, list[dict]]:
         if rank < topo.world_size:
             units = _units()
             comm = Comm(rank, topo.world_size, "gloo", groups[topo.world_size])
-            engine = build(StepSetup(topo, comm, units, _split(units, split), Optim(0.01, 0.9, 0.0),
-                                     torch.device("cpu"), BATCH, SIZE))
+            engine = build(
+                StepSetup(
+                    topo, comm, units, _split(units, split), Optim(0.01, 0.9, 0.0), torch.device("cpu"), BATCH, SIZE
+                )
+            )
             gen = torch.Generator().manual_seed(rank)
             steps = []
             for _ in range(STEPS):
-                batch = (torch.randn(BATCH, 3, SIZE, SIZE, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen))
+                batch = (
+                    torch.randn(BATCH, 3, SIZE, SIZE, generator=gen),
+                    torch.randint(0, CLASSES, (BATCH,), generator=gen),
+                )
                 engine.step(batch if rank in topo.workers else None)
                 traffic = comm.take()
                 steps.append({"categories": traffic.bytes_by_category, "peers": traffic.bytes_by_peer})
@@ -67,8 +80,10 @@ def test_counted_bytes_per_step_equal_the_analytic_volume(case: tuple, counted: 
     want = volume.step_bytes(strategy, units, _split(units, split), topo, BATCH, SIZE)
     assert want["total"] > 0
     for step in range(STEPS):
-        got = {name: sum(counted[r][case][step]["categories"][name] for r in range(topo.world_size))
-               for name in volume.CATEGORIES}
+        got = {
+            name: sum(counted[r][case][step]["categories"][name] for r in range(topo.world_size))
+            for name in volume.CATEGORIES
+        }
         assert got == {name: want[name] for name in volume.CATEGORIES}, f"step {step}"
         assert sum(got.values()) == want["total"]
 

@@ -15,10 +15,10 @@ import torch.distributed as dist
 
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.runtime.launch import spawn_function
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import loss_fn
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.runtime.launch import spawn_function
 
 # the module fixture spawns 4 gloo ranks that run every case (> 3 min on 2 cores)
 pytestmark = pytest.mark.slow
@@ -54,18 +54,29 @@ class Case:
         return topology(self.strategy, self.gpus, self.num_ps).world_size
 
 
-def _case(strategy: str, gpus: int, num_ps: int, spec: tuple[str, int, int], overlap: bool = True,
-          bucket_mb: float = 4.0) -> Case:
+def _case(
+    strategy: str, gpus: int, num_ps: int, spec: tuple[str, int, int], overlap: bool = True, bucket_mb: float = 4.0
+) -> Case:
     return Case(strategy, gpus, num_ps, *spec, overlap, bucket_mb)
 
 
 # Pipelined push/pull: sequential, one bucket per parameter (0 MB), buckets of a few
 # parameters (0.002 MB = 500 floats: the tiny stack's tensors are 100s to 1000s of elements),
 # the default 4 MB (one bucket for the tiny stack), over 1, 2 and 3 servers.
-NO_BN_CASES = [_case(s, g, p, TINY, overlap, mb) for s, g, p, overlap, mb in [
-    ("ps", 2, 1, False, 4.0), ("ps", 2, 1, True, 0.0), ("ps", 2, 2, True, 4.0), ("ps", 2, 3, True, 0.002),
-    ("ps", 2, 3, False, 4.0), ("allreduce", 2, 1, True, 4.0), ("ralp_h", 4, 1, True, 0.002),
-    ("ralp_n", 3, 1, False, 4.0), ("ralp_n", 3, 1, True, 0.0)]]
+NO_BN_CASES = [
+    _case(s, g, p, TINY, overlap, mb)
+    for s, g, p, overlap, mb in [
+        ("ps", 2, 1, False, 4.0),
+        ("ps", 2, 1, True, 0.0),
+        ("ps", 2, 2, True, 4.0),
+        ("ps", 2, 3, True, 0.002),
+        ("ps", 2, 3, False, 4.0),
+        ("allreduce", 2, 1, True, 4.0),
+        ("ralp_h", 4, 1, True, 0.002),
+        ("ralp_n", 3, 1, False, 4.0),
+        ("ralp_n", 3, 1, True, 0.0),
+    ]
+]
 NO_BN_CASES.append(_case("ralp_n", 3, 1, NO_BN))
 BN_CASES = [_case(s, g, 1, BN) for s, g in [("allreduce", 2), ("ps", 2), ("ralp_h", 4), ("ralp_n", 3)]]
 BN_CASES += [_case("ps", 2, 1, BN, overlap=False), _case("ralp_n", 3, 1, BN, overlap=True, bucket_mb=0.0)]
@@ -75,8 +86,10 @@ def _data(case: Case) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed global batches (WORKERS x batch images) for every step."""
     gen = torch.Generator().manual_seed(7)
     n, size = WORKERS * case.batch, case.image_size
-    return [(torch.randn(n, 3, size, size, generator=gen), torch.randint(0, CLASSES, (n,), generator=gen))
-            for _ in range(STEPS)]
+    return [
+        (torch.randn(n, 3, size, size, generator=gen), torch.randint(0, CLASSES, (n,), generator=gen))
+        for _ in range(STEPS)
+    ]
 
 
 def _tiny_vgg() -> list[models.Unit]:
@@ -104,8 +117,18 @@ def _run_case(rank: int, case: Case, group: dist.ProcessGroup) -> dict[str, torc
     assert topo.num_workers == WORKERS
     units = _units(case.model)
     comm = Comm(rank, topo.world_size, "gloo", group)
-    setup = StepSetup(topo, comm, units, models.default_split(units), OPTIM, torch.device("cpu"),
-                      case.batch, case.image_size, overlap=case.overlap, bucket_mb=case.bucket_mb)
+    setup = StepSetup(
+        topo,
+        comm,
+        units,
+        models.default_split(units),
+        OPTIM,
+        torch.device("cpu"),
+        case.batch,
+        case.image_size,
+        overlap=case.overlap,
+        bucket_mb=case.bucket_mb,
+    )
     engine = build(setup)
     for images, labels in _data(case):
         part = slice(rank * case.batch, (rank + 1) * case.batch)
@@ -140,7 +163,9 @@ def distributed() -> dict[str, dict[str, torch.Tensor]]:
 
 
 def _initial(model: str) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in torch.nn.Sequential(*(u.module for u in _units(model))).named_parameters()}
+    return {
+        n: p.detach().clone() for n, p in torch.nn.Sequential(*(u.module for u in _units(model))).named_parameters()
+    }
 
 
 def _single_process(case: Case) -> dict[str, torch.Tensor]:
@@ -159,7 +184,9 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], st
     for name in want:
         assert not torch.equal(want[name], start[name]), f"{name} did not train"
         scale = want[name].abs().max().item()
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=2e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            got[name], want[name], rtol=1e-5, atol=2e-5 * scale, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("case", NO_BN_CASES, ids=lambda c: c.key)

@@ -14,8 +14,17 @@ import pytest
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S, INIT_TIMEOUT_S = 10, 60
-OVERRIDES = ["model=resnet18", "strategy=ps", "cluster.gpus=2", "train.batch_size=2", "train.image_size=32",
-             "train.warmup_steps=1", "train.measure_steps=3", f"cluster.timeout_s={TIMEOUT_S}", f"cluster.init_timeout_s={INIT_TIMEOUT_S}"]
+OVERRIDES = [
+    "model=resnet18",
+    "strategy=ps",
+    "cluster.gpus=2",
+    "train.batch_size=2",
+    "train.image_size=32",
+    "train.warmup_steps=1",
+    "train.measure_steps=3",
+    f"cluster.timeout_s={TIMEOUT_S}",
+    f"cluster.init_timeout_s={INIT_TIMEOUT_S}",
+]
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -30,17 +39,32 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize(("rank", "step", "mode", "named"), [
-    (1, 2, "raise", "rank 1"),   # a worker raises mid-run
-    (2, 1, "kill", "rank 2"),    # the PS is killed (SIGKILL)
-    (0, 2, "hang", None),        # a worker hangs: the PS's receive or the run's deadline times out
-])
-def test_failing_rank_stops_the_run_without_output(tmp_path: Path, rank: int, step: int, mode: str, named: str | None) -> None:
+@pytest.mark.parametrize(
+    ("rank", "step", "mode", "named"),
+    [
+        (1, 2, "raise", "rank 1"),  # a worker raises mid-run
+        (2, 1, "kill", "rank 2"),  # the PS is killed (SIGKILL)
+        (0, 2, "hang", None),  # a worker hangs: the PS's receive or the run's deadline times out
+    ],
+)
+def test_failing_rank_stops_the_run_without_output(
+    tmp_path: Path, rank: int, step: int, mode: str, named: str | None
+) -> None:
     out = tmp_path / "runs" / "run"
-    env = {**os.environ, "RALP_PIPE_FAIL_RANK": str(rank), "RALP_PIPE_FAIL_STEP": str(step), "RALP_PIPE_FAIL_MODE": mode}
+    env = {
+        **os.environ,
+        "RALP_PIPE_FAIL_RANK": str(rank),
+        "RALP_PIPE_FAIL_STEP": str(step),
+        "RALP_PIPE_FAIL_MODE": mode,
+    }
     began = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *OVERRIDES],
-                          env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *OVERRIDES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     elapsed = time.monotonic() - began
     assert proc.returncode == 4, proc.stderr  # RunFailure's exit status
     headline = proc.stderr.splitlines()[0]

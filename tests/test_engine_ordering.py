@@ -55,8 +55,20 @@ def _rank(rank: int, world: int, case: tuple) -> list[tuple[int, str, int]]:
     topo = topology(strategy, gpus, num_ps)
     units = _units()
     comm = RecordingComm(rank, world, "gloo")
-    engine = build(StepSetup(topo, comm, units, models.default_split(units), Optim(0.01, 0.9, 0.0),
-                             torch.device("cpu"), BATCH, SIZE, overlap=overlap, bucket_mb=bucket_mb))
+    engine = build(
+        StepSetup(
+            topo,
+            comm,
+            units,
+            models.default_split(units),
+            Optim(0.01, 0.9, 0.0),
+            torch.device("cpu"),
+            BATCH,
+            SIZE,
+            overlap=overlap,
+            bucket_mb=bucket_mb,
+        )
+    )
     gen = torch.Generator().manual_seed(rank)
     for _ in range(STEPS):
         batch = (torch.randn(BATCH, 3, SIZE, SIZE, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen))
@@ -66,7 +78,9 @@ def _rank(rank: int, world: int, case: tuple) -> list[tuple[int, str, int]]:
     return comm.posted
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-n{c[1]}-ps{c[2]}-{'overlap' if c[3] else 'seq'}-{c[4]}MB")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[0]}-n{c[1]}-ps{c[2]}-{'overlap' if c[3] else 'seq'}-{c[4]}MB"
+)
 def test_every_pair_posts_mirrored_sequences(case: tuple) -> None:
     world = topology(*case[:3]).world_size
     posted = spawn_function(_rank, world, (case,))

@@ -19,19 +19,56 @@ from ralp_pipe.errors import DataError
 
 pytestmark = pytest.mark.slow  # train subprocesses and model builds of several seconds each
 
-KEYS = {"model", "dataset", "num_classes", "strategy", "gpus", "workers", "num_ps", "split", "network", "rate",
-        "batch_size", "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_sec",
-        "images_per_step", "step_time_s", "gb_per_step", "analytic_gb_per_step", "wire_gb_per_step", "hardware",
-        "versions", "git_revision", "config_hash", "config"}
+KEYS = {
+    "model",
+    "dataset",
+    "num_classes",
+    "strategy",
+    "gpus",
+    "workers",
+    "num_ps",
+    "split",
+    "network",
+    "rate",
+    "batch_size",
+    "global_batch",
+    "image_size",
+    "warmup_steps",
+    "measure_steps",
+    "images_per_sec",
+    "images_per_step",
+    "step_time_s",
+    "gb_per_step",
+    "analytic_gb_per_step",
+    "wire_gb_per_step",
+    "hardware",
+    "versions",
+    "git_revision",
+    "config_hash",
+    "config",
+}
 CATEGORIES = {"total", "gradients", "parameters", "activations", "activation_gradients"}
 
 
 def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    overrides = ["cluster=local", "model=resnet18", "strategy=ralp_h", "cluster.gpus=4", "train.batch_size=2",
-                 "train.image_size=32", "train.warmup_steps=1", "train.measure_steps=2", "dataset.num_classes=10"]
-    proc = subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
-                          capture_output=True, text=True, timeout=300)
+    overrides = [
+        "cluster=local",
+        "model=resnet18",
+        "strategy=ralp_h",
+        "cluster.gpus=4",
+        "train.batch_size=2",
+        "train.image_size=32",
+        "train.warmup_steps=1",
+        "train.measure_steps=2",
+        "dataset.num_classes=10",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert KEYS <= metrics.keys()
@@ -62,12 +99,16 @@ def test_split_comes_from_the_option_then_the_plan_then_the_default(tmp_path: Pa
     assert resolve_split(load(["model=vgg11", "strategy=ps", "dataset.num_classes=10"]), units) is None
 
 
-@pytest.mark.parametrize(("content", "error", "message"), [
-    (None, DataError, "cannot read plan"), ("{}", DataError, "lacks key 'strategies'"),
-    ('{"strategies": {"ralp_h": {"split": 5}}}', DataError, "strategies.ralp_n.split"),
-    ('{"schema_version": 2, "strategies": {"ralp_n": {"split": 5}}}', DataError, "schema_version 2"),
-    ('{"strategies": {"ralp_n": {"split": 99}}}', ConfigError, "out of range"),
-])
+@pytest.mark.parametrize(
+    ("content", "error", "message"),
+    [
+        (None, DataError, "cannot read plan"),
+        ("{}", DataError, "lacks key 'strategies'"),
+        ('{"strategies": {"ralp_h": {"split": 5}}}', DataError, "strategies.ralp_n.split"),
+        ('{"schema_version": 2, "strategies": {"ralp_n": {"split": 5}}}', DataError, "schema_version 2"),
+        ('{"strategies": {"ralp_n": {"split": 99}}}', ConfigError, "out of range"),
+    ],
+)
 def test_bad_plan_is_a_data_error_and_bad_split_a_config_error_naming_the_file(
     tmp_path: Path, content: str | None, error: type[Exception], message: str
 ) -> None:

@@ -70,20 +70,35 @@ def test_members_are_streamed_in_chunks_never_read_whole(bundle: Path, monkeypat
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({f"{TOP}/runs/clash": b"{}", f"{TOP}/runs/clash/metrics.json": b"{}"},
-         f"member '{TOP}/runs/clash' is a file, but member '{TOP}/runs/clash/metrics.json' is inside it"),
+        (
+            {f"{TOP}/runs/clash": b"{}", f"{TOP}/runs/clash/metrics.json": b"{}"},
+            f"member '{TOP}/runs/clash' is a file, but member '{TOP}/runs/clash/metrics.json' is inside it",
+        ),
         ({METRICS: b"[1, 2, 3]"}, f"member '{METRICS}' holds a JSON list, not an object"),
         ({METRICS: b"\xff\xfe{}"}, f"member '{METRICS}' is not UTF-8 JSON"),
         ({METRICS: b'{"model": "vgg11"}'}, "the raw records do not aggregate"),
-        ({f"{TOP}/tables/summary.md": b"\x89PNG\r\n\x1a\n\x00\x00\xff"}, f"member '{TOP}/tables/summary.md' is not UTF-8"),
+        (
+            {f"{TOP}/tables/summary.md": b"\x89PNG\r\n\x1a\n\x00\x00\xff"},
+            f"member '{TOP}/tables/summary.md' is not UTF-8",
+        ),
         ({f"{TOP}/tables/summary.md": b"# Results\n\x00\x00"}, f"member '{TOP}/tables/summary.md' is binary"),
         ({f"{TOP}/tables/runs.parquet": b"PAR1 garbage PAR1"}, f"'{TOP}/tables/runs.parquet' is not a readable"),
         ({f"{TOP}/runs/synthetic1k/vgg11/n2-1gbit/ps/steps.parquet": b"garbage"}, "steps.parquet' is not a readable"),
     ],
-    ids=["file-and-folder", "json-list", "json-not-utf8", "record-lacks-keys", "md-not-utf8", "md-nul", "parquet-table", "parquet-steps"],
+    ids=[
+        "file-and-folder",
+        "json-list",
+        "json-not-utf8",
+        "record-lacks-keys",
+        "md-not-utf8",
+        "md-nul",
+        "parquet-table",
+        "parquet-steps",
+    ],
 )
-def test_malformed_member_with_good_checksums_is_refused_naming_it(bundle: Path, tmp_path: Path, capsys,
-                                                                  change: dict[str, bytes], message: str) -> None:
+def test_malformed_member_with_good_checksums_is_refused_naming_it(
+    bundle: Path, tmp_path: Path, capsys, change: dict[str, bytes], message: str
+) -> None:
     forged = forge(bundle, tmp_path / "forged.tar.gz", change)
     assert message in refused(forged, capsys)
 

@@ -35,15 +35,23 @@ with open(sys.argv[1], "a+") as handle:
 def hold_lock(out: Path, seconds: float) -> subprocess.Popen[str]:
     """A child process holding the prepare lock of `out` for `seconds`."""
     out.mkdir(parents=True, exist_ok=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out / LOCK), str(seconds)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out / LOCK), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
     return holder
 
 
 def synthetic_config(make_config, *overrides: str):
-    return make_config(None, "dataset=synthetic1k", "dataset.num_classes=3", "dataset.synthetic.images_per_class=2",
-                       "dataset.synthetic.height=16", "dataset.synthetic.width=16", *overrides)
+    return make_config(
+        None,
+        "dataset=synthetic1k",
+        "dataset.num_classes=3",
+        "dataset.synthetic.images_per_class=2",
+        "dataset.synthetic.height=16",
+        "dataset.synthetic.width=16",
+        *overrides,
+    )
 
 
 def test_second_prepare_on_the_same_output_refuses_naming_the_holder(make_config):
@@ -118,8 +126,10 @@ def test_unsafe_member_path_in_a_synset_tar_is_named_so(rgb_tree, make_config, t
         info = tarfile.TarInfo("../../x.JPEG")
         info.size = len(data)
         archive.addfile(info, io.BytesIO(data))
-    reasons = {i["path"]: i["reason"] for i in read_manifest(prepare(make_config(tars, layout="tars"),
-                                                                     progress=False))["skipped"]}
+    reasons = {
+        i["path"]: i["reason"]
+        for i in read_manifest(prepare(make_config(tars, layout="tars"), progress=False))["skipped"]
+    }
     assert reasons == {"n00000000.tar/../../x.JPEG": "unsafe path (absolute or with a '..' part)"}
 
 
@@ -130,16 +140,28 @@ def test_source_without_usable_images_fails_saying_what_was_found(tmp_path, make
     (root / "n01440764" / "b.JPEG").write_text("not an image either")
     good = encode(noise_image(1))
     (root / "n01440764" / "c.JPEG").write_bytes(good[: len(good) // 2])
-    with pytest.raises(DataError, match=rf"0 usable images in {root}: 3 entries skipped \(2 not an image, "
-                                        rf"1 cannot decode\); expected {root}/n01440764/\*\.JPEG"):
+    with pytest.raises(
+        DataError,
+        match=rf"0 usable images in {root}: 3 entries skipped \(2 not an image, "
+        rf"1 cannot decode\); expected {root}/n01440764/\*\.JPEG",
+    ):
         prepare(make_config(root), progress=False)
     assert not (tmp_path / "results" / "data" / "imagenet1k" / "manifest.json").exists()
-    argv = ["prepare-shards", "--no-progress", "dataset=imagenet1k", "dataset.layout=tars", f"dataset.source={root}",
-            "dataset.num_classes=5", f"paths.results={tmp_path / 'cli'}"]
+    argv = [
+        "prepare-shards",
+        "--no-progress",
+        "dataset=imagenet1k",
+        "dataset.layout=tars",
+        f"dataset.source={root}",
+        "dataset.num_classes=5",
+        f"paths.results={tmp_path / 'cli'}",
+    ]
     assert cli.main(argv) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"ralp-pipe prepare-shards: data error: 0 usable images in {root}: 1 entries skipped "
-                   f"(1 not a <synset>.tar file); expected {root}/n01440764.tar (dataset.layout=tars)"]
+    assert err == [
+        f"ralp-pipe prepare-shards: data error: 0 usable images in {root}: 1 entries skipped "
+        f"(1 not a <synset>.tar file); expected {root}/n01440764.tar (dataset.layout=tars)"
+    ]
 
 
 def test_emptied_source_drops_the_old_manifest(rgb_tree, make_config):

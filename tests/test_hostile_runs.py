@@ -21,8 +21,15 @@ from ralp_pipe.engine import train
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime import hardware
 
-SMALL = ["cluster=local", "model=resnet18", "strategy=ps", "cluster.gpus=2", "train.batch_size=2", "train.image_size=32",
-         "train.warmup_steps=1"]
+SMALL = [
+    "cluster=local",
+    "model=resnet18",
+    "strategy=ps",
+    "cluster.gpus=2",
+    "train.batch_size=2",
+    "train.image_size=32",
+    "train.warmup_steps=1",
+]
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -44,8 +51,13 @@ def _default_sigint() -> None:
 
 def _train(out: Path, *overrides: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run `ralp-pipe train --out OUT` on the small model in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, *overrides],
-                          capture_output=True, text=True, timeout=300, **kwargs)  # type: ignore[call-overload]
+    return subprocess.run(
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )  # type: ignore[call-overload]
 
 
 def _one_line(stderr: str, kind: str) -> str:
@@ -61,7 +73,9 @@ def _tmpfs(where: Path, size: str, read_only: bool = False) -> Iterator[Path]:
     """A tmpfs of `size` mounted on folder `where` (made here), read-only if asked; unmounted afterwards."""
     where.mkdir(parents=True, exist_ok=True)
     options = f"size={size}" + (",ro" if read_only else "")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.fail(f"these tests need to mount a tmpfs (as root): mount said {mounted.stderr.strip()!r}")
     try:
@@ -89,11 +103,17 @@ def _wait_for_ranks(proc: subprocess.Popen[str], runs: Path, name: str = "run") 
 
 
 def _start_train(out: Path, *overrides: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 # --- 1: an unusable --out is refused before any rank starts ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("where", ["file", "below a file"])
 def test_out_that_is_or_lies_below_a_file_is_refused_before_the_ranks_start(tmp_path: Path, where: str) -> None:
@@ -104,13 +124,15 @@ def test_out_that_is_or_lies_below_a_file_is_refused_before_the_ranks_start(tmp_
     assert proc.returncode == 2, proc.stderr
     line = _one_line(proc.stderr, "configuration error")
     assert f"--out {out}" in line and "choose another --out" in line, line
-    assert ("is a file, not a folder" if where == "file" else f"{tmp_path / 'taken'}/runs: Not a directory (ENOTDIR)") \
-        in line, line
+    assert (
+        "is a file, not a folder" if where == "file" else f"{tmp_path / 'taken'}/runs: Not a directory (ENOTDIR)"
+    ) in line, line
     assert time.monotonic() - began < 30, "the refusal came after a measurement"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], "a staging folder was made"
 
 
 # --- 2: full and read-only disks: one line naming the path and errno, nothing half-written -----------------------------
+
 
 def test_out_on_a_disk_without_room_for_the_records_is_refused_naming_it(tmp_path: Path) -> None:
     with _tmpfs(tmp_path / "disk", "20m") as disk:
@@ -119,8 +141,10 @@ def test_out_on_a_disk_without_room_for_the_records_is_refused_naming_it(tmp_pat
         assert proc.returncode == 2, proc.stderr
         line = _one_line(proc.stderr, "configuration error")
         need = f"{train.MIN_FREE_BYTES / 1e6:.0f} MB"
-        assert f"{disk}/runs: No space left on device (ENOSPC): 0.0 MB free, the run's records and logs need {need}" \
-            in line, line
+        assert (
+            f"{disk}/runs: No space left on device (ENOSPC): 0.0 MB free, the run's records and logs need {need}"
+            in line
+        ), line
         assert sorted(p.name for p in (disk / "runs").iterdir()) == [], "a staging folder was left"
 
 
@@ -177,25 +201,32 @@ def test_disk_full_when_the_driver_writes_the_records_is_one_line_and_leaves_no_
 
 # --- 3: more ranks than the host can run ---------------------------------------------------------------------------
 
+
 def _no_launch(command: list[str], world_size: int, *_: object) -> None:
     raise AssertionError(f"the driver launched {world_size} ranks")
 
 
-def test_a_thousand_local_ranks_are_refused_with_the_hosts_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_thousand_local_ranks_are_refused_with_the_hosts_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(train, "launch_local", _no_launch)  # should the check fail, no thousand processes start
     cfg = load(["cluster=local", "model=resnet18", "cluster.gpus=1000"])
     with pytest.raises(ConfigError) as refused:
         train.run(cfg, tmp_path / "run")
     message = str(refused.value)
     cores = hardware.usable_cores()
-    assert message.startswith(f"cluster.gpus=1000 makes ps start 1001 ranks on this host (cluster.kind=local), "
-                              f"which has {cores} CPU cores and "), message
+    assert message.startswith(
+        f"cluster.gpus=1000 makes ps start 1001 ranks on this host (cluster.kind=local), "
+        f"which has {cores} CPU cores and "
+    ), message
     assert f"max(8, 4 x {cores} cores) = {max(8, 4 * cores)}" in message, message
     assert "use fewer cluster.gpus, or cluster=slurm" in message, message
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(hardware, "usable_cores", lambda: 64)
     monkeypatch.setattr(hardware, "usable_memory_bytes", lambda: 8_000_000_000)
     monkeypatch.setattr(train, "launch_local", _no_launch)
@@ -215,6 +246,7 @@ def test_slurm_ranks_are_not_bounded_by_this_host(tmp_path: Path, monkeypatch: p
 
 # --- 4: Ctrl-C and SIGTERM -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow  # a `ralp-pipe train` subprocess with 3 ranks
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_train_exits_128_plus_signal_with_one_line_and_leaves_nothing(tmp_path: Path, signum: int) -> None:
@@ -222,7 +254,10 @@ def test_interrupted_train_exits_128_plus_signal_with_one_line_and_leaves_nothin
     out = runs / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, "train.measure_steps=50"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
     )
     try:
         deadline = time.monotonic() + 120
@@ -239,7 +274,7 @@ def test_interrupted_train_exits_128_plus_signal_with_one_line_and_leaves_nothin
     assert list(runs.iterdir()) == [], "the interrupted run left its staging folder or output"
 
 
-SWALLOWING_STAGE = '''
+SWALLOWING_STAGE = """
 import signal, time
 
 class Swallower:
@@ -257,7 +292,7 @@ def main(args):
     while time.monotonic() < deadline:
         time.sleep(0.01)
     return 0
-'''
+"""
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
@@ -278,8 +313,12 @@ def test_signal_raised_where_python_swallows_exceptions_still_stops_the_stage(
 
 @pytest.mark.slow  # a `ralp-pipe train` subprocess
 def test_signal_while_the_driver_imports_torch_gives_one_line_too(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(tmp_path / "run"), *SMALL],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(tmp_path / "run"), *SMALL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():  # the stage's modules are being imported
         assert proc.poll() is None and time.monotonic() < deadline, "torch was never loaded"
@@ -291,6 +330,7 @@ def test_signal_while_the_driver_imports_torch_gives_one_line_too(tmp_path: Path
 
 
 # --- 5: staging folders of killed drivers ----------------------------------------------------------------------------
+
 
 @pytest.mark.slow  # two `ralp-pipe train` subprocesses with 3 ranks each
 def test_staging_folder_of_a_killed_driver_is_removed_by_the_next_run(tmp_path: Path) -> None:
@@ -330,10 +370,16 @@ def test_only_stale_staging_folders_of_that_out_are_removed(tmp_path: Path) -> N
     (tmp_path / ".run.ranks-file").write_text("not a staging folder\n")
     train.remove_stale_staging(tmp_path / "run")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".other.ranks-dead", ".run.ranks-alive", ".run.ranks-elsewhere", ".run.ranks-file", ".run.ranks-unclaimed-new"]
+        ".other.ranks-dead",
+        ".run.ranks-alive",
+        ".run.ranks-elsewhere",
+        ".run.ranks-file",
+        ".run.ranks-unclaimed-new",
+    ]
 
 
 # --- 6: a failed rerun leaves no older record looking current ----------------------------------------------------------
+
 
 @pytest.mark.slow  # two `ralp-pipe train` subprocesses with 3 ranks each
 def test_failed_rerun_sets_the_older_records_aside_and_a_successful_one_replaces_them(tmp_path: Path) -> None:

@@ -19,8 +19,16 @@ def row(rank: int, step: int, **sent: float) -> dict[str, Any]:
     """One steps.parquet row of `rank` at `step` sending `sent` bytes by category (0 for the others)."""
     phase = WARMUP if step in WARMUP_STEPS else MEASURE
     role = "ps" if rank == 2 else "worker"
-    return {"rank": rank, "role": role, "step": step, "phase": phase, "step_time_s": 0.5, "compute_s": 0.4,
-            "comm_wait_s": 0.1, **{f"bytes_{name}": float(sent.get(name, 0)) for name in CATEGORIES}}
+    return {
+        "rank": rank,
+        "role": role,
+        "step": step,
+        "phase": phase,
+        "step_time_s": 0.5,
+        "compute_s": 0.4,
+        "comm_wait_s": 0.1,
+        **{f"bytes_{name}": float(sent.get(name, 0)) for name in CATEGORIES},
+    }
 
 
 def hand_rows() -> list[dict[str, Any]]:

@@ -6,17 +6,24 @@ import pytest
 import torch
 from torchvision import models as tvm
 
-from ralp_pipe.engine import models
 from ralp_pipe.config import MODELS
+from ralp_pipe.engine import models
 
 # Published torchvision parameter counts (1000 classes).
-KNOWN = {"alexnet": 61_100_840, "vgg11": 132_863_336, "vgg16": 138_357_544, "resnet18": 11_689_512,
-         "resnet50": 25_557_032, "resnet152": 60_192_808}
+KNOWN = {
+    "alexnet": 61_100_840,
+    "vgg11": 132_863_336,
+    "vgg16": 138_357_544,
+    "resnet18": 11_689_512,
+    "resnet50": 25_557_032,
+    "resnet152": 60_192_808,
+}
 
 
 # building a VGG or ResNet-152 twice (ours and torchvision's, 60-140 M parameters each) takes 2-6 s
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("vgg") or n == "resnet152"
-                                  else n for n in MODELS])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("vgg") or n == "resnet152" else n for n in MODELS]
+)
 def test_units_hold_exactly_the_torchvision_parameters(name: str) -> None:
     model = models.build(name, 1000)
     units = models.placement_units(model)
@@ -24,7 +31,9 @@ def test_units_hold_exactly_the_torchvision_parameters(name: str) -> None:
     assert len({id(p) for p in unit_params}) == len(unit_params), "a parameter sits in two units"
     assert {id(p) for p in unit_params} == {id(p) for p in model.parameters()}
     total = sum(models.parameter_count(u.module) for u in units)
-    assert total == models.parameter_count(model) == sum(p.numel() for p in getattr(tvm, name)(weights=None).parameters())
+    assert (
+        total == models.parameter_count(model) == sum(p.numel() for p in getattr(tvm, name)(weights=None).parameters())
+    )
     if name in KNOWN:
         assert total == KNOWN[name]
 
@@ -35,8 +44,15 @@ def test_imagenet22k_head_changes_only_the_last_layer() -> None:
     assert sum(models.parameter_count(u.module) for u in units) == KNOWN["vgg11"] - 4097 * 1000 + 4097 * 21841
 
 
-@pytest.mark.parametrize(("name", "size"), [("alexnet", 64), pytest.param("vgg11_bn", 32, marks=pytest.mark.slow),
-                                           pytest.param("resnet50", 32, marks=pytest.mark.slow), ("resnet18", 40)])
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        ("alexnet", 64),
+        pytest.param("vgg11_bn", 32, marks=pytest.mark.slow),
+        pytest.param("resnet50", 32, marks=pytest.mark.slow),
+        ("resnet18", 40),
+    ],
+)
 def test_sequential_of_units_computes_the_model(name: str, size: int) -> None:
     torch.manual_seed(0)
     model = models.build(name, 10).eval()
@@ -55,7 +71,9 @@ def test_default_split_puts_every_dense_unit_on_the_ps_device(name: str) -> None
     lower, upper = models.split(units, k)
     assert not any(u.is_dense for u in units[:k]) and units[k].is_dense
     assert not any(isinstance(m, torch.nn.Linear) for m in lower.modules())
-    assert models.parameter_count(lower) + models.parameter_count(upper) == models.parameter_count(models.build(name, 10))
+    assert models.parameter_count(lower) + models.parameter_count(upper) == models.parameter_count(
+        models.build(name, 10)
+    )
 
 
 def test_split_out_of_range_says_which_points_are_allowed() -> None:

@@ -9,13 +9,12 @@ from functools import lru_cache
 import pytest
 
 from ralp_pipe import cli
-
-from ralp_pipe.engine import models
 from ralp_pipe.config import STRATEGIES, load
-from ralp_pipe.planning.planner import build_plan
-from ralp_pipe.planning.profiling import analytic_profile
+from ralp_pipe.engine import models
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
+from ralp_pipe.planning.planner import build_plan
+from ralp_pipe.planning.profiling import analytic_profile
 from ralp_pipe.results.records import Profile
 
 # builds VGG/ResNet models and plans every strategy and split (the module fixture ~30 s, tests 7-21 s)
@@ -31,10 +30,19 @@ def _units(model: str, classes: int = 1000) -> list[models.Unit]:
     return models.placement_units(models.build(model, classes))
 
 
-def _plan(model: str, image: int, overrides: list[str], macs: float, measured_bw: float | None, gpus: list[int],
-          batch: int = 8):
+def _plan(
+    model: str,
+    image: int,
+    overrides: list[str],
+    macs: float,
+    measured_bw: float | None,
+    gpus: list[int],
+    batch: int = 8,
+):
     workers = {topology(s, n).num_workers for n in gpus for s in ("ralp_h", "ralp_n")}
-    profile = analytic_profile(model, 1000, image, sorted({batch, *(batch * w for w in workers)}), macs, measured_bw, MEMORY)
+    profile = analytic_profile(
+        model, 1000, image, sorted({batch, *(batch * w for w in workers)}), macs, measured_bw, MEMORY
+    )
     cfg = load([f"model={model}", f"train.image_size={image}", f"train.batch_size={batch}", *overrides])
     return build_plan(Profile.from_dict(profile, "analytic"), "analytic", cfg, gpus).to_dict()
 
@@ -76,7 +84,10 @@ def test_vgg_on_1gbit_splits_right_after_a_pool_unit_before_the_classifier(model
         assert k < names.index("avgpool") < first_dense
         assert math.prod(shapes[k - 1][1:]) < math.prod(shapes[first_dense - 1][1:])
         assert entry["pays"] is True and entry["speedup_over_ps"] > 2
-        assert entry["predicted_bytes_per_step"]["total"] < plan["strategies"]["ps"]["predicted_bytes_per_step"]["total"] / 10
+        assert (
+            entry["predicted_bytes_per_step"]["total"]
+            < plan["strategies"]["ps"]["predicted_bytes_per_step"]["total"] / 10
+        )
 
 
 def test_vgg_at_224_with_a_cpu_class_ps_device_splits_after_the_last_conv_pool_unit() -> None:
@@ -115,7 +126,10 @@ def test_ralp_that_does_not_pay_is_kept_with_a_reason_and_a_split(resnet50_unlim
     ralp_h = plan["strategies"]["ralp_h"]  # half the workers on an unlimited link: slower than ps
     assert ralp_h["pays"] is False
     assert "does not pay" in ralp_h["reason"] and f"split {ralp_h['split']}" in ralp_h["reason"]
-    assert ralp_h["table"] and max(r["predicted_images_per_sec"] for r in ralp_h["table"]) == ralp_h["predicted_images_per_sec"]
+    assert (
+        ralp_h["table"]
+        and max(r["predicted_images_per_sec"] for r in ralp_h["table"]) == ralp_h["predicted_images_per_sec"]
+    )
 
 
 def test_configured_rate_caps_the_measured_link_only_on_shaped_clusters() -> None:
@@ -143,8 +157,17 @@ def test_plan_cli_writes_the_file_the_engine_reads(tmp_path) -> None:
 def test_plan_refuses_a_profile_of_another_model(tmp_path, capsys) -> None:
     profile = analytic_profile("resnet18", 1000, 32, [2], CPU_MACS, 1e9, MEMORY)
     (tmp_path / "p.json").write_text(json.dumps(profile))
-    status = cli.main(["plan", "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path / "o.json"),
-                       "model=vgg11", "train.image_size=32"])
+    status = cli.main(
+        [
+            "plan",
+            "--profile",
+            str(tmp_path / "p.json"),
+            "--out",
+            str(tmp_path / "o.json"),
+            "model=vgg11",
+            "train.image_size=32",
+        ]
+    )
     assert status == 2
     err = capsys.readouterr().err
     assert "p.json" in err and "model='resnet18'" in err and "vgg11" in err

@@ -12,9 +12,18 @@ from support.prediction import measure_against_plan
 
 pytestmark = pytest.mark.slow  # profiles, plans and trains three strategies in subprocesses
 
-COMMON = ["model=resnet18", "dataset=synthetic1k", "network=loopback", "cluster=local", "cluster.gpus=2",
-          "train.batch_size=4", "train.image_size=32", "train.warmup_steps=1", "train.measure_steps=3",
-          "train.loader=synthetic"]
+COMMON = [
+    "model=resnet18",
+    "dataset=synthetic1k",
+    "network=loopback",
+    "cluster=local",
+    "cluster.gpus=2",
+    "train.batch_size=4",
+    "train.image_size=32",
+    "train.warmup_steps=1",
+    "train.measure_steps=3",
+    "train.loader=synthetic",
+]
 STRATEGIES = ("ps", "allreduce", "ralp_n")
 
 

@@ -9,13 +9,11 @@ from importlib import metadata
 import pytest
 import torch
 
-from ralp_pipe.errors import RunFailure
 from ralp_pipe import cli
-
-from ralp_pipe.runtime import hardware
-
 from ralp_pipe.engine import models
+from ralp_pipe.errors import RunFailure
 from ralp_pipe.planning.profiling import measure_bandwidth, profile_model, worker_and_ps_batches
+from ralp_pipe.runtime import hardware
 
 CPU = torch.device("cpu")
 # profiles models (8-25 s a test on 2 cores) and starts bandwidth-probe rank subprocesses
@@ -42,8 +40,10 @@ def test_two_profiles_agree_on_bytes_exactly_and_on_time_within_the_measured_noi
         # noise band of one profile: every unit at its fastest .. every unit at its slowest sample
         bands = [(_total(p, batch, min), _total(p, batch, max)) for p in (first, second)]
         medians = [_total(p, batch) for p in (first, second)]
-        print(f"batch {batch}: medians {medians[0]:.4f} / {medians[1]:.4f} s (ratio {medians[0] / medians[1]:.2f}); "
-              f"bands {bands[0][0]:.4f}..{bands[0][1]:.4f} / {bands[1][0]:.4f}..{bands[1][1]:.4f} s")
+        print(
+            f"batch {batch}: medians {medians[0]:.4f} / {medians[1]:.4f} s (ratio {medians[0] / medians[1]:.2f}); "
+            f"bands {bands[0][0]:.4f}..{bands[0][1]:.4f} / {bands[1][0]:.4f}..{bands[1][1]:.4f} s"
+        )
         assert bands[0][0] <= bands[1][1] and bands[1][0] <= bands[0][1], "the two noise bands do not overlap"
 
 
@@ -87,9 +87,24 @@ def test_bandwidth_probe_names_the_failing_rank() -> None:
 @pytest.mark.netns
 def test_profile_cli_writes_one_json_with_hardware_and_the_emulated_link(tmp_path) -> None:
     out = tmp_path / "profiles" / "resnet18.json"
-    argv = ["profile", "--out", str(out), "--repeats", "1", "--warmup", "0", "--message-mb", "2",
-            "model=resnet18", "dataset=synthetic1k", "train.batch_size=2", "train.image_size=32",
-            "cluster=emulated", "cluster.gpus=2", "network=1gbit"]
+    argv = [
+        "profile",
+        "--out",
+        str(out),
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--message-mb",
+        "2",
+        "model=resnet18",
+        "dataset=synthetic1k",
+        "train.batch_size=2",
+        "train.image_size=32",
+        "cluster=emulated",
+        "cluster.gpus=2",
+        "network=1gbit",
+    ]
     assert cli.main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["model"] == "resnet18" and doc["num_classes"] == 1000 and doc["device"] == "cpu"

@@ -24,15 +24,18 @@ def test_unversioned_run_record_reads_as_version_1_and_writes_the_same_keys_with
     assert RunMetrics.read(tmp_path / "again.json") == record
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ('{"schema_version": 2, "strategies": {}}', "schema_version 2 but this ralp-pipe reads up to 1"),
-    ('{"schema_version": "1", "strategies": {}}', "not a positive integer"),
-    ("{}", "lacks key 'strategies'"),
-    ('{"strategies": {}, "stratgies": {}}', "unknown key 'stratgies'"),
-    ("[1, 2]", "not a JSON object"),
-    ('{"strategies": ', "cannot read plan"),
-    (None, "cannot read plan"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"schema_version": 2, "strategies": {}}', "schema_version 2 but this ralp-pipe reads up to 1"),
+        ('{"schema_version": "1", "strategies": {}}', "not a positive integer"),
+        ("{}", "lacks key 'strategies'"),
+        ('{"strategies": {}, "stratgies": {}}', "unknown key 'stratgies'"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"strategies": ', "cannot read plan"),
+        (None, "cannot read plan"),
+    ],
+)
 def test_bad_plan_files_are_data_errors_naming_the_file(tmp_path: Path, content: str | None, message: str) -> None:
     path = tmp_path / "plan.json"
     if content is not None:
@@ -44,5 +47,6 @@ def test_bad_plan_files_are_data_errors_naming_the_file(tmp_path: Path, content:
 
 def test_profile_lists_the_missing_keys() -> None:
     with pytest.raises(DataError, match="profile p.json lacks key 'units', 'update'"):
-        Profile.from_dict({"model": "m", "num_classes": 1, "image_size": 8, "batches": {}, "device": "cpu", "link": {}},
-                          "p.json")
+        Profile.from_dict(
+            {"model": "m", "num_classes": 1, "image_size": 8, "batches": {}, "device": "cpu", "link": {}}, "p.json"
+        )

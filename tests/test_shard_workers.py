@@ -48,8 +48,17 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_pool_workers_die_with_prepare_shards(tmp_path: Path, signum: int) -> None:
-    argv = [sys.executable, "-m", "ralp_pipe.cli", "prepare-shards", "--no-progress", "dataset=synthetic22k",
-            "dataset.synthetic.images_per_class=2", "dataset.shards.workers=2", f"paths.results={tmp_path}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ralp_pipe.cli",
+        "prepare-shards",
+        "--no-progress",
+        "dataset=synthetic22k",
+        "dataset.synthetic.images_per_class=2",
+        "dataset.shards.workers=2",
+        f"paths.results={tmp_path}",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + START_S

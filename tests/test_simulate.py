@@ -9,14 +9,13 @@ import pytest
 from PIL import Image
 
 from ralp_pipe import cli
-
-from ralp_pipe.engine import models
 from ralp_pipe.config import STRATEGIES
+from ralp_pipe.engine import models
+from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.profiling import analytic_profile
 from ralp_pipe.planning.simulate import simulate
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.results.accuracy import plan_predictions, prediction_error
-from ralp_pipe.engine.volume import step_bytes
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +45,22 @@ def test_simulate_cli_writes_parquet_and_png_curves(tmp_path, vgg11, capsys) -> 
     profile, _ = vgg11
     (tmp_path / "p.json").write_text(json.dumps(profile))
     out = tmp_path / "sim"
-    argv = ["simulate", "--profile", str(tmp_path / "p.json"), "--out", str(out),
-            "model=vgg11", "train.image_size=32", "train.batch_size=4", "--gpus", "2", "8", "--link-gbit", "1", "10"]
+    argv = [
+        "simulate",
+        "--profile",
+        str(tmp_path / "p.json"),
+        "--out",
+        str(out),
+        "model=vgg11",
+        "train.image_size=32",
+        "train.batch_size=4",
+        "--gpus",
+        "2",
+        "8",
+        "--link-gbit",
+        "1",
+        "10",
+    ]
     assert cli.main(argv) == 0
     frame = pd.read_parquet(out / "simulation.parquet")
     assert len(frame) == len(STRATEGIES) * 2 * 2
@@ -59,15 +72,40 @@ def test_simulate_cli_writes_parquet_and_png_curves(tmp_path, vgg11, capsys) -> 
 
 
 def test_prediction_error_joins_runs_with_their_prediction() -> None:
-    measured = pd.DataFrame([
-        {"model": "vgg11", "dataset": "d", "strategy": "ps", "gpus": 2, "network": "loopback", "images_per_sec": 10.0},
-        {"model": "vgg11", "dataset": "d", "strategy": "ralp_n", "gpus": 2, "network": "loopback", "images_per_sec": 20.0},
-        {"model": "vgg11", "dataset": "d", "strategy": "ralp_n", "gpus": 4, "network": "loopback", "images_per_sec": 40.0},
-    ])
-    predicted = pd.DataFrame([
-        {"model": "vgg11", "dataset": "d", "strategy": s, "gpus": n, "network": "loopback", "images_per_sec": v}
-        for s, n, v in [("ps", 2, 12.0), ("ralp_n", 2, 15.0), ("ralp_n", 4, 42.0), ("ps", 4, 1.0)]
-    ])
+    measured = pd.DataFrame(
+        [
+            {
+                "model": "vgg11",
+                "dataset": "d",
+                "strategy": "ps",
+                "gpus": 2,
+                "network": "loopback",
+                "images_per_sec": 10.0,
+            },
+            {
+                "model": "vgg11",
+                "dataset": "d",
+                "strategy": "ralp_n",
+                "gpus": 2,
+                "network": "loopback",
+                "images_per_sec": 20.0,
+            },
+            {
+                "model": "vgg11",
+                "dataset": "d",
+                "strategy": "ralp_n",
+                "gpus": 4,
+                "network": "loopback",
+                "images_per_sec": 40.0,
+            },
+        ]
+    )
+    predicted = pd.DataFrame(
+        [
+            {"model": "vgg11", "dataset": "d", "strategy": s, "gpus": n, "network": "loopback", "images_per_sec": v}
+            for s, n, v in [("ps", 2, 12.0), ("ralp_n", 2, 15.0), ("ralp_n", 4, 42.0), ("ps", 4, 1.0)]
+        ]
+    )
     joined, median = prediction_error(measured, predicted)
     assert list(joined.relative_error.round(6)) == [0.2, -0.25, 0.05]
     assert median == pytest.approx(0.2)
@@ -76,8 +114,20 @@ def test_prediction_error_joins_runs_with_their_prediction() -> None:
 
 
 def test_plan_predictions_lists_every_strategy_and_gpu_count(tmp_path) -> None:
-    plan = {"model": "m", "dataset": "d", "network": "loopback", "by_gpus": {
-        "2": {s: {"split": 3 if s.startswith("ralp") else None, "predicted_images_per_sec": 1.0,
-                  "predicted_gb_per_step": {"total": 0.5}} for s in STRATEGIES}}}
+    plan = {
+        "model": "m",
+        "dataset": "d",
+        "network": "loopback",
+        "by_gpus": {
+            "2": {
+                s: {
+                    "split": 3 if s.startswith("ralp") else None,
+                    "predicted_images_per_sec": 1.0,
+                    "predicted_gb_per_step": {"total": 0.5},
+                }
+                for s in STRATEGIES
+            }
+        },
+    }
     frame = plan_predictions(plan)
     assert sorted(frame.strategy) == sorted(STRATEGIES) and set(frame.gpus) == {2}

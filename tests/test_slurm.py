@@ -15,8 +15,8 @@ from typing import Iterator
 import pandas as pd
 import pytest
 
-from support.localslurm import INSTALL_HINT, SYSTEM_CONF, LocalSlurm, _alive, _read_pid, missing_commands
 from ralp_pipe.results.verify import verify_bundle
+from support.localslurm import INSTALL_HINT, SYSTEM_CONF, LocalSlurm, _alive, _read_pid, missing_commands
 from workflow_helpers import REPO, snakemake
 
 pytestmark = pytest.mark.slurm

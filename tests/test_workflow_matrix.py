@@ -22,9 +22,18 @@ def local() -> Matrix:
 def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
     assert len(local.runs) == 2 * 2 * 4  # datasets x models x strategies (N and network: one each)
     for run in local.runs[::3]:
-        full = load(["experiment=local", "train.measure_steps=7", f"dataset={run.dataset}", f"model={run.model}",
-                     f"strategy={run.strategy}", f"network={run.network}", f"cluster.gpus={run.gpus}",
-                     f"strategy.plan=results/plans/{run.dataset}/{run.model}/n{run.gpus}-{run.network}.json"])
+        full = load(
+            [
+                "experiment=local",
+                "train.measure_steps=7",
+                f"dataset={run.dataset}",
+                f"model={run.model}",
+                f"strategy={run.strategy}",
+                f"network={run.network}",
+                f"cluster.gpus={run.gpus}",
+                f"strategy.plan=results/plans/{run.dataset}/{run.model}/n{run.gpus}-{run.network}.json",
+            ]
+        )
         assert to_dict(local.config(run)) == to_dict(full)
 
 
@@ -46,8 +55,11 @@ def test_overrides_reach_only_the_stages_that_read_them() -> None:
     assert all("train.measure_steps=9" not in matrix.stage_args(s, run) for s in ("prepare_shards", "profile", "plan"))
     assert "dataset.synthetic.seed=3" in matrix.stage_args("prepare_shards", run)
     assert "dataset.synthetic.seed=3" not in matrix.stage_args("profile", run)
-    assert matrix.stage_args("prepare_shards", run) == ["experiment=smoke", "dataset=synthetic1k",
-                                                        "dataset.synthetic.seed=3"]
+    assert matrix.stage_args("prepare_shards", run) == [
+        "experiment=smoke",
+        "dataset=synthetic1k",
+        "dataset.synthetic.seed=3",
+    ]
     assert set(STAGE_DIMS) == set(STAGE_KEYS)
     fast = Matrix(parse_settings({"experiment": "smoke", "stage_options": {"profile": "--repeats 1"}}))
     assert fast.stage_args("profile", run)[:2] == ["--repeats", "1"]
@@ -56,8 +68,15 @@ def test_overrides_reach_only_the_stages_that_read_them() -> None:
 
 @pytest.mark.slow  # composes a smoke matrix (~1.4 s in the suite)
 def test_slurm_launcher_trains_with_cluster_slurm_and_asks_one_task_per_rank() -> None:
-    matrix = Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm",
-                                    "overrides": ["cluster.slurm.mem_mb=1500", "cluster.slurm.partition=debug"]}))
+    matrix = Matrix(
+        parse_settings(
+            {
+                "experiment": "smoke",
+                "launcher": "slurm",
+                "overrides": ["cluster.slurm.mem_mb=1500", "cluster.slurm.partition=debug"],
+            }
+        )
+    )
     ps = matrix.first(strategy="ps")
     assert "cluster=slurm" in matrix.stage_args("train", ps)
     assert matrix.config(ps).cluster.kind == "slurm"
@@ -93,19 +112,30 @@ def test_missing_dataset_path_fails_before_any_stage_naming_it(tmp_path: Path) -
     assert result.returncode != 0
     assert "dataset.source is missing for dataset 'imagenet1k'" in result.stdout + result.stderr
     bad = tmp_path / "no-such-imagenet"
-    result = snakemake(tmp_path, "--cores", "1", config={
-        "experiment": "paper", "dataset_overrides": {"imagenet1k": [f"dataset.source={bad}"]}})
+    result = snakemake(
+        tmp_path,
+        "--cores",
+        "1",
+        config={"experiment": "paper", "dataset_overrides": {"imagenet1k": [f"dataset.source={bad}"]}},
+    )
     assert f"dataset.source='{bad}'" in result.stdout + result.stderr and result.returncode != 0
     assert not (tmp_path / "results").exists()
 
 
 @pytest.mark.slow  # a snakemake subprocess per case
-@pytest.mark.parametrize("override", ["model.name=vgg11; touch {marker}", "experiment.models=['vgg11; touch {marker}']",
-                                      "network.name=$(touch {marker})"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.name=vgg11; touch {marker}",
+        "experiment.models=['vgg11; touch {marker}']",
+        "network.name=$(touch {marker})",
+    ],
+)
 def test_shell_metacharacters_in_config_values_are_refused_and_never_run(tmp_path: Path, override: str) -> None:
     marker = tmp_path / "pwned"
-    result = snakemake(tmp_path, "--cores", "1", config={"experiment": "smoke",
-                                                         "overrides": [override.format(marker=marker)]})
+    result = snakemake(
+        tmp_path, "--cores", "1", config={"experiment": "smoke", "overrides": [override.format(marker=marker)]}
+    )
     assert result.returncode != 0
     assert "configuration error" in result.stdout + result.stderr
     assert not marker.exists() and not (tmp_path / "results").exists()
@@ -115,8 +145,11 @@ def test_shell_metacharacters_in_config_values_are_refused_and_never_run(tmp_pat
 def test_values_with_spaces_and_quotes_reach_the_stage_as_one_argument(tmp_path: Path) -> None:
     source = tmp_path / "image net; $(touch pwned) 'x'"
     source.mkdir()
-    config = {"experiment": "smoke", "overrides": ["experiment.datasets=[imagenet1k]"],
-              "dataset_overrides": {"imagenet1k": [f'dataset.source="{source}"', "dataset.num_classes=2"]}}
+    config = {
+        "experiment": "smoke",
+        "overrides": ["experiment.datasets=[imagenet1k]"],
+        "dataset_overrides": {"imagenet1k": [f'dataset.source="{source}"', "dataset.num_classes=2"]},
+    }
     result = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "1", config=config)
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if "prepare-shards" in x)

@@ -99,11 +99,20 @@ def test_a_training_option_reruns_only_training_aggregation_and_bundle(workdir: 
 
 
 def test_a_dataset_option_reruns_that_dataset_downstream_and_nothing_else(workdir: Path) -> None:
-    changed = {**CONFIG, "dataset_overrides": {**CONFIG["dataset_overrides"],
-                                               "synthetic22k": ["dataset.num_classes=40", "dataset.synthetic.seed=7"]}}
-    expected = TAIL | {("resolved_config", ""), ("prepare_shards", "dataset=synthetic22k"),
-                       ("profile", RUN.format("synthetic22k")), ("plan", RUN.format("synthetic22k")),
-                       ("train", RUN.format("synthetic22k") + ", strategy=allreduce")}
+    changed = {
+        **CONFIG,
+        "dataset_overrides": {
+            **CONFIG["dataset_overrides"],
+            "synthetic22k": ["dataset.num_classes=40", "dataset.synthetic.seed=7"],
+        },
+    }
+    expected = TAIL | {
+        ("resolved_config", ""),
+        ("prepare_shards", "dataset=synthetic22k"),
+        ("profile", RUN.format("synthetic22k")),
+        ("plan", RUN.format("synthetic22k")),
+        ("train", RUN.format("synthetic22k") + ", strategy=allreduce"),
+    }
     assert pending(workdir, changed) == expected
 
 
@@ -112,6 +121,12 @@ def test_report_shows_the_tables_and_plots(workdir: Path) -> None:
     result = snakemake(workdir, "--report", str(report), config=CONFIG, timeout=200)
     assert result.returncode == 0, result.stdout + result.stderr
     html = report.read_text(errors="replace")
-    for name in ("throughput_vs_n.png", "gb_per_step.png", "speedup.png", "predicted_vs_measured.png",
-                 "runs.parquet", "summary.md"):
+    for name in (
+        "throughput_vs_n.png",
+        "gb_per_step.png",
+        "speedup.png",
+        "predicted_vs_measured.png",
+        "runs.parquet",
+        "summary.md",
+    ):
         assert name in html

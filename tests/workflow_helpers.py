@@ -18,8 +18,9 @@ def config_args(config: dict[str, Any]) -> list[str]:
     return ["--config", *(f"{key}={json.dumps(value)}" for key, value in config.items())] if config else []
 
 
-def snakemake(workdir: Path, *args: str, config: dict[str, Any] | None = None,
-              timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def snakemake(
+    workdir: Path, *args: str, config: dict[str, Any] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run snakemake on the repository's Snakefile with results under `workdir`."""
     command = [*SNAKEMAKE, "--directory", str(workdir), *args, *config_args(config or {})]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=workdir)

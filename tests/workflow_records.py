@@ -19,8 +19,10 @@ from ralp_pipe.engine.topology import topology
 # images/sec of each strategy for vgg11 at N=2 on 1gbit: the ps baseline is slowest, as in the paper.
 THROUGHPUT = {"ps": 100.0, "allreduce": 150.0, "ralp_h": 180.0, "ralp_n": 240.0}
 # What the network leaves of each strategy's throughput: ps suffers most on a slow link.
-NETWORK_FACTOR = {"1gbit": dict.fromkeys(THROUGHPUT, 1.0),
-                  "100mbit": {"ps": 0.3, "allreduce": 0.45, "ralp_h": 0.8, "ralp_n": 0.9}}
+NETWORK_FACTOR = {
+    "1gbit": dict.fromkeys(THROUGHPUT, 1.0),
+    "100mbit": {"ps": 0.3, "allreduce": 0.45, "ralp_h": 0.8, "ralp_n": 0.9},
+}
 MODEL_OFFSET = {"vgg11": 0.0, "resnet18": 35.0}  # images/sec added to every strategy of a model
 GPUS_OFFSET = 7.0  # images/sec added per GPU beyond 2
 MODEL_VOLUME = {"vgg11": 1.0, "resnet18": 0.25}  # GB/step of a model against vgg11's
@@ -50,8 +52,7 @@ def gb_per_step(model: str, strategy: str, gpus: int) -> dict[str, float]:
 
 def prediction_error(model: str, network: str, strategy: str, gpus: int) -> float:
     """Relative error of the plan's images/sec prediction for one run."""
-    return (STRATEGY_ERROR[strategy] + MODEL_ERROR[model] + NETWORK_ERROR[network]
-            + GPUS_ERROR * (gpus - 2))
+    return STRATEGY_ERROR[strategy] + MODEL_ERROR[model] + NETWORK_ERROR[network] + GPUS_ERROR * (gpus - 2)
 
 
 def metrics(model: str, dataset: str, strategy: str, gpus: int, network: str = "1gbit") -> dict[str, Any]:
@@ -60,15 +61,32 @@ def metrics(model: str, dataset: str, strategy: str, gpus: int, network: str = "
     volume = gb_per_step(model, strategy, gpus)
     ips = images_per_sec(model, network, strategy, gpus)
     return {
-        "model": model, "dataset": dataset, "num_classes": 1000, "strategy": strategy, "gpus": gpus,
-        "workers": topo.num_workers, "num_ps": len(topo.ps), "split": 8 if strategy.startswith("ralp") else None,
-        "network": network, "rate": network, "batch_size": 2, "global_batch": 2 * topo.num_workers,
-        "image_size": 32, "warmup_steps": 1, "measure_steps": 2, "images_per_sec": ips,
-        "images_per_step": 2 * topo.num_workers, "step_time_s": 2 * topo.num_workers / ips,
-        "gb_per_step": volume, "analytic_gb_per_step": volume,
+        "model": model,
+        "dataset": dataset,
+        "num_classes": 1000,
+        "strategy": strategy,
+        "gpus": gpus,
+        "workers": topo.num_workers,
+        "num_ps": len(topo.ps),
+        "split": 8 if strategy.startswith("ralp") else None,
+        "network": network,
+        "rate": network,
+        "batch_size": 2,
+        "global_batch": 2 * topo.num_workers,
+        "image_size": 32,
+        "warmup_steps": 1,
+        "measure_steps": 2,
+        "images_per_sec": ips,
+        "images_per_step": 2 * topo.num_workers,
+        "step_time_s": 2 * topo.num_workers / ips,
+        "gb_per_step": volume,
+        "analytic_gb_per_step": volume,
         "wire_gb_per_step": None if network == "loopback" else 1.02 * volume["total"],  # train writes the total
-        "hardware": {"cpu": "test", "cpus": 2}, "versions": {"torch": "x"}, "git_revision": "abc",
-        "config_hash": "0123456789ab", "config": {"model": {"name": model}},
+        "hardware": {"cpu": "test", "cpus": 2},
+        "versions": {"torch": "x"},
+        "git_revision": "abc",
+        "config_hash": "0123456789ab",
+        "config": {"model": {"name": model}},
     }
 
 
@@ -78,13 +96,22 @@ def plan(model: str, network: str, strategies: Sequence[str], gpus: int) -> dict
     for s in strategies:
         volume = gb_per_step(model, s, gpus)
         predicted = images_per_sec(model, network, s, gpus) * (1 + prediction_error(model, network, s, gpus))
-        entries[s] = {"predicted_images_per_sec": predicted, "split": 8, "pays": True,
-                      "predicted_gb_per_step": {"gradients": volume["gradients"], "total": volume["total"]}}
+        entries[s] = {
+            "predicted_images_per_sec": predicted,
+            "split": 8,
+            "pays": True,
+            "predicted_gb_per_step": {"gradients": volume["gradients"], "total": volume["total"]},
+        }
     return {"strategies": entries}
 
 
-def write_results(root: Path, models: Sequence[str] = ("vgg11", "resnet18"), strategies: Sequence[str] = tuple(THROUGHPUT),
-                  gpus: Sequence[int] = (2, 4), networks: Sequence[str] = ("1gbit",)) -> list[Path]:
+def write_results(
+    root: Path,
+    models: Sequence[str] = ("vgg11", "resnet18"),
+    strategies: Sequence[str] = tuple(THROUGHPUT),
+    gpus: Sequence[int] = (2, 4),
+    networks: Sequence[str] = ("1gbit",),
+) -> list[Path]:
     """Write run folders (metrics.json, steps.parquet) and plans below `root`; returns the run folders."""
     runs = []
     for model in models:
@@ -104,10 +131,21 @@ def write_results(root: Path, models: Sequence[str] = ("vgg11", "resnet18"), str
 
 def write_concurrent(root: Path, name: str = "w0") -> Path:
     """A concurrent.json of two ps jobs sharing one link, in the concurrent stage's format."""
-    doc = {"network": {"rate": "1gbit", "burst": "1mb"}, "shared_host": 0, "jobs": [
-        {"job": i, "overrides": ["strategy=ps", f"model={m}"], "hosts": [1, 2, 0],
-         "alone_images_per_sec": 100.0, "together_images_per_sec": 50.0 + 10 * i, "slowdown": 100.0 / (50.0 + 10 * i)}
-        for i, m in enumerate(("vgg11", "resnet18"))]}
+    doc = {
+        "network": {"rate": "1gbit", "burst": "1mb"},
+        "shared_host": 0,
+        "jobs": [
+            {
+                "job": i,
+                "overrides": ["strategy=ps", f"model={m}"],
+                "hosts": [1, 2, 0],
+                "alone_images_per_sec": 100.0,
+                "together_images_per_sec": 50.0 + 10 * i,
+                "slowdown": 100.0 / (50.0 + 10 * i),
+            }
+            for i, m in enumerate(("vgg11", "resnet18"))
+        ],
+    }
     path = root / "concurrent" / name / "concurrent.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))

@@ -30,8 +30,11 @@ def forge(source: Path, target: Path, change: dict[str, bytes], checksums: bool 
     entries += [(tarfile.TarInfo(name), data) for name, data in change.items() if name not in names]
     if checksums:
         files = {m.name: data for m, data in entries if m.isfile() and m.name != listing}
-        sums = "".join(f"{hashlib.sha256(data).hexdigest()}  {name.removeprefix(top + '/')}\n"
-                       for name, data in sorted(files.items()) if data is not None)
+        sums = "".join(
+            f"{hashlib.sha256(data).hexdigest()}  {name.removeprefix(top + '/')}\n"
+            for name, data in sorted(files.items())
+            if data is not None
+        )
         entries = [(m, sums.encode() if m.name == listing else data) for m, data in entries]
     with tarfile.open(target, "w:gz") as new:
         for member, data in entries:

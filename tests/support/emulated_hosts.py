@@ -60,8 +60,6 @@ def measure_link_rate(
             receiver.stdout.close()
 
 
-
-
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """Turn SIGTERM into KeyboardInterrupt while inside, so clean-up code runs (main thread only)."""
@@ -80,7 +78,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def start_on_host(
-    cluster: EmulatedCluster, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None, stdout: int | None = None
+    cluster: EmulatedCluster,
+    host: int,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    stdout: int | None = None,
 ) -> Process:
     """Start `argv` inside `host` in a session of its own, with the rank environment added."""
     full_env = {**os.environ, **cluster.env(host), **(env or {})}

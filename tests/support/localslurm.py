@@ -98,42 +98,47 @@ class LocalSlurm:
     @property
     def pid_files(self) -> dict[str, Path]:
         """Where each daemon started here records its PID."""
-        return {"slurmd": self.folder / "slurmd.pid", "slurmctld": self.folder / "slurmctld.pid",
-                "munged": self.folder / "munged.pid"}
+        return {
+            "slurmd": self.folder / "slurmd.pid",
+            "slurmctld": self.folder / "slurmctld.pid",
+            "munged": self.folder / "munged.pid",
+        }
 
     def config_text(self) -> str:
         """slurm.conf of the one-node cluster."""
         f = self.folder
-        return "\n".join([
-            "ClusterName=ralplocal",
-            "SlurmctldHost=localhost",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
-            "SlurmUser=root",
-            "AuthType=auth/munge",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core_Memory",
-            "SlurmdParameters=config_overrides",
-            "AccountingStorageType=accounting_storage/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "JobCompType=jobcomp/none",
-            "MpiDefault=none",
-            "ReturnToService=2",
-            "MinJobAge=300",
-            "DefMemPerCPU=1000",
-            "MailProg=/bin/true",
-            f"StateSaveLocation={f}/state",
-            f"SlurmdSpoolDir={f}/spool",
-            f"SlurmctldPidFile={self.pid_files['slurmctld']}",
-            f"SlurmdPidFile={self.pid_files['slurmd']}",
-            f"SlurmctldLogFile={f}/slurmctld.log",
-            f"SlurmdLogFile={f}/slurmd.log",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN",
-            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
-            "",
-        ])
+        return "\n".join(
+            [
+                "ClusterName=ralplocal",
+                "SlurmctldHost=localhost",
+                f"SlurmctldPort={_free_port()}",
+                f"SlurmdPort={_free_port()}",
+                "SlurmUser=root",
+                "AuthType=auth/munge",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core_Memory",
+                "SlurmdParameters=config_overrides",
+                "AccountingStorageType=accounting_storage/none",
+                "JobAcctGatherType=jobacct_gather/none",
+                "JobCompType=jobcomp/none",
+                "MpiDefault=none",
+                "ReturnToService=2",
+                "MinJobAge=300",
+                "DefMemPerCPU=1000",
+                "MailProg=/bin/true",
+                f"StateSaveLocation={f}/state",
+                f"SlurmdSpoolDir={f}/spool",
+                f"SlurmctldPidFile={self.pid_files['slurmctld']}",
+                f"SlurmdPidFile={self.pid_files['slurmd']}",
+                f"SlurmctldLogFile={f}/slurmctld.log",
+                f"SlurmdLogFile={f}/slurmd.log",
+                f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN",
+                f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Write the config, link it into /etc/slurm, start the daemons and wait for an idle node."""
@@ -162,8 +167,7 @@ class LocalSlurm:
         running = _read_pid(MUNGE_PID)
         if running and _alive(running):
             return
-        subprocess.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", str(MUNGE_SOCKET_DIR)],
-                       check=True)
+        subprocess.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", str(MUNGE_SOCKET_DIR)], check=True)
         subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged")], check=True, timeout=30)
         pid = self._wait_pid_file(MUNGE_PID, "munged")
         self.pid_files["munged"].write_text(f"{pid}\n")
@@ -191,18 +195,23 @@ class LocalSlurm:
             if state == "idle":
                 return
             time.sleep(0.2)
-        raise SlurmUnavailable(f"node {self.node} is {state or 'unknown'!r}, not idle, after {timeout_s:.0f} s; "
-                               f"see {self.folder}/slurmd.log and slurmctld.log")
+        raise SlurmUnavailable(
+            f"node {self.node} is {state or 'unknown'!r}, not idle, after {timeout_s:.0f} s; "
+            f"see {self.folder}/slurmd.log and slurmctld.log"
+        )
 
     def stop(self) -> None:
         """Cancel jobs, stop the daemons this object started (by PID) and unlink /etc/slurm/slurm.conf."""
         slurmctld = _read_pid(self.pid_files["slurmctld"])
         if slurmctld and _alive(slurmctld):
-            subprocess.run(["scancel", "--full", "--quiet", "--user=root"],
-                           capture_output=True, timeout=30)
+            subprocess.run(["scancel", "--full", "--quiet", "--user=root"], capture_output=True, timeout=30)
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and subprocess.run(
-                    ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.strip():
+            while (
+                time.monotonic() < deadline
+                and subprocess.run(
+                    ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30
+                ).stdout.strip()
+            ):
                 time.sleep(0.2)
         for name in ("slurmd", "slurmctld", "munged"):
             pid = _read_pid(self.pid_files[name])
@@ -231,8 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.action == "start":
             cluster.start()
-            print(f"SLURM running: partition {cluster.partition}, node {cluster.node}; stop with "
-                  f"python tests/support/localslurm.py stop {cluster.folder}")
+            print(
+                f"SLURM running: partition {cluster.partition}, node {cluster.node}; stop with "
+                f"python tests/support/localslurm.py stop {cluster.folder}"
+            )
         else:
             cluster.stop()
     except SlurmUnavailable as exc:

@@ -22,9 +22,13 @@ def measure_against_plan(
     fails raises, naming it.
     """
     profile, plan = out / "profile.json", out / "plan.json"
-    stages = [["profile", "--out", str(profile), *profile_args, *overrides],
-              ["plan", "--profile", str(profile), "--out", str(plan), *overrides]]
-    stages += [["train", "--out", str(out / s), *overrides, f"strategy={s}", f"strategy.plan={plan}"] for s in strategies]
+    stages = [
+        ["profile", "--out", str(profile), *profile_args, *overrides],
+        ["plan", "--profile", str(profile), "--out", str(plan), *overrides],
+    ]
+    stages += [
+        ["train", "--out", str(out / s), *overrides, f"strategy={s}", f"strategy.plan={plan}"] for s in strategies
+    ]
     for argv in stages:
         if cli.main(argv) != 0:
             raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed")

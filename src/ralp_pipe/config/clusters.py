@@ -22,8 +22,13 @@ CLUSTER_KINDS: dict[str, ClusterKind] = {
     kind.name: kind
     for kind in (
         ClusterKind("local", "local", False, True, "ranks are processes on this machine, over loopback"),
-        ClusterKind("emulated", "emulated", True, True,
-                    "every rank is a host of its own in a network namespace behind a tc-shaped switch"),
+        ClusterKind(
+            "emulated",
+            "emulated",
+            True,
+            True,
+            "every rank is a host of its own in a network namespace behind a tc-shaped switch",
+        ),
         ClusterKind("slurm", "srun", False, False, "ranks are srun tasks on the job's nodes, over the real fabric"),
     )
 }

@@ -19,7 +19,17 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ralp_pipe.config.schema import (
-    BACKENDS, CLUSTERS, CONFIG_DIR, DEVICES, LAYOUTS, LOADERS, MIN_IMAGE_SIZE, MODELS, STRATEGIES, SAFE_NAME, Config,
+    BACKENDS,
+    CLUSTERS,
+    CONFIG_DIR,
+    DEVICES,
+    LAYOUTS,
+    LOADERS,
+    MIN_IMAGE_SIZE,
+    MODELS,
+    SAFE_NAME,
+    STRATEGIES,
+    Config,
 )
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
 from ralp_pipe.errors import ConfigError
@@ -65,17 +75,18 @@ def _in_range(
     key: str, value: float, low: float, high: float, shown: str, low_open: bool = False, high_open: bool = False
 ) -> None:
     """Refuse NaN, infinities and values outside [low, high] (open ends as flagged)."""
-    inside = math.isfinite(value) and (low < value if low_open else low <= value) and (
-        value < high if high_open else value <= high)
+    inside = (
+        math.isfinite(value)
+        and (low < value if low_open else low <= value)
+        and (value < high if high_open else value <= high)
+    )
     if not inside:
         raise ConfigError(f"{key}={value!r} must be a finite number in {shown}")
 
 
 def _safe_name(key: str, value: str) -> None:
     if not SAFE_NAME.match(value):
-        raise ConfigError(
-            f"{key}={value!r} may hold only letters, digits, '_', '.' and '-' (it names files and jobs)"
-        )
+        raise ConfigError(f"{key}={value!r} may hold only letters, digits, '_', '.' and '-' (it names files and jobs)")
 
 
 def validate(cfg: Config) -> None:
@@ -118,9 +129,13 @@ def validate(cfg: Config) -> None:
     _choice("cluster.backend", c.backend, BACKENDS)
     _at_least("cluster.gpus", c.gpus, 1)
     if s.name == "ralp_h" and c.gpus < 2:
-        raise ConfigError(f"cluster.gpus={c.gpus} is too few for ralp_h: it needs at least 2 (N/2 workers + 1 PS device)")
+        raise ConfigError(
+            f"cluster.gpus={c.gpus} is too few for ralp_h: it needs at least 2 (N/2 workers + 1 PS device)"
+        )
     if s.name == "ralp_n" and c.gpus < 2:
-        raise ConfigError(f"cluster.gpus={c.gpus} is too few for ralp_n: it needs at least 2 (N-1 workers + 1 PS device)")
+        raise ConfigError(
+            f"cluster.gpus={c.gpus} is too few for ralp_n: it needs at least 2 (N-1 workers + 1 PS device)"
+        )
     _at_least("cluster.timeout_s", c.timeout_s, 1)
     _at_least("cluster.init_timeout_s", c.init_timeout_s, 1)
     if c.slurm.partition is not None:

@@ -12,9 +12,19 @@ CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 
 MODELS = (
     "alexnet",
-    "vgg11", "vgg13", "vgg16", "vgg19",
-    "vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn",
-    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+    "vgg11",
+    "vgg13",
+    "vgg16",
+    "vgg19",
+    "vgg11_bn",
+    "vgg13_bn",
+    "vgg16_bn",
+    "vgg19_bn",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
 )
 STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
 RALP_STRATEGIES = ("ralp_h", "ralp_n")  # layer placement: workers run units[:split], one PS device the rest

@@ -71,8 +71,9 @@ def _shard_files(shards_dir: Path, num_classes: int) -> list[tuple[Path, Path]]:
     return [(shards_dir / s["name"], shards_dir / s["index"]) for s in manifest["shards"]]
 
 
-def _synthetic(batch_size: int, image_size: int, num_classes: int, rank: int, seed: int,
-               device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _synthetic(
+    batch_size: int, image_size: int, num_classes: int, rank: int, seed: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Cycle SYNTHETIC_STEPS random batches; sample j of step s is fixed by (seed, s, rank*batch_size+j).
 
     Keying samples by their place in the global batch makes the global batch independent of how
@@ -90,8 +91,17 @@ def _synthetic(batch_size: int, image_size: int, num_classes: int, rank: int, se
         yield from steps
 
 
-def _dali(shards: list[tuple[Path, Path]], batch_size: int, image_size: int, rank: int, world_size: int,
-          threads: int, seed: int, device: str, shuffle: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _dali(
+    shards: list[tuple[Path, Path]],
+    batch_size: int,
+    image_size: int,
+    rank: int,
+    world_size: int,
+    threads: int,
+    seed: int,
+    device: str,
+    shuffle: bool,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches from a DALI webdataset pipeline (decode, random resized crop, flip, normalise, CHW)."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -101,15 +111,26 @@ def _dali(shards: list[tuple[Path, Path]], batch_size: int, image_size: int, ran
     @pipeline_def
     def pipeline() -> tuple[Any, Any]:
         jpegs, labels = fn.readers.webdataset(
-            paths=[str(tar) for tar, _ in shards], index_paths=[str(idx) for _, idx in shards],
-            ext=["jpg", "cls"], missing_component_behavior="error", shard_id=rank, num_shards=world_size,
-            random_shuffle=shuffle, initial_fill=SHUFFLE_BUFFER, stick_to_shard=True, name="reader",
+            paths=[str(tar) for tar, _ in shards],
+            index_paths=[str(idx) for _, idx in shards],
+            ext=["jpg", "cls"],
+            missing_component_behavior="error",
+            shard_id=rank,
+            num_shards=world_size,
+            random_shuffle=shuffle,
+            initial_fill=SHUFFLE_BUFFER,
+            stick_to_shard=True,
+            name="reader",
         )
         images = fn.decoders.image_random_crop(jpegs, device="mixed" if on_gpu else "cpu", output_type=types.RGB)
         images = fn.resize(images, resize_x=image_size, resize_y=image_size)
         images = fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip(),
-            mean=[255 * m for m in MEAN], std=[255 * s for s in STD],
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mirror=fn.random.coin_flip(),
+            mean=[255 * m for m in MEAN],
+            std=[255 * s for s in STD],
         )
         return images, labels
 
@@ -136,10 +157,14 @@ class ShardSamples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self.members: list[tuple[str, Member, Member]] = [
             (str(tar), sample["jpg"], sample["cls"]) for tar, idx in shards for sample in read_index(idx)
         ]
-        self.transform = transforms.Compose([
-            transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(), transforms.Normalize(MEAN, STD),
-        ])
+        self.transform = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(image_size),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                transforms.Normalize(MEAN, STD),
+            ]
+        )
         self._files: dict[str, Any] = {}
 
     def __len__(self) -> int:
@@ -173,16 +198,29 @@ class EndlessSampler(torch.utils.data.Sampler[int]):
             epoch += 1
 
 
-def _torchvision(shards: list[tuple[Path, Path]], batch_size: int, image_size: int, rank: int, world_size: int,
-                 threads: int, seed: int, device: str, shuffle: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _torchvision(
+    shards: list[tuple[Path, Path]],
+    batch_size: int,
+    image_size: int,
+    rank: int,
+    world_size: int,
+    threads: int,
+    seed: int,
+    device: str,
+    shuffle: bool,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches from a torch DataLoader with `threads` worker processes over this rank's samples."""
     dataset = ShardSamples(shards, image_size)
     part = rank_range(len(dataset), rank, world_size)
     if not part:
         raise ConfigError(f"rank {rank} of {world_size} gets no samples: the shards hold only {len(dataset)}")
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=EndlessSampler(part, shuffle, seed * 1000 + rank),
-        num_workers=threads, persistent_workers=threads > 0, pin_memory=torch.device(device).type == "cuda",
+        dataset,
+        batch_size=batch_size,
+        sampler=EndlessSampler(part, shuffle, seed * 1000 + rank),
+        num_workers=threads,
+        persistent_workers=threads > 0,
+        pin_memory=torch.device(device).type == "cuda",
         generator=torch.Generator().manual_seed(seed * 1000 + rank),
     )
     target = torch.device(device)

@@ -92,8 +92,10 @@ def prepare(cfg: Config, progress: bool = True, lock_wait_s: float = LOCK_WAIT_S
                 f"labels would not fit the model; raise dataset.num_classes or remove the extra class folders"
             )
         if dataset.shards.strict and found.damaged:
-            raise SourceError(f"unreadable source data in {source}: {found.damaged[0]} "
-                              f"(dataset.shards.strict=true stops here; set it to false to skip and list it)")
+            raise SourceError(
+                f"unreadable source data in {source}: {found.damaged[0]} "
+                f"(dataset.shards.strict=true stops here; set it to false to skip and list it)"
+            )
         if not found.images:
             raise _no_usable_images(source, layout, found.skipped)
         options = _content_options(dataset)
@@ -133,8 +135,12 @@ def output_lock(out: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
                         f"{wait_s:g} s: let that run finish or stop it, then run again"
                     ) from None
                 if not announced:
-                    print(f"ralp-pipe prepare-shards: {out} is being prepared by PID {holder}; "
-                          f"waiting up to {wait_s:g} s for it to finish", file=sys.stderr, flush=True)
+                    print(
+                        f"ralp-pipe prepare-shards: {out} is being prepared by PID {holder}; "
+                        f"waiting up to {wait_s:g} s for it to finish",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     announced = True
                 time.sleep(0.1)
         handle.truncate(0)
@@ -195,8 +201,11 @@ def build_shard(out: Path, shard: PlannedShard, options: dict[str, Any], strict:
         counts[image.synset] += 1
         reencoded += changed
     record: dict[str, Any] = {
-        "fingerprint": shard.fingerprint, "images": len(samples), "reencoded": reencoded,
-        "classes": dict(sorted(counts.items())), "skipped": skipped,
+        "fingerprint": shard.fingerprint,
+        "images": len(samples),
+        "reencoded": reencoded,
+        "classes": dict(sorted(counts.items())),
+        "skipped": skipped,
     }
     for suffix in (".tar", ".idx"):
         (out / f"{shard.name}{suffix}").unlink(missing_ok=True)
@@ -279,12 +288,18 @@ def _finished_record(out: Path, shard: PlannedShard, record_path: Path) -> dict[
     return record if intact else None
 
 
-def _build_all(plan: list[PlannedShard], out: Path, dataset: DatasetConfig, options: dict[str, Any],
-               progress: bool) -> list[dict[str, Any]]:
+def _build_all(
+    plan: list[PlannedShard], out: Path, dataset: DatasetConfig, options: dict[str, Any], progress: bool
+) -> list[dict[str, Any]]:
     """Build every planned shard (in `dataset.shards.workers` processes) with a progress bar on stderr."""
     strict = dataset.shards.strict
-    bar = tqdm(total=sum(len(s.items) for s in plan), unit="img", desc=f"shards {dataset.name}",
-               disable=not progress, file=sys.stderr)
+    bar = tqdm(
+        total=sum(len(s.items) for s in plan),
+        unit="img",
+        desc=f"shards {dataset.name}",
+        disable=not progress,
+        file=sys.stderr,
+    )
     records: dict[str, dict[str, Any]] = {}
     with bar:
         if dataset.shards.workers == 1 or len(plan) < 2:
@@ -298,7 +313,9 @@ def _build_all(plan: list[PlannedShard], out: Path, dataset: DatasetConfig, opti
     return [records[shard.name] for shard in plan]
 
 
-def _collect(futures: dict[Future[dict[str, Any]], PlannedShard], records: dict[str, dict[str, Any]], bar: tqdm) -> None:
+def _collect(
+    futures: dict[Future[dict[str, Any]], PlannedShard], records: dict[str, dict[str, Any]], bar: tqdm
+) -> None:
     """Gather finished shards as they complete; on the first failure cancel the rest and re-raise."""
     try:
         for future in as_completed(futures):
@@ -321,8 +338,14 @@ def _remove_leftovers(out: Path, planned: set[str]) -> None:
                 path.unlink()
 
 
-def _manifest(dataset: DatasetConfig, source: Path, found: Scan, plan: list[PlannedShard],
-              records: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+def _manifest(
+    dataset: DatasetConfig,
+    source: Path,
+    found: Scan,
+    plan: list[PlannedShard],
+    records: list[dict[str, Any]],
+    options: dict[str, Any],
+) -> dict[str, Any]:
     """The manifest: what was read, what was written (with checksums), what was skipped and why."""
     counts = Counter[str]()
     for record in records:
@@ -331,9 +354,17 @@ def _manifest(dataset: DatasetConfig, source: Path, found: Scan, plan: list[Plan
     if dataset.layout == "synthetic":
         settings["synthetic"] = asdict(dataset.synthetic)
     shards = [
-        {"name": f"{shard.name}.tar", "index": f"{shard.name}.idx", "images": r["images"],
-         "reencoded": r["reencoded"], "bytes": r["bytes"], "sha256": r["sha256"], "index_sha256": r["index_sha256"]}
-        for shard, r in zip(plan, records) if r["images"]
+        {
+            "name": f"{shard.name}.tar",
+            "index": f"{shard.name}.idx",
+            "images": r["images"],
+            "reencoded": r["reencoded"],
+            "bytes": r["bytes"],
+            "sha256": r["sha256"],
+            "index_sha256": r["index_sha256"],
+        }
+        for shard, r in zip(plan, records)
+        if r["images"]
     ]
     return {
         "dataset": dataset.name,
@@ -382,8 +413,13 @@ def _write_if_changed(path: Path, text: str) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe prepare-shards` (the dataset itself comes from Hydra overrides)."""
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS",
-                        help=f"how long to wait for another run preparing the same folder (default {LOCK_WAIT_S:g})")
+    parser.add_argument(
+        "--lock-wait",
+        type=float,
+        default=LOCK_WAIT_S,
+        metavar="SECONDS",
+        help=f"how long to wait for another run preparing the same folder (default {LOCK_WAIT_S:g})",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -391,6 +427,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = load(args.overrides)
     out = prepare(cfg, progress=not args.no_progress, lock_wait_s=args.lock_wait)
     manifest = read_manifest(out)
-    print(f"{manifest['images']} images of {manifest['classes_found']} classes in {len(manifest['shards'])} shards, "
-          f"{len(manifest['skipped'])} entries skipped -> {out}")
+    print(
+        f"{manifest['images']} images of {manifest['classes_found']} classes in {len(manifest['shards'])} shards, "
+        f"{len(manifest['skipped'])} entries skipped -> {out}"
+    )
     return 0

@@ -166,8 +166,12 @@ def _check_tar_end(path: str, archive: tarfile.TarFile, size: int, rel: str, res
         trailer = handle.read(len(END_OF_ARCHIVE))
     if trailer != END_OF_ARCHIVE:
         after = f"after member {last.name!r}" if last else "at the start"
-        result.skip(rel, f"truncated tar: {path} has no end-of-archive blocks {after} (offset {end} of {size} bytes); "
-                         f"members after it are lost: download or copy the tar again", damaged=True)
+        result.skip(
+            rel,
+            f"truncated tar: {path} has no end-of-archive blocks {after} (offset {end} of {size} bytes); "
+            f"members after it are lost: download or copy the tar again",
+            damaged=True,
+        )
 
 
 def _read_members(archive: tarfile.TarFile, rel: str, result: Scan) -> bool:

@@ -75,7 +75,9 @@ def _check_complete(folder: Path, num_classes: int, images_per_class: int) -> No
     expected = {synset: images_per_class for synset in synset_ids(num_classes)}
     found = {entry.name: len(os.listdir(entry)) for entry in folder.iterdir() if entry.is_dir()}
     if found != expected:
-        wrong = sorted(set(found) ^ set(expected)) + sorted(s for s in found.keys() & expected if found[s] != expected[s])
+        wrong = sorted(set(found) ^ set(expected)) + sorted(
+            s for s in found.keys() & expected if found[s] != expected[s]
+        )
         raise DataError(
             f"synthetic collection in {folder} is incomplete: {sum(found.values())} images in {len(found)} classes, "
             f"expected {num_classes * images_per_class} in {num_classes} (first difference: {wrong[0]}); "

@@ -37,7 +37,9 @@ def window_edge(device: torch.device, group: dist.ProcessGroup | None = None) ->
     return time.perf_counter()
 
 
-def step_record(rank: int, role: str, step: int, phase: str, step_time_s: float, traffic: StepTraffic) -> dict[str, Any]:
+def step_record(
+    rank: int, role: str, step: int, phase: str, step_time_s: float, traffic: StepTraffic
+) -> dict[str, Any]:
     """One row of steps.parquet."""
     row: dict[str, Any] = {
         "rank": rank,
@@ -68,7 +70,9 @@ class Throughput:
     gb_per_step: dict[str, float]
 
 
-def summarize(rows: list[dict[str, Any]], window_s: float, workers: int, batch_size: int, measure_steps: int) -> Throughput:
+def summarize(
+    rows: list[dict[str, Any]], window_s: float, workers: int, batch_size: int, measure_steps: int
+) -> Throughput:
     """Throughput and GB/step of the measured window from all ranks' step records."""
     measured = [r for r in rows if r["phase"] == MEASURE]
     steps = {r["step"] for r in measured}

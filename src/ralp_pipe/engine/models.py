@@ -76,11 +76,15 @@ def placement_units(model: nn.Module) -> list[Unit]:
     if isinstance(model, tvm.ResNet):
         stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
         blocks = [
-            Unit(f"layer{i}.{j}", block)
-            for i in range(1, 5)
-            for j, block in enumerate(getattr(model, f"layer{i}"))
+            Unit(f"layer{i}.{j}", block) for i in range(1, 5) for j, block in enumerate(getattr(model, f"layer{i}"))
         ]
-        return [Unit("stem", stem), *blocks, Unit("avgpool", model.avgpool), Unit("flatten", nn.Flatten(1)), Unit("fc", model.fc)]
+        return [
+            Unit("stem", stem),
+            *blocks,
+            Unit("avgpool", model.avgpool),
+            Unit("flatten", nn.Flatten(1)),
+            Unit("fc", model.fc),
+        ]
     raise TypeError(f"no placement units defined for {type(model).__name__}")
 
 
@@ -95,8 +99,10 @@ def default_split(units: list[Unit]) -> int:
 def check_split(split: int | None, unit_count: int, source: str = "the split point") -> int:
     """`split` if it leaves at least one unit on each side of ``unit_count`` units, else a ConfigError naming `source`."""
     if split is None or not 1 <= split < unit_count:
-        raise ConfigError(f"split point {split} (from {source}) is out of range: choose 1..{unit_count - 1} "
-                          f"({unit_count} placement units)")
+        raise ConfigError(
+            f"split point {split} (from {source}) is out of range: choose 1..{unit_count - 1} "
+            f"({unit_count} placement units)"
+        )
     return split
 
 

@@ -64,9 +64,16 @@ def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device) -> It
     from ralp_pipe.data.shards import output_dir
 
     loader = make_loader(
-        cfg.train.loader, output_dir(cfg), cfg.train.batch_size,
-        cfg.train.image_size, cfg.dataset.num_classes, rank=topo.workers.index(rank), world_size=topo.num_workers,
-        threads=cfg.train.loader_threads, seed=cfg.train.seed, device=str(device),
+        cfg.train.loader,
+        output_dir(cfg),
+        cfg.train.batch_size,
+        cfg.train.image_size,
+        cfg.dataset.num_classes,
+        rank=topo.workers.index(rank),
+        world_size=topo.num_workers,
+        threads=cfg.train.loader_threads,
+        seed=cfg.train.seed,
+        device=str(device),
     )
     return iter(loader)
 
@@ -110,13 +117,26 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
     try:
         topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
         if env.world_size != topo.world_size:
-            raise RunFailure(f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}")
+            raise RunFailure(
+                f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}"
+            )
         torch.manual_seed(cfg.train.seed)
         units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
         t = cfg.train
         comm = Comm(env.rank, env.world_size, backend)
-        setup = StepSetup(topo, comm, units, split, Optim(t.lr, t.momentum, t.weight_decay), device,
-                          t.batch_size, t.image_size, t.amp, cfg.strategy.overlap, cfg.strategy.bucket_mb)
+        setup = StepSetup(
+            topo,
+            comm,
+            units,
+            split,
+            Optim(t.lr, t.momentum, t.weight_decay),
+            device,
+            t.batch_size,
+            t.image_size,
+            t.amp,
+            cfg.strategy.overlap,
+            cfg.strategy.bucket_mb,
+        )
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device)
         role = topo.role(env.rank)

@@ -59,8 +59,10 @@ def main(args: argparse.Namespace) -> int:
     """Run one training measurement and report its throughput."""
     metrics = run(load(args.overrides), args.out)
     if metrics is not None:
-        print(f"{metrics.strategy} {metrics.model} N={metrics.gpus}: {metrics.images_per_sec:.2f} images/s, "
-              f"{metrics.gb_per_step['total']:.4f} GB/step -> {args.out}")
+        print(
+            f"{metrics.strategy} {metrics.model} N={metrics.gpus}: {metrics.images_per_sec:.2f} images/s, "
+            f"{metrics.gb_per_step['total']:.4f} GB/step -> {args.out}"
+        )
     return 0
 
 
@@ -82,8 +84,10 @@ def _plan_split(path: Path, strategy: str) -> int:
     entry = Plan.read(path).strategies.get(strategy)
     split = entry.get("split") if isinstance(entry, dict) else None
     if not isinstance(split, int) or isinstance(split, bool):
-        raise DataError(f"plan {path} has no integer strategies.{strategy}.split (found {split!r}): "
-                        f"regenerate it with `ralp-pipe plan`")
+        raise DataError(
+            f"plan {path} has no integer strategies.{strategy}.split (found {split!r}): "
+            f"regenerate it with `ralp-pipe plan`"
+        )
     return split
 
 
@@ -93,7 +97,9 @@ def meta_units(cfg: Config) -> list[models.Unit]:
         return models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
 
 
-def split_and_bytes(cfg: Config, topo: Topology, units: list[models.Unit] | None = None) -> tuple[int | None, dict[str, int]]:
+def split_and_bytes(
+    cfg: Config, topo: Topology, units: list[models.Unit] | None = None
+) -> tuple[int | None, dict[str, int]]:
     """The run's split point and analytic bytes per step, from placement units on the meta device (`units` if given)."""
     t = cfg.train
     units = meta_units(cfg) if units is None else units
@@ -102,8 +108,9 @@ def split_and_bytes(cfg: Config, topo: Topology, units: list[models.Unit] | None
         return split, volume.step_bytes(topo.strategy, units, split, topo, t.batch_size, t.image_size)
 
 
-def build_metrics(cfg: Config, topo: Topology, split: int | None, analytic: dict[str, int],
-                  result: RankResult) -> RunMetrics:
+def build_metrics(
+    cfg: Config, topo: Topology, split: int | None, analytic: dict[str, int], result: RankResult
+) -> RunMetrics:
     """The run's record from the driver's split and analytic bytes and rank 0's result."""
     t = cfg.train
     figures = summarize(result["rows"], result["window_s"], topo.num_workers, t.batch_size, t.measure_steps)
@@ -167,12 +174,15 @@ def write_run(out: Path, metrics: RunMetrics, rows: list[dict[str, Any]]) -> Non
             (out / STEPS_FILE).unlink(missing_ok=True)
             if created:
                 out.rmdir()
-        raise RunFailure(f"cannot write the run's records to {out}: {os_problem(exc, writing)}; the measurement is lost: "
-                         f"free space there (or choose another --out) and rerun") from exc
+        raise RunFailure(
+            f"cannot write the run's records to {out}: {os_problem(exc, writing)}; the measurement is lost: "
+            f"free space there (or choose another --out) and rerun"
+        ) from exc
 
 
-def _finish(cfg: Config, topo: Topology, out: Path, split: int | None, analytic: dict[str, int],
-            result: RankResult) -> RunMetrics:
+def _finish(
+    cfg: Config, topo: Topology, out: Path, split: int | None, analytic: dict[str, int], result: RankResult
+) -> RunMetrics:
     metrics = build_metrics(cfg, topo, split, analytic, result)
     write_run(out, metrics, result["rows"])
     return metrics
@@ -246,8 +256,11 @@ def make_staging(out: Path, needed: int) -> Path:
         for folder in dict.fromkeys(p for p in (out.parent, out) if p.is_dir()):
             free = shutil.disk_usage(folder).free
             if free < needed:
-                raise _refuse_out(out, f"{folder}: {os.strerror(errno.ENOSPC)} (ENOSPC): {free / 1e6:.1f} MB free, "
-                                       f"the run's records and logs need {needed / 1e6:.0f} MB")
+                raise _refuse_out(
+                    out,
+                    f"{folder}: {os.strerror(errno.ENOSPC)} (ENOSPC): {free / 1e6:.1f} MB free, "
+                    f"the run's records and logs need {needed / 1e6:.0f} MB",
+                )
         if out.is_dir():
             fd, probe = tempfile.mkstemp(prefix=f".{out.name}.probe-", dir=out)
             os.close(fd)
@@ -258,8 +271,10 @@ def make_staging(out: Path, needed: int) -> Path:
             raise _refuse_out(out, f"{os_problem(exc)}: a file stands where a folder of the path should be") from exc
         raise _refuse_out(out, f"cannot write there: {os_problem(exc)}") from exc
     try:
-        write_json_atomic(staging / DRIVER_FILE,
-                          {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())})
+        write_json_atomic(
+            staging / DRIVER_FILE,
+            {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())},
+        )
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise _refuse_out(out, f"cannot write there: {os_problem(exc)}") from exc
@@ -278,11 +293,15 @@ def set_aside_previous(out: Path) -> None:
             os.replace(out / name, previous / f"{name}.old")
     except OSError as exc:
         raise _refuse_out(out, f"cannot move the previous run's records aside: {os_problem(exc)}") from exc
-    print(f"ralp-pipe train: moved the previous run's {' and '.join(found)} to {previous}/ as *.old "
-          f"(removed once this run succeeds)")
+    print(
+        f"ralp-pipe train: moved the previous run's {' and '.join(found)} to {previous}/ as *.old "
+        f"(removed once this run succeeds)"
+    )
 
 
-def _launch(cfg: Config, topo: Topology, staging: Path, split: int | None, device_type: str, backend: str) -> RankResult:
+def _launch(
+    cfg: Config, topo: Topology, staging: Path, split: int | None, device_type: str, backend: str
+) -> RankResult:
     """Start and supervise the ranks; return rank 0's result. A full disk under the ranks' logs is named."""
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
@@ -304,9 +323,11 @@ def _launch(cfg: Config, topo: Topology, staging: Path, split: int | None, devic
     except RunFailure as exc:
         if shutil.disk_usage(staging).free >= FULL_BYTES:
             raise
-        raise RunFailure(f"{staging}: {os.strerror(errno.ENOSPC)} (ENOSPC): the disk holding the rank logs filled up "
-                         f"during the run, so the ranks' own errors may be missing; free space there and rerun. "
-                         f"{exc}") from exc
+        raise RunFailure(
+            f"{staging}: {os.strerror(errno.ENOSPC)} (ENOSPC): the disk holding the rank logs filled up "
+            f"during the run, so the ranks' own errors may be missing; free space there and rerun. "
+            f"{exc}"
+        ) from exc
     result: RankResult = json.loads(result_file.read_text())
     return result
 

@@ -46,8 +46,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.config import RALP_STRATEGIES
+from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.engine.models import check_split
 
 # tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
@@ -108,13 +108,15 @@ def compute_costs(profile: Mapping[str, Any]) -> ComputeCosts:
     units = []
     for row in profile["units"]:
         batches = sorted(row["by_batch"], key=int)
-        units.append(UnitCost(
-            name=row["name"],
-            param_bytes=int(row["param_bytes"]),
-            batches=tuple(int(b) for b in batches),
-            fwd_s=tuple(float(row["by_batch"][b]["fwd_s"]) for b in batches),
-            bwd_s=tuple(float(row["by_batch"][b]["bwd_s"]) for b in batches),
-        ))
+        units.append(
+            UnitCost(
+                name=row["name"],
+                param_bytes=int(row["param_bytes"]),
+                batches=tuple(int(b) for b in batches),
+                fwd_s=tuple(float(row["by_batch"][b]["fwd_s"]) for b in batches),
+                bwd_s=tuple(float(row["by_batch"][b]["bwd_s"]) for b in batches),
+            )
+        )
     update = profile["update"]
     return ComputeCosts(tuple(units), float(update["update_s_per_byte"]), float(update["aggregate_s_per_byte"]))
 
@@ -236,12 +238,20 @@ def predict(
     if strategy == "ps":
         # add the W gradient sets into the first and average them, SGD; each server holds 1/num_ps
         reduce_passes = w if w > 1 else 0
-        server = (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
+        server = (
+            (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
+        )
         comm = sent / num_ps / link.bytes_per_s + 2 * link.latency_s
         if pipelining is not None:
-            server, comm = _pipelined_ps(costs.bwd(slice(None), b) * _slowdown(shared, w, world), server,
-                                         sent / 2 / num_ps / link.bytes_per_s, total_param / num_ps,
-                                         pipelining.bucket_bytes, w, link)
+            server, comm = _pipelined_ps(
+                costs.bwd(slice(None), b) * _slowdown(shared, w, world),
+                server,
+                sent / 2 / num_ps / link.bytes_per_s,
+                total_param / num_ps,
+                pipelining.bucket_bytes,
+                w,
+                link,
+            )
     elif strategy == "allreduce":
         server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
         comm = (sent / w / link.ring_bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
@@ -251,16 +261,27 @@ def predict(
         lower_param = sum(u.param_bytes for u in costs.units[lower])
         compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + lower_param * add) * _slowdown(shared, w, w + 1)
         # upper layers at the concatenated batch; the W lower gradient sets summed into the first; SGD of all
-        server = (costs.fwd(upper, w * b) + costs.bwd(upper, w * b)
-                  + (w - 1) * lower_param * add + total_param * costs.update_s_per_byte) * _slowdown(shared, 1, w + 1)
+        server = (
+            costs.fwd(upper, w * b)
+            + costs.bwd(upper, w * b)
+            + (w - 1) * lower_param * add
+            + total_param * costs.update_s_per_byte
+        ) * _slowdown(shared, 1, w + 1)
         comm = sent / link.bytes_per_s + 4 * link.latency_s
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
     return Prediction(strategy, gpus, split, w * b, compute, server, comm, dict(volume))
 
 
-def _pipelined_ps(backward_s: float, server_s: float, direction_s: float, shard_bytes: float,
-                  bucket_bytes: float, workers: int, link: Link) -> tuple[float, float]:
+def _pipelined_ps(
+    backward_s: float,
+    server_s: float,
+    direction_s: float,
+    shard_bytes: float,
+    bucket_bytes: float,
+    workers: int,
+    link: Link,
+) -> tuple[float, float]:
     """(server, comm) seconds a pipelined PS step adds to the workers' forward+backward.
 
     The PS is busy for the slower of one link direction (`direction_s`) and its own reduce and
@@ -276,7 +297,10 @@ def _pipelined_ps(backward_s: float, server_s: float, direction_s: float, shard_
 
 
 def effective_link(
-    measured_bytes_per_s: float | None, rate: str | None, latency_s: float = 0.0, allreduce_bytes_per_s: float | None = None
+    measured_bytes_per_s: float | None,
+    rate: str | None,
+    latency_s: float = 0.0,
+    allreduce_bytes_per_s: float | None = None,
 ) -> Link:
     """The slower of the measured link and the configured rate's TCP payload bandwidth."""
     candidates: list[tuple[float, str]] = []
@@ -286,8 +310,9 @@ def effective_link(
     if configured:
         candidates.append((configured * TCP_PAYLOAD_PER_WIRE_BYTE, f"configured {rate}"))
     if not candidates:
-        raise ValueError("no link bandwidth: the profile has no measured bandwidth and the rate is unlimited; "
-                         "profile without --no-bandwidth or set network.rate")
+        raise ValueError(
+            "no link bandwidth: the profile has no measured bandwidth and the rate is unlimited; "
+            "profile without --no-bandwidth or set network.rate"
+        )
     value, source = min(candidates)
     return Link(value, latency_s, source, allreduce_bytes_per_s)
-

@@ -15,16 +15,22 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ralp_pipe.engine import models
 from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, Config, ConfigError, cluster_kind, load, workload
-from ralp_pipe.planning.costmodel import (
-    ComputeCosts, Link, Pipelining, Prediction, SharedCpu, compute_costs, effective_link, predict,
-)
+from ralp_pipe.engine import models
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
+from ralp_pipe.planning.costmodel import (
+    ComputeCosts,
+    Link,
+    Pipelining,
+    Prediction,
+    SharedCpu,
+    compute_costs,
+    effective_link,
+    predict,
+)
 from ralp_pipe.results.records import Plan, Profile
-
 
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
@@ -46,8 +52,12 @@ def cluster_link(profile: Profile, cfg: Config) -> Link:
     measured = profile.link.get("measured") or {}
     rate = cfg.network.rate if cluster_kind(cfg.cluster.kind).shapes_links else None
     try:
-        return effective_link(measured.get("bytes_per_s"), rate, float(measured.get("latency_s", 0.0)),
-                              measured.get("allreduce_bus_bytes_per_s"))
+        return effective_link(
+            measured.get("bytes_per_s"),
+            rate,
+            float(measured.get("latency_s", 0.0)),
+            measured.get("allreduce_bus_bytes_per_s"),
+        )
     except ValueError as exc:
         raise ConfigError(f"{exc} (profile of {profile.model}, network.rate={cfg.network.rate})") from exc
 
@@ -60,8 +70,9 @@ def shared_cpu(cfg: Config, profile: Profile) -> SharedCpu | None:
     try:
         return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))
     except KeyError as exc:
-        raise DataError(f"CPU profile of {profile.model} lacks hardware.{exc.args[0]}: "
-                        f"re-run `ralp-pipe profile`") from exc
+        raise DataError(
+            f"CPU profile of {profile.model} lacks hardware.{exc.args[0]}: re-run `ralp-pipe profile`"
+        ) from exc
 
 
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
@@ -96,15 +107,33 @@ def pipelining_of(cfg: Config) -> Pipelining | None:
 
 
 def best_prediction(
-    strategy: str, costs: ComputeCosts, volume: VolumeFn, gpus: int, batch_size: int, link: Link,
-    num_ps: int = 1, shared: SharedCpu | None = None, pipelining: Pipelining | None = None,
+    strategy: str,
+    costs: ComputeCosts,
+    volume: VolumeFn,
+    gpus: int,
+    batch_size: int,
+    link: Link,
+    num_ps: int = 1,
+    shared: SharedCpu | None = None,
+    pipelining: Pipelining | None = None,
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
     topo = topology(strategy, gpus, num_ps)
     splits: Sequence[int | None] = range(1, len(costs.units)) if strategy in RALP_STRATEGIES else [None]
     table = [
-        predict(strategy, costs, topo.num_workers, gpus, batch_size, volume(strategy, gpus, k), link, k,
-                num_ps=num_ps, shared=shared, pipelining=pipelining)
+        predict(
+            strategy,
+            costs,
+            topo.num_workers,
+            gpus,
+            batch_size,
+            volume(strategy, gpus, k),
+            link,
+            k,
+            num_ps=num_ps,
+            shared=shared,
+            pipelining=pipelining,
+        )
         for k in splits
     ]
     return max(table, key=lambda p: p.images_per_sec), table
@@ -113,18 +142,28 @@ def best_prediction(
 def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: Sequence[str]) -> str:
     speedup = best.images_per_sec / baseline.images_per_sec
     where = f"split {best.split} (after '{unit_names[best.split - 1]}')" if best.split else strategy
-    moved = (f"{best.bytes_per_step['total'] / 1e9:.4g} GB/step instead of ps's "
-             f"{baseline.bytes_per_step['total'] / 1e9:.4g}")
+    moved = (
+        f"{best.bytes_per_step['total'] / 1e9:.4g} GB/step instead of ps's {baseline.bytes_per_step['total'] / 1e9:.4g}"
+    )
     phases = f"compute {best.compute_s:.4g} s, server {best.server_s:.4g} s, network {best.comm_s:.4g} s per step"
     if speedup > 1:
         return f"{where} predicts {speedup:.3g}x the ps baseline's images/sec, moving {moved} ({phases})"
-    return (f"does not pay: the best, {where}, predicts {speedup:.3g}x the ps baseline's images/sec "
-            f"while moving {moved} ({phases})")
+    return (
+        f"does not pay: the best, {where}, predicts {speedup:.3g}x the ps baseline's images/sec "
+        f"while moving {moved} ({phases})"
+    )
 
 
 def plan_gpus(
-    costs: ComputeCosts, unit_names: Sequence[str], volume: VolumeFn, gpus: int, batch_size: int, link: Link,
-    num_ps: int = 1, shared: SharedCpu | None = None, pipelining: Pipelining | None = None,
+    costs: ComputeCosts,
+    unit_names: Sequence[str],
+    volume: VolumeFn,
+    gpus: int,
+    batch_size: int,
+    link: Link,
+    num_ps: int = 1,
+    shared: SharedCpu | None = None,
+    pipelining: Pipelining | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
     entries: dict[str, dict[str, Any]] = {}
@@ -165,8 +204,7 @@ def build_plan(profile: Profile, profile_path: str | Path, cfg: Config, gpus: Se
     volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
     pipelining = pipelining_of(cfg)
     by_gpus = {
-        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared, pipelining)
-        for n in gpus
+        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared, pipelining) for n in gpus
     }
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(
@@ -203,9 +241,13 @@ def main(args: argparse.Namespace) -> int:
     plan.write(args.out)
     for name, entry in plan.strategies.items():
         split = f" split {entry['split']:>2}" if entry["split"] else " " * 9
-        print(f"{name:9s}{split}  {entry['predicted_images_per_sec']:10.2f} img/s  "
-              f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
-              f"{entry['reason'] if name in RALP_STRATEGIES else ''}")
-    print(f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} "
-          f"({plan.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}")
+        print(
+            f"{name:9s}{split}  {entry['predicted_images_per_sec']:10.2f} img/s  "
+            f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
+            f"{entry['reason'] if name in RALP_STRATEGIES else ''}"
+        )
+    print(
+        f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} "
+        f"({plan.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}"
+    )
     return 0

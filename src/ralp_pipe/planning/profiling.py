@@ -15,12 +15,12 @@ between two ranks measured with the backend training uses.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import json
 import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -28,18 +28,16 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ralp_pipe.runtime import hardware
-
-from ralp_pipe.engine import models
 from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, cluster_kind, load, workload
 from ralp_pipe.config.units import rate_bytes_per_s
-from ralp_pipe.errors import RunFailure
-from ralp_pipe.runtime import devices
-from ralp_pipe.runtime.process import free_port, start_logged, supervise
-from ralp_pipe.runtime.emulated import EmulatedCluster
+from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
-from ralp_pipe.results.records import Profile
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.errors import RunFailure
+from ralp_pipe.results.records import Profile
+from ralp_pipe.runtime import devices, hardware
+from ralp_pipe.runtime.emulated import EmulatedCluster
+from ralp_pipe.runtime.process import free_port, start_logged, supervise
 
 DEFAULT_MESSAGE_BYTES = 64 * 2**20
 
@@ -156,16 +154,18 @@ def _unit_rows(units: Sequence[models.Unit], shapes: Sequence[tuple[int, ...]]) 
     rows = []
     for index, (unit, shape) in enumerate(zip(units, shapes)):
         params = [p for p in unit.module.parameters() if p.requires_grad]
-        rows.append({
-            "index": index,
-            "name": unit.name,
-            "is_dense": unit.is_dense,
-            "before_first_dense": index < dense_index,
-            "param_count": sum(p.numel() for p in params),
-            "param_bytes": _tensor_bytes(params),
-            "activation_shape": list(shape[1:]),
-            "activation_bytes_per_sample": 4 * math.prod(shape[1:]),
-        })
+        rows.append(
+            {
+                "index": index,
+                "name": unit.name,
+                "is_dense": unit.is_dense,
+                "before_first_dense": index < dense_index,
+                "param_count": sum(p.numel() for p in params),
+                "param_bytes": _tensor_bytes(params),
+                "activation_shape": list(shape[1:]),
+                "activation_bytes_per_sample": 4 * math.prod(shape[1:]),
+            }
+        )
     return rows
 
 
@@ -208,7 +208,9 @@ def unit_macs(units: Sequence[models.Unit], image_size: int) -> list[int]:
         counts[id(module)] = module.weight.numel() * spatial
 
     for unit in units:
-        hooks += [m.register_forward_hook(count) for m in unit.module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        hooks += [
+            m.register_forward_hook(count) for m in unit.module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))
+        ]
     try:
         models.activation_shapes(list(units), image_size)
     finally:
@@ -238,10 +240,15 @@ def analytic_profile(
     rows = _unit_rows(units, shapes)
     for row, macs in zip(rows, unit_macs(units, image_size)):
         row["macs_per_sample"] = macs
-        row["by_batch"] = {str(b): {"fwd_s": macs * b / macs_per_s, "bwd_s": 2 * macs * b / macs_per_s} for b in batches}
+        row["by_batch"] = {
+            str(b): {"fwd_s": macs * b / macs_per_s, "bwd_s": 2 * macs * b / macs_per_s} for b in batches
+        }
     param_bytes = sum(r["param_bytes"] for r in rows)
     return {
-        "model": name, "num_classes": num_classes, "image_size": image_size, "device": "analytic",
+        "model": name,
+        "num_classes": num_classes,
+        "image_size": image_size,
+        "device": "analytic",
         "batches": {str(b): b for b in batches},
         "units": rows,
         "update": {
@@ -249,8 +256,11 @@ def analytic_profile(
             "update_s_per_byte": 3 / memory_bytes_per_s,
             "aggregate_s_per_byte": 1 / memory_bytes_per_s,
         },
-        "link": {"measured": None if bandwidth_bytes_per_s is None
-                 else {"bytes_per_s": bandwidth_bytes_per_s, "latency_s": latency_s}},
+        "link": {
+            "measured": None
+            if bandwidth_bytes_per_s is None
+            else {"bytes_per_s": bandwidth_bytes_per_s, "latency_s": latency_s}
+        },
     }
 
 
@@ -278,9 +288,22 @@ def measure_bandwidth(
     with tempfile.TemporaryDirectory(prefix="ralp-probe-") as scratch:
         for rank in (0, 1):
             argv = [
-                *argv_prefixes[rank], sys.executable, "-m", "ralp_pipe.planning.profiling",
-                "--rank", str(rank), "--init", f"tcp://{master_addr}:{port}", "--backend", backend,
-                "--bytes", str(message_bytes), "--repeats", str(repeats), "--timeout", str(timeout_s),
+                *argv_prefixes[rank],
+                sys.executable,
+                "-m",
+                "ralp_pipe.planning.profiling",
+                "--rank",
+                str(rank),
+                "--init",
+                f"tcp://{master_addr}:{port}",
+                "--backend",
+                backend,
+                "--bytes",
+                str(message_bytes),
+                "--repeats",
+                str(repeats),
+                "--timeout",
+                str(timeout_s),
             ]
             logs.append(Path(scratch, f"probe{rank}.log"))
             procs.append(start_logged(argv, logs[-1], {**os.environ, **rank_env[rank]}))
@@ -289,21 +312,27 @@ def measure_bandwidth(
         except RunFailure as exc:
             raise RunFailure(f"link probe between {master_addr}:{port} ({backend}): {exc}") from None
         output = logs[0].read_text()
-    result = next((json.loads(line) for line in reversed(output.splitlines()) if line.startswith('{') and '"directions"' in line), None)
+    result = next(
+        (json.loads(line) for line in reversed(output.splitlines()) if line.startswith("{") and '"directions"' in line),
+        None,
+    )
     if result is None:
         raise RunFailure(f"link probe rank 0 printed no result; its log ends:\n{output[-2000:]}")
     result["bytes_per_s"] = min(result["directions"].values())
     return result
 
 
-def _bandwidth_rank(rank: int, init: str, backend: str, message_bytes: int, repeats: int, timeout_s: float) -> dict[str, Any] | None:
+def _bandwidth_rank(
+    rank: int, init: str, backend: str, message_bytes: int, repeats: int, timeout_s: float
+) -> dict[str, Any] | None:
     """One rank of the probe: timed send + 1-element acknowledgement in both directions, then all-reduces."""
     import datetime
 
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     message = torch.ones(message_bytes // 4, dtype=torch.float32)
     ack = torch.zeros(1)
 
@@ -338,8 +367,11 @@ def _bandwidth_rank(rank: int, init: str, backend: str, message_bytes: int, repe
     if rank != 0:
         return None
     return {
-        "backend": backend, "message_bytes": message_bytes, "repeats": repeats,
-        "directions": directions, "latency_s": statistics.median(latency),
+        "backend": backend,
+        "message_bytes": message_bytes,
+        "repeats": repeats,
+        "directions": directions,
+        "latency_s": statistics.median(latency),
         # bus bandwidth as nccl-tests define it: bytes * 2(n-1)/n / time, which is bytes / time at n=2
         "allreduce_bus_bytes_per_s": message_bytes / all_reduce_s,
     }
@@ -375,8 +407,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--message-mb", type=float, default=64.0, help="bandwidth probe message size (MiB)")
     parser.add_argument("--bandwidth-repeats", type=int, default=3, help="timed messages per direction")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the two-rank bandwidth probe")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads while profiling (default: the threads a training rank gets here)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads while profiling (default: the threads a training rank gets here)",
+    )
 
 
 def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
@@ -390,24 +426,38 @@ def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
         return {**measure_bandwidth("gloo", message_bytes, repeats), "network": "this host"}
     with EmulatedCluster(2, cfg.network.rate, cfg.network.burst) as cluster:
         result = measure_bandwidth(
-            "gloo", message_bytes, repeats, argv_prefixes=(cluster.prefix(0), cluster.prefix(1)),
-            master_addr=cluster.address(0), rank_env=(cluster.env(0), cluster.env(1)),
+            "gloo",
+            message_bytes,
+            repeats,
+            argv_prefixes=(cluster.prefix(0), cluster.prefix(1)),
+            master_addr=cluster.address(0),
+            rank_env=(cluster.env(0), cluster.env(1)),
         )
     return {**result, "network": f"emulated {cfg.network.rate}"}
 
 
-def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandwidth_repeats: int, bandwidth: bool) -> dict[str, Any]:
+def build_profile(
+    cfg: Any, repeats: int, warmup: int, message_bytes: int, bandwidth_repeats: int, bandwidth: bool
+) -> dict[str, Any]:
     """The whole profile document of `cfg`'s model, dataset and this machine."""
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"--repeats={repeats} must be >= 1 and --warmup={warmup} >= 0")
-    device_type, backend = devices.resolve(cfg.cluster, max(topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size
-                                                          for s in STRATEGIES))
+    device_type, backend = devices.resolve(
+        cfg.cluster, max(topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES)
+    )
     device = torch.device(device_type)
     batches = worker_and_ps_batches(cfg.train.batch_size, cfg.cluster.gpus)
     started = time.perf_counter()
     body = profile_model(
-        cfg.model.name, cfg.dataset.num_classes, cfg.train.image_size, sorted(set(batches.values())), device,
-        warmup, repeats, cfg.model.dropout, Optim(cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay),
+        cfg.model.name,
+        cfg.dataset.num_classes,
+        cfg.train.image_size,
+        sorted(set(batches.values())),
+        device,
+        warmup,
+        repeats,
+        cfg.model.dropout,
+        Optim(cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay),
         cfg.train.seed,
     )
     link: dict[str, Any] = {"measured": probe_link(cfg, message_bytes, bandwidth_repeats) if bandwidth else None}
@@ -423,7 +473,8 @@ def build_profile(cfg: Any, repeats: int, warmup: int, message_bytes: int, bandw
         "cluster_kind": cfg.cluster.kind,
         "warmup": warmup,
         "repeats": repeats,
-        "memory_method": "cuda.max_memory_allocated" if device.type == "cuda"
+        "memory_method": "cuda.max_memory_allocated"
+        if device.type == "cuda"
         else "params + grads + input + output + autograd-saved tensors (bytes)",
         "hardware": {**hardware.describe(), "versions": hardware.versions()},
         "link": link,
@@ -440,15 +491,18 @@ def main(args: argparse.Namespace) -> int:
     threads, previous = args.threads or rank_threads(cfg), torch.get_num_threads()
     torch.set_num_threads(threads or previous)
     try:
-        doc = build_profile(cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats,
-                            not args.no_bandwidth)
+        doc = build_profile(
+            cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats, not args.no_bandwidth
+        )
     finally:
         torch.set_num_threads(previous)
     Profile.from_dict(doc, args.out).write(args.out)
     bw = doc["link"]["measured"]
     bw_text = f", link {bw['bytes_per_s'] / 1e9:.2f} GB/s" if bw else ""
-    print(f"profile {doc['model']}/{doc['dataset']} on {doc['device']}: {len(doc['units'])} units, "
-          f"{doc['profile_seconds']:.1f} s{bw_text} -> {args.out}")
+    print(
+        f"profile {doc['model']}/{doc['dataset']} on {doc['device']}: {len(doc['units'])} units, "
+        f"{doc['profile_seconds']:.1f} s{bw_text} -> {args.out}"
+    )
     return 0
 
 

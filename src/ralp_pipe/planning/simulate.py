@@ -16,9 +16,9 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from ralp_pipe.engine import models
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, load
+from ralp_pipe.engine import models
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
 from ralp_pipe.planning.planner import best_prediction, check_profile_matches, pipelining_of, volume_function
 from ralp_pipe.results.records import Profile
@@ -49,23 +49,25 @@ def simulate(
             for strategy in STRATEGIES:
                 best, _ = best_prediction(strategy, costs, volume, n, batch_size, link, num_ps, pipelining=pipelining)
                 baseline = baseline or best
-                rows.append({
-                    "model": profile["model"],
-                    "num_classes": profile["num_classes"],
-                    "strategy": strategy,
-                    "gpus": n,
-                    "link_gbit": gbit,
-                    "split": best.split,
-                    "split_after_unit": names[best.split - 1] if strategy in RALP_STRATEGIES else None,
-                    "images_per_sec": best.images_per_sec,
-                    "step_time_s": best.step_time_s,
-                    "compute_s": best.compute_s,
-                    "server_s": best.server_s,
-                    "comm_s": best.comm_s,
-                    "gb_per_step": best.bytes_per_step["total"] / 1e9,
-                    **{f"gb_{k}": v / 1e9 for k, v in best.bytes_per_step.items() if k != "total"},
-                    "speedup_over_ps": best.images_per_sec / baseline.images_per_sec,
-                })
+                rows.append(
+                    {
+                        "model": profile["model"],
+                        "num_classes": profile["num_classes"],
+                        "strategy": strategy,
+                        "gpus": n,
+                        "link_gbit": gbit,
+                        "split": best.split,
+                        "split_after_unit": names[best.split - 1] if strategy in RALP_STRATEGIES else None,
+                        "images_per_sec": best.images_per_sec,
+                        "step_time_s": best.step_time_s,
+                        "compute_s": best.compute_s,
+                        "server_s": best.server_s,
+                        "comm_s": best.comm_s,
+                        "gb_per_step": best.bytes_per_step["total"] / 1e9,
+                        **{f"gb_{k}": v / 1e9 for k, v in best.bytes_per_step.items() if k != "total"},
+                        "speedup_over_ps": best.images_per_sec / baseline.images_per_sec,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -117,8 +119,10 @@ def summary(frame: pd.DataFrame) -> str:
             part = frame[(frame.link_gbit == gbit) & (frame.gpus == n)]
             best = part.loc[part.images_per_sec.idxmax()]
             split = f" split {int(best.split)}" if best.strategy in RALP_STRATEGIES else ""
-            lines.append(f"{gbit:>5g} Gbit/s N={n:<5d} best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, "
-                         f"{best.speedup_over_ps:.2f}x ps, {best.gb_per_step:.3g} GB/step")
+            lines.append(
+                f"{gbit:>5g} Gbit/s N={n:<5d} best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, "
+                f"{best.speedup_over_ps:.2f}x ps, {best.gb_per_step:.3g} GB/step"
+            )
     return "\n".join(lines)
 
 
@@ -138,8 +142,15 @@ def main(args: argparse.Namespace) -> int:
     profile = Profile.read(args.profile)
     check_profile_matches(profile, cfg, args.profile)
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
-    frame = simulate(profile.to_dict(), units, cfg.train.batch_size, args.gpus, args.link_gbit, cfg.strategy.num_ps,
-                     pipelining_of(cfg))
+    frame = simulate(
+        profile.to_dict(),
+        units,
+        cfg.train.batch_size,
+        args.gpus,
+        args.link_gbit,
+        cfg.strategy.num_ps,
+        pipelining_of(cfg),
+    )
     paths = write_outputs(frame, args.out)
     print(summary(frame))
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -6,7 +6,6 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-
 KEYS = ("model", "dataset", "strategy", "gpus", "network")
 MEASURED = (*KEYS, "images_per_sec", "split")
 
@@ -32,10 +31,14 @@ def prediction_error(
     """
     missing = [k for k in (*keys, column) if k not in measured.columns or k not in predicted.columns]
     if missing:
-        raise ValueError(f"prediction_error needs columns {', '.join(missing)} in both frames "
-                         f"(measured has {list(measured.columns)}, predicted has {list(predicted.columns)})")
+        raise ValueError(
+            f"prediction_error needs columns {', '.join(missing)} in both frames "
+            f"(measured has {list(measured.columns)}, predicted has {list(predicted.columns)})"
+        )
     if predicted.duplicated(list(keys)).any():
-        raise ValueError(f"more than one prediction per {', '.join(keys)}: {predicted[predicted.duplicated(list(keys))]}")
+        raise ValueError(
+            f"more than one prediction per {', '.join(keys)}: {predicted[predicted.duplicated(list(keys))]}"
+        )
     joined = measured.merge(predicted[[*keys, column]], on=list(keys), how="left", suffixes=("", "_predicted"))
     unmatched = joined[joined[f"{column}_predicted"].isna()]
     if len(unmatched):
@@ -49,9 +52,16 @@ def prediction_error(
 def plan_predictions(plan: Mapping[str, Any]) -> pd.DataFrame:
     """One row per strategy and GPU count of a plan document, with the `KEYS` columns and images/sec."""
     rows = [
-        {"model": plan["model"], "dataset": plan["dataset"], "strategy": name, "gpus": int(gpus),
-         "network": plan["network"], "split": entry["split"], "images_per_sec": entry["predicted_images_per_sec"],
-         "gb_per_step": entry["predicted_gb_per_step"]["total"]}
+        {
+            "model": plan["model"],
+            "dataset": plan["dataset"],
+            "strategy": name,
+            "gpus": int(gpus),
+            "network": plan["network"],
+            "split": entry["split"],
+            "images_per_sec": entry["predicted_images_per_sec"],
+            "gb_per_step": entry["predicted_gb_per_step"]["total"],
+        }
         for gpus, entries in plan["by_gpus"].items()
         for name, entry in entries.items()
     ]

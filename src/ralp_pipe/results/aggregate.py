@@ -17,12 +17,18 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from ralp_pipe.atomic import atomic_path
-from ralp_pipe.config import ConfigError, STRATEGIES
-from ralp_pipe.errors import DataError
+from ralp_pipe.config import STRATEGIES, ConfigError
 from ralp_pipe.engine.volume import CATEGORIES
+from ralp_pipe.errors import DataError
 from ralp_pipe.results.accuracy import median_abs_error, relative_error
 from ralp_pipe.results.layout import (
-    CONCURRENT_TABLE, METRICS_FILE, PLAN_FILE, PLOTS_FOLDER, RUNS_TABLE, SPEEDUPS_TABLE, SUMMARY_FILE,
+    CONCURRENT_TABLE,
+    METRICS_FILE,
+    PLAN_FILE,
+    PLOTS_FOLDER,
+    RUNS_TABLE,
+    SPEEDUPS_TABLE,
+    SUMMARY_FILE,
 )
 from ralp_pipe.results.records import Plan, RunMetrics
 
@@ -60,8 +66,9 @@ def find_metrics(paths: Iterable[str | Path]) -> list[Path]:
 
 def plan_for(record: RunMetrics, plans: Path) -> Plan | None:
     """The plan the run's (model, dataset, N, network) was planned with, if its file exists below `plans`."""
-    path = plans / PLAN_FILE.format(dataset=record.dataset, model=record.model, gpus=record.gpus,
-                                    network=record.network)
+    path = plans / PLAN_FILE.format(
+        dataset=record.dataset, model=record.model, gpus=record.gpus, network=record.network
+    )
     return Plan.read(path) if path.is_file() else None
 
 
@@ -125,10 +132,16 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 def concurrent_table(workloads: Sequence[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
     """concurrent.parquet: each job of each concurrent workload, alone and together, and its slowdown."""
     rows = [
-        {"workload": name, "job": int(job["job"]), "overrides": " ".join(job["overrides"]),
-         "alone_images_per_sec": float(job["alone_images_per_sec"]),
-         "together_images_per_sec": float(job["together_images_per_sec"]), "slowdown": float(job["slowdown"])}
-        for name, doc in workloads for job in doc["jobs"]
+        {
+            "workload": name,
+            "job": int(job["job"]),
+            "overrides": " ".join(job["overrides"]),
+            "alone_images_per_sec": float(job["alone_images_per_sec"]),
+            "together_images_per_sec": float(job["together_images_per_sec"]),
+            "slowdown": float(job["slowdown"]),
+        }
+        for name, doc in workloads
+        for job in doc["jobs"]
     ]
     frame = pd.DataFrame(rows, columns=CONCURRENT_COLUMNS)
     return frame.sort_values(["workload", "job"]).reset_index(drop=True)
@@ -138,8 +151,17 @@ def concurrent_markdown(concurrent: pd.DataFrame) -> str:
     """The summary's section on concurrent workloads ('' when there are none)."""
     if concurrent.empty:
         return ""
-    rows = [[r.workload, str(r.job), f"`{r.overrides}`", _fmt(r.alone_images_per_sec),
-             _fmt(r.together_images_per_sec), _fmt(r.slowdown, 2, "x")] for r in concurrent.itertuples()]
+    rows = [
+        [
+            r.workload,
+            str(r.job),
+            f"`{r.overrides}`",
+            _fmt(r.alone_images_per_sec),
+            _fmt(r.together_images_per_sec),
+            _fmt(r.slowdown, 2, "x"),
+        ]
+        for r in concurrent.itertuples()
+    ]
     header = ["workload", "job", "overrides", "alone (img/s)", "together (img/s)", "slowdown"]
     return "\n".join(["## Concurrent workloads on one network", "", _markdown(header, rows), ""])
 
@@ -148,30 +170,57 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     """summary.md: the paper's tables (throughput and speedup per strategy, GB/step, prediction error)."""
     present = [s for s in STRATEGIES if s in set(runs["strategy"])]
     others = [s for s in present if s != "ps"]
-    parts = ["# Results", "", f"{len(runs)} runs; throughput in images/sec (all workers), "
-             "speedup = throughput / throughput of `ps` at the same model, dataset, N and network.", ""]
+    parts = [
+        "# Results",
+        "",
+        f"{len(runs)} runs; throughput in images/sec (all workers), "
+        "speedup = throughput / throughput of `ps` at the same model, dataset, N and network.",
+        "",
+    ]
     for network, by_net in runs.groupby("network", sort=True):
         rate = by_net["rate"].iloc[0]
         rows_tp, rows_gb, rows_pred = [], [], []
         for (model, dataset, gpus), group in by_net.groupby(["model", "dataset", "gpus"], sort=True):
             cells = group.set_index("strategy")
             head = [model, dataset, str(int(cells["classes"].iloc[0])), str(gpus)]
-            rows_tp.append(head + [_fmt(cells["images_per_sec"].get(s, math.nan)) for s in present]
-                           + [_fmt(cells["speedup_vs_ps"].get(s, math.nan), 2, "x") for s in others])
+            rows_tp.append(
+                head
+                + [_fmt(cells["images_per_sec"].get(s, math.nan)) for s in present]
+                + [_fmt(cells["speedup_vs_ps"].get(s, math.nan), 2, "x") for s in others]
+            )
             rows_gb.append(head + [_fmt(cells["gb_total"].get(s, math.nan), 4) for s in present])
-            rows_pred.append(head + [
-                f"{_fmt(cells['predicted_images_per_sec'].get(s, math.nan))} "
-                f"({_fmt(100 * cells['prediction_error'].get(s, math.nan), 0, '%')})" for s in present
-            ])
+            rows_pred.append(
+                head
+                + [
+                    f"{_fmt(cells['predicted_images_per_sec'].get(s, math.nan))} "
+                    f"({_fmt(100 * cells['prediction_error'].get(s, math.nan), 0, '%')})"
+                    for s in present
+                ]
+            )
         head = ["model", "dataset", "classes", "N"]
         errors = by_net["prediction_error"].dropna()
-        accuracy = (f"Median absolute error of predicted images/sec: {_fmt(100 * median_abs_error(errors), 1, '%')} "
-                    f"over {len(errors)} runs with a plan.")
-        parts += [f"## Network {network} ({rate})", "", "### Throughput (images/sec) and speedup over ps", "",
-                  _markdown(head + present + [f"{s} speedup" for s in others], rows_tp), "",
-                  "### Transfer volume (GB/step, all categories)", "", _markdown(head + present, rows_gb), "",
-                  "### Predicted throughput (images/sec) and its error against the measurement", "",
-                  _markdown(head + present, rows_pred), "", accuracy, ""]
+        accuracy = (
+            f"Median absolute error of predicted images/sec: {_fmt(100 * median_abs_error(errors), 1, '%')} "
+            f"over {len(errors)} runs with a plan."
+        )
+        parts += [
+            f"## Network {network} ({rate})",
+            "",
+            "### Throughput (images/sec) and speedup over ps",
+            "",
+            _markdown(head + present + [f"{s} speedup" for s in others], rows_tp),
+            "",
+            "### Transfer volume (GB/step, all categories)",
+            "",
+            _markdown(head + present, rows_gb),
+            "",
+            "### Predicted throughput (images/sec) and its error against the measurement",
+            "",
+            _markdown(head + present, rows_pred),
+            "",
+            accuracy,
+            "",
+        ]
     return "\n".join(parts)
 
 
@@ -203,8 +252,11 @@ def load_records(run_paths: Iterable[str | Path], plans: Path) -> list[tuple[Run
 def write_tables(tables: Tables, out: Path) -> None:
     """Write the tables (runs, speedups, concurrent, summary) into `out` atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in ((RUNS_TABLE, tables.runs), (SPEEDUPS_TABLE, tables.speedups),
-                        (CONCURRENT_TABLE, tables.concurrent)):
+    for name, frame in (
+        (RUNS_TABLE, tables.runs),
+        (SPEEDUPS_TABLE, tables.speedups),
+        (CONCURRENT_TABLE, tables.concurrent),
+    ):
         with atomic_path(out / name) as tmp:
             frame.to_parquet(tmp, index=False)
     with atomic_path(out / SUMMARY_FILE) as tmp:
@@ -213,8 +265,12 @@ def write_tables(tables: Tables, out: Path) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe aggregate`."""
-    parser.add_argument("--runs", nargs="+", required=True, help="run folders, metrics.json files or folders above them")
-    parser.add_argument("--plans", type=Path, required=True, help="plans folder (plans/<dataset>/<model>/n<N>-<net>.json)")
+    parser.add_argument(
+        "--runs", nargs="+", required=True, help="run folders, metrics.json files or folders above them"
+    )
+    parser.add_argument(
+        "--plans", type=Path, required=True, help="plans folder (plans/<dataset>/<model>/n<N>-<net>.json)"
+    )
     parser.add_argument("--concurrent", nargs="*", default=[], help="concurrent.json files of concurrent workloads")
     parser.add_argument("--out", type=Path, required=True, help="tables folder to write")
 

@@ -43,10 +43,16 @@ REPO_ROOT = CONFIG_DIR.parent
 def git_revision(repo: Path = REPO_ROOT) -> dict[str, Any]:
     """Commit of `repo` and whether its working tree differs from it ("unknown" outside git)."""
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, timeout=30).stdout.strip()
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True, timeout=30).stdout
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {"commit": "unknown", "dirty": None}
     return {"commit": head, "dirty": bool(status.strip())}
@@ -54,8 +60,9 @@ def git_revision(repo: Path = REPO_ROOT) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     """Package versions (importlib.metadata), interpreter, git revision and hardware."""
-    packages = {dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions()
-                if dist.metadata["Name"]}
+    packages = {
+        dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions() if dist.metadata["Name"]
+    }
     return {
         "python": sys.version,
         "packages": dict(sorted(packages.items(), key=lambda item: item[0].lower())),
@@ -81,8 +88,9 @@ def collect(root: Path, includes: Iterable[str | Path]) -> dict[str, bytes]:
     for include in map(Path, includes):
         path = Path(os.path.abspath(include))
         if not path.is_relative_to(lexical_root):
-            raise ConfigError(f"bundle input {include} is not below the results folder {root}: "
-                              f"pass --include paths inside --root")
+            raise ConfigError(
+                f"bundle input {include} is not below the results folder {root}: pass --include paths inside --root"
+            )
         if not path.exists():
             raise ConfigError(f"bundle input {include} does not exist: run the workflow up to this stage first")
         for file in _files(path, real_root, frozenset()):
@@ -95,8 +103,10 @@ def _files(path: Path, real_root: Path, above: frozenset[Path]) -> Iterator[Path
     real = path.resolve()
     if not real.is_relative_to(real_root):
         kind = "symbolic link" if path.is_symlink() else "path through a symbolic link"
-        raise BundleRefused(f"bundle input {path} is a {kind} to {real}, outside the results folder {real_root}: "
-                            f"bundles never follow links out of --root; copy the file in or remove the link")
+        raise BundleRefused(
+            f"bundle input {path} is a {kind} to {real}, outside the results folder {real_root}: "
+            f"bundles never follow links out of --root; copy the file in or remove the link"
+        )
     if real in above:
         raise BundleRefused(f"bundle input {path} is a symbolic link to {real}, a folder above it: remove the loop")
     if real.is_dir():
@@ -138,11 +148,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe bundle`."""
     parser.add_argument("--out", type=Path, required=True, help="bundle to write (NAME.tar.gz)")
     parser.add_argument("--root", type=Path, required=True, help="results folder; members are named relative to it")
-    parser.add_argument("--include", nargs="+", required=True,
-                        help="files and folders below --root to bundle (absolute, or relative to the current folder); "
-                             "symbolic links are followed only to targets below --root")
-    parser.add_argument("--lock", type=Path, default=REPO_ROOT / "envs" / "requirements.lock",
-                        help="pinned requirements to include")
+    parser.add_argument(
+        "--include",
+        nargs="+",
+        required=True,
+        help="files and folders below --root to bundle (absolute, or relative to the current folder); "
+        "symbolic links are followed only to targets below --root",
+    )
+    parser.add_argument(
+        "--lock", type=Path, default=REPO_ROOT / "envs" / "requirements.lock", help="pinned requirements to include"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

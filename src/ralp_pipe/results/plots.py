@@ -12,9 +12,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ralp_pipe.results.layout import PLOT_NAMES  # noqa: E402
 from ralp_pipe.atomic import atomic_path  # noqa: E402
 from ralp_pipe.config import STRATEGIES  # noqa: E402
+from ralp_pipe.results.layout import PLOT_NAMES  # noqa: E402
 
 CATEGORY_LABELS = {
     "gb_gradients": "gradients",
@@ -108,8 +108,15 @@ def predicted_vs_measured(runs: pd.DataFrame, path: Path) -> None:
     axis.plot([low, high], [low, high], color="black", linewidth=0.8, label="y = x")
     for factor in (0.8, 1.2):
         axis.plot([low, high], [low * factor, high * factor], color="grey", linewidth=0.6, linestyle="--")
-    axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured images/sec",
-             ylabel="predicted images/sec", title="planner prediction (dashed: ±20%)")
+    axis.set(
+        xscale="log",
+        yscale="log",
+        xlim=(low, high),
+        ylim=(low, high),
+        xlabel="measured images/sec",
+        ylabel="predicted images/sec",
+        title="planner prediction (dashed: ±20%)",
+    )
     axis.legend(fontsize="small")
     _save(fig, path)
 

@@ -46,8 +46,10 @@ class Record:
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise DataError(f"{where} has {VERSION_KEY}={version!r}, not a positive integer")
         if version > SCHEMA_VERSION:
-            raise DataError(f"{where} has {VERSION_KEY} {version} but this ralp-pipe reads up to {SCHEMA_VERSION}: "
-                            f"upgrade ralp-pipe or re-run `ralp-pipe {cls.STAGE}`")
+            raise DataError(
+                f"{where} has {VERSION_KEY} {version} but this ralp-pipe reads up to {SCHEMA_VERSION}: "
+                f"upgrade ralp-pipe or re-run `ralp-pipe {cls.STAGE}`"
+            )
         known = {f.name for f in fields(cls)}
         missing = [key for key in cls.required() if key not in doc]
         if missing:

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
-from ralp_pipe.results.layout import CONCURRENT_FILE, TABLE_FILES
 from ralp_pipe.results.bundle import CHECKSUMS
+from ralp_pipe.results.layout import CONCURRENT_FILE, TABLE_FILES
 
 CHUNK = 1 << 20
 TEXT_SUFFIXES = (".md", ".txt", ".lock")
@@ -79,8 +79,10 @@ def read_headers(tar: tarfile.TarFile, path: Path, limits: Limits, scratch: Path
                     f"if the bundle is trusted, raise --max-expand-ratio, --expand-floor or --max-bytes"
                 )
             if total > free:
-                raise BundleRefused(f"member {member.name!r} brings the bundle to {total} bytes unpacked, more than "
-                                    f"the {free} bytes free in {scratch}: free space there or set TMPDIR elsewhere")
+                raise BundleRefused(
+                    f"member {member.name!r} brings the bundle to {total} bytes unpacked, more than "
+                    f"the {free} bytes free in {scratch}: free space there or set TMPDIR elsewhere"
+                )
     except _UNREADABLE as exc:
         raise BundleRefused(f"{path} is truncated or corrupt: {exc}") from exc
     return tar.members
@@ -147,8 +149,9 @@ def check_checksums(digests: dict[str, str], listing: Path, top: str) -> None:
     present = set(digests) - {name_of_listing}
     problems = [f"{name}: not in {CHECKSUMS}" for name in sorted(present - set(expected))]
     problems += [f"{name}: listed in {CHECKSUMS} but missing" for name in sorted(set(expected) - present)]
-    problems += [f"{name}: checksum mismatch" for name in sorted(present & set(expected))
-                 if digests[name] != expected[name]]
+    problems += [
+        f"{name}: checksum mismatch" for name in sorted(present & set(expected)) if digests[name] != expected[name]
+    ]
     if problems:
         raise BundleRefused("bundle checksums do not hold:\n  " + "\n  ".join(problems))
 
@@ -196,8 +199,11 @@ def compare_tables(folder: Path) -> int:
     for name in TABLE_FILES:
         if not (stored / name).is_file():
             raise BundleRefused(f"bundle lacks tables/{name}")
-    for name, frame in (("runs.parquet", tables.runs), ("speedups.parquet", tables.speedups),
-                        ("concurrent.parquet", tables.concurrent)):
+    for name, frame in (
+        ("runs.parquet", tables.runs),
+        ("speedups.parquet", tables.speedups),
+        ("concurrent.parquet", tables.concurrent),
+    ):
         try:
             pd.testing.assert_frame_equal(pd.read_parquet(stored / name), frame, check_exact=True)
         except AssertionError as exc:
@@ -238,15 +244,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe verify`."""
     default = Limits()
     parser.add_argument("bundle", type=Path, help="bundle (.tar.gz) written by `ralp-pipe bundle`")
-    parser.add_argument("--max-expand-ratio", type=float, default=default.expand_ratio, metavar="RATIO",
-                        help="refuse a bundle whose members declare more than RATIO x its size in bytes, "
-                             f"once above --expand-floor (default {default.expand_ratio:g})")
-    parser.add_argument("--expand-floor", type=byte_size, default=default.floor_bytes, metavar="SIZE",
-                        help=f"unpacked size always allowed whatever the ratio (default {default.floor_bytes >> 20}M)")
-    parser.add_argument("--max-bytes", type=byte_size, default=default.max_bytes, metavar="SIZE",
-                        help=f"refuse a bundle whose members declare more than SIZE in all (default "
-                             f"{default.max_bytes >> 30}G); bundles are also refused when larger than the free "
-                             "space of the temporary folder ($TMPDIR) they are checked in")
+    parser.add_argument(
+        "--max-expand-ratio",
+        type=float,
+        default=default.expand_ratio,
+        metavar="RATIO",
+        help="refuse a bundle whose members declare more than RATIO x its size in bytes, "
+        f"once above --expand-floor (default {default.expand_ratio:g})",
+    )
+    parser.add_argument(
+        "--expand-floor",
+        type=byte_size,
+        default=default.floor_bytes,
+        metavar="SIZE",
+        help=f"unpacked size always allowed whatever the ratio (default {default.floor_bytes >> 20}M)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=byte_size,
+        default=default.max_bytes,
+        metavar="SIZE",
+        help=f"refuse a bundle whose members declare more than SIZE in all (default "
+        f"{default.max_bytes >> 30}G); bundles are also refused when larger than the free "
+        "space of the temporary folder ($TMPDIR) they are checked in",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

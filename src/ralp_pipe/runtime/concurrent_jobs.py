@@ -52,9 +52,7 @@ def _train_command(out: Path, overrides: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides]
 
 
-def _run_jobs(
-    cluster: EmulatedCluster, jobs: Sequence[tuple[Path, list[str], list[int]]], timeout_s: float
-) -> None:
+def _run_jobs(cluster: EmulatedCluster, jobs: Sequence[tuple[Path, list[str], list[int]]], timeout_s: float) -> None:
     """Run ``(out, overrides, hosts)`` train jobs at once on `cluster`; raise if any fails."""
     procs, logs = [], []
     try:
@@ -91,20 +89,20 @@ def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Pa
         with EmulatedCluster(n_hosts, rate, burst) as cluster:
             _run_jobs(cluster, [(out / f"job{i}" / "alone", job_overrides, hosts[i])], timeout_s)
     with EmulatedCluster(n_hosts, rate, burst) as cluster:
-        _run_jobs(
-            cluster, [(out / f"job{i}" / "together", o, hosts[i]) for i, o in enumerate(overrides)], timeout_s
-        )
+        _run_jobs(cluster, [(out / f"job{i}" / "together", o, hosts[i]) for i, o in enumerate(overrides)], timeout_s)
     summary: dict[str, Any] = {"network": {"rate": rate, "burst": burst}, "shared_host": SHARED_HOST, "jobs": []}
     for i, job in enumerate(jobs):
         alone, together = _throughput(out / f"job{i}" / "alone"), _throughput(out / f"job{i}" / "together")
-        summary["jobs"].append({
-            "job": i,
-            "overrides": list(job),
-            "hosts": hosts[i],
-            "alone_images_per_sec": alone,
-            "together_images_per_sec": together,
-            "slowdown": alone / together,
-        })
+        summary["jobs"].append(
+            {
+                "job": i,
+                "overrides": list(job),
+                "hosts": hosts[i],
+                "alone_images_per_sec": alone,
+                "together_images_per_sec": together,
+                "slowdown": alone / together,
+            }
+        )
     write_json_atomic(out / CONCURRENT_FILE, summary)
     return summary
 
@@ -113,7 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the `concurrent` stage."""
     parser.add_argument("--out", type=Path, required=True, help="folder for job*/alone|together and concurrent.json")
     parser.add_argument(
-        "--job", action="append", required=True, metavar="OVERRIDES",
+        "--job",
+        action="append",
+        required=True,
+        metavar="OVERRIDES",
         help='one job\'s Hydra overrides as one quoted string, e.g. --job "strategy=ps model=vgg11"; repeat per job',
     )
 

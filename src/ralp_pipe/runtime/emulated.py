@@ -46,8 +46,10 @@ class EmulationUnavailable(ConfigError):
     """Network namespaces cannot be created here; the message says why and what to do instead."""
 
     def __str__(self) -> str:
-        return (f"{super().__str__()} (in the workflow: --config "
-                f"'overrides=[\"cluster=local\", \"experiment.networks=[loopback]\"]' runs unshaped on loopback)")
+        return (
+            f"{super().__str__()} (in the workflow: --config "
+            f'\'overrides=["cluster=local", "experiment.networks=[loopback]"]\' runs unshaped on loopback)'
+        )
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class LinkCounters:
 
 
 def _privilege_mode() -> str:
-    """"root" (plain network namespaces) or "rootless" (inside an unprivileged user namespace)."""
+    """ "root" (plain network namespaces) or "rootless" (inside an unprivileged user namespace)."""
     return "root" if os.geteuid() == 0 else "rootless"
 
 
@@ -115,7 +117,7 @@ class EmulatedCluster:
 
     def close(self) -> None:
         """Stop the holder processes; the kernel then removes namespaces, veths and qdiscs."""
-        for proc in [*self._holders, *( [self._switch] if self._switch else [])]:
+        for proc in [*self._holders, *([self._switch] if self._switch else [])]:
             if proc.poll() is None and proc.stdin is not None:
                 proc.stdin.close()
         for proc in [*self._holders, *([self._switch] if self._switch else [])]:
@@ -177,9 +179,7 @@ class EmulatedCluster:
 
     def _configure(self) -> None:
         assert self._switch is not None
-        shape = [] if self.rate == "unlimited" else [
-            f"rate {self.rate} burst {self.burst} latency {self.latency}"
-        ]
+        shape = [] if self.rate == "unlimited" else [f"rate {self.rate} burst {self.burst} latency {self.latency}"]
         switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
         for i, holder in enumerate(self._holders):
             switch += [
@@ -189,11 +189,15 @@ class EmulatedCluster:
             ]
         self._batch(self._switch.pid, "ip", switch)
         for i, holder in enumerate(self._holders):
-            self._batch(holder.pid, "ip", [
-                "link set lo up",
-                f"addr add {self.address(i)}/24 dev {INTERFACE}",
-                f"link set {INTERFACE} up",
-            ])
+            self._batch(
+                holder.pid,
+                "ip",
+                [
+                    "link set lo up",
+                    f"addr add {self.address(i)}/24 dev {INTERFACE}",
+                    f"link set {INTERFACE} up",
+                ],
+            )
             if shape:
                 self._batch(holder.pid, "tc", [f"qdisc add dev {INTERFACE} root tbf {shape[0]}"])
         if shape:

@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime.process import free_port, start_logged, stop, supervise
 
+
 @dataclass(frozen=True)
 class RankSite:
     """How to start one rank: argv prefix, extra environment and the address of rank 0."""
@@ -164,8 +165,7 @@ def launch_slurm(command: list[str], world_size: int, timeout_s: float, log_dir:
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         raise RunFailure(
-            "cluster=slurm outside a SLURM allocation (no SLURM_JOB_ID): submit with sbatch/salloc "
-            "or use cluster=local"
+            "cluster=slurm outside a SLURM allocation (no SLURM_JOB_ID): submit with sbatch/salloc or use cluster=local"
         )
     srun = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", "--overlap", "--label", "--unbuffered"]
     if gpus_per_task:
@@ -194,7 +194,11 @@ def spawn_function(
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ralp-spawn-") as out:
         context = mp.start_processes(
-            _run_function, args=(fn, world_size, port, out, args, threads), nprocs=world_size, join=False, start_method="spawn"
+            _run_function,
+            args=(fn, world_size, port, out, args, threads),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=0.5):

@@ -58,8 +58,13 @@ def start(
 ) -> Process:
     """Start `argv` in a session of its own, tied to this process's life (`env` replaces the environment)."""
     return subprocess.Popen(
-        list(argv), env=None if env is None else dict(env), stdout=stdout, stderr=stderr,
-        stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
+        list(argv),
+        env=None if env is None else dict(env),
+        stdout=stdout,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -104,8 +109,12 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     A failure or interrupt inside the ``with`` block kills the workers at once instead of
     waiting for the work they hold (an interrupted `prepare-shards` exits promptly).
     """
-    return _Pool(max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
-                 initargs=(os.getpid(),))
+    return _Pool(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    )
 
 
 def tail(path: Path, lines: int = 25) -> str:

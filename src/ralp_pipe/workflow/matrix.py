@@ -45,15 +45,37 @@ STAGE_DIMS: dict[str, tuple[str, ...]] = {
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset", "paths"),
     "profile": (
-        "dataset.name", "dataset.num_classes", "model", "network",
-        "cluster.kind", "cluster.gpus", "cluster.device", "cluster.backend", "cluster.init_timeout_s",
-        "train.batch_size", "train.image_size", "train.lr", "train.momentum", "train.seed", "train.amp",
+        "dataset.name",
+        "dataset.num_classes",
+        "model",
+        "network",
+        "cluster.kind",
+        "cluster.gpus",
+        "cluster.device",
+        "cluster.backend",
+        "cluster.init_timeout_s",
+        "train.batch_size",
+        "train.image_size",
+        "train.lr",
+        "train.momentum",
+        "train.seed",
+        "train.amp",
     ),
     "plan": (
-        "dataset.name", "dataset.num_classes", "model", "strategy.num_ps", "strategy.overlap", "strategy.bucket_mb",
+        "dataset.name",
+        "dataset.num_classes",
+        "model",
+        "strategy.num_ps",
+        "strategy.overlap",
+        "strategy.bucket_mb",
         "network",
-        "cluster.kind", "cluster.gpus", "cluster.device", "cluster.backend",
-        "train.batch_size", "train.image_size", "train.amp",
+        "cluster.kind",
+        "cluster.gpus",
+        "cluster.device",
+        "cluster.backend",
+        "train.batch_size",
+        "train.image_size",
+        "train.amp",
     ),
     "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
 }
@@ -103,8 +125,10 @@ def _check_schema(config: dict[str, Any]) -> None:
         validate_schema(config, str(SCHEMA))
     except WorkflowError as exc:
         reason = next((line for line in str(exc).splitlines() if line.startswith("ValidationError")), str(exc))
-        raise ConfigError(f"--config does not match {SCHEMA.name} (keys: config/README.md): "
-                          f"{reason.removeprefix('ValidationError: ')}") from None
+        raise ConfigError(
+            f"--config does not match {SCHEMA.name} (keys: config/README.md): "
+            f"{reason.removeprefix('ValidationError: ')}"
+        ) from None
 
 
 def override_key(override: str) -> str:
@@ -175,17 +199,29 @@ class Matrix:
         # Each group option only changes its own section (no cross-group interpolation in config/),
         # so composing once per option instead of once per run gives the same configs, much faster.
         self._sections: dict[tuple[str, str], Any] = {}
-        for group, options in (("dataset", e.datasets), ("model", e.models), ("strategy", e.strategies),
-                               ("network", e.networks)):
+        for group, options in (
+            ("dataset", e.datasets),
+            ("model", e.models),
+            ("strategy", e.strategies),
+            ("network", e.networks),
+        ):
             for option in options:
                 extra = self.group_args(group, option)
                 section = getattr(self._compose(head + extra, group, option), group)
                 if section.name != option:
-                    raise ConfigError(f"{group} '{option}' sets {group}.name={section.name!r}: outputs are named by "
-                                      f"the option, so keep {group}.name equal to it")
+                    raise ConfigError(
+                        f"{group} '{option}' sets {group}.name={section.name!r}: outputs are named by "
+                        f"the option, so keep {group}.name equal to it"
+                    )
                 self._sections[group, option] = section
-        self.runs = [Run(d, m, s, g, n) for d in e.datasets for m in e.models for s in e.strategies
-                     for g in e.gpus for n in e.networks]
+        self.runs = [
+            Run(d, m, s, g, n)
+            for d in e.datasets
+            for m in e.models
+            for s in e.strategies
+            for g in e.gpus
+            for n in e.networks
+        ]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
         self._check_workloads()
@@ -203,8 +239,11 @@ class Matrix:
 
     def group_args(self, group: str, option: str) -> list[str]:
         """The overrides that select `option` of `group` (plus per-dataset overrides)."""
-        return [f"{group}={option}", *self.settings.dataset_overrides.get(option, ())] if group == "dataset" \
+        return (
+            [f"{group}={option}", *self.settings.dataset_overrides.get(option, ())]
+            if group == "dataset"
             else [f"{group}={option}"]
+        )
 
     def _config(self, run: Run, dims: Sequence[str]) -> Config:
         """`run`'s config where the matrix chooses `dims`; other groups keep the experiment's default."""

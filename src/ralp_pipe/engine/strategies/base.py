@@ -179,8 +179,13 @@ def plan_buckets(sizes: list[int], servers: list[int], bucket_elems: int | None)
         server, end = servers[owner[index]], offset + sizes[index]
         while offset < end:
             last = buckets[-1] if buckets else None
-            joinable = (last is not None and last.server == server and last.stop == offset and bucket_elems != 0
-                        and (bucket_elems is None or len(last) < bucket_elems))
+            joinable = (
+                last is not None
+                and last.server == server
+                and last.stop == offset
+                and bucket_elems != 0
+                and (bucket_elems is None or len(last) < bucket_elems)
+            )
             start = last.start if joinable and last is not None else offset
             stop = end if bucket_elems in (None, 0) else min(end, start + bucket_elems)
             if joinable:
@@ -205,14 +210,22 @@ class PushPullServer:
     order workers send in.
     """
 
-    def __init__(self, comm: Comm, named: list[tuple[str, torch.Tensor]], buckets: list[Bucket],
-                 workers: list[int], optim: Optim, mean: bool, overlap: bool):
+    def __init__(
+        self,
+        comm: Comm,
+        named: list[tuple[str, torch.Tensor]],
+        buckets: list[Bucket],
+        workers: list[int],
+        optim: Optim,
+        mean: bool,
+        overlap: bool,
+    ):
         self.comm, self.workers, self.overlap = comm, workers, overlap
         layout = FlatLayout(tuple(p.numel() for _, p in named))
         offsets = layout.offsets()
         flat = torch.cat([named[i][1].detach().reshape(-1) for i in layout.order])
         self.mine = [b for b in buckets if b.server == comm.rank]
-        self.buckets = [FlatSgd([flat[b.start:b.stop]], len(workers), optim, mean) for b in self.mine]
+        self.buckets = [FlatSgd([flat[b.start : b.stop]], len(workers), optim, mean) for b in self.mine]
         held = {i for b in self.mine for i in layout.overlapping(b)}
         self.params = [(named[i][0], tuple(named[i][1].shape), offsets[i]) for i in sorted(held)]
         # NCCL runs the operations between two ranks in posting order: a worker pushes g_b then
@@ -256,8 +269,11 @@ class PushPullServer:
         out = {}
         for name, shape, offset in self.params:
             numel = int(torch.Size(shape).numel())
-            parts = [sgd.flat.detach()[max(offset, b.start) - b.start:min(offset + numel, b.stop) - b.start]
-                     for b, sgd in pieces if b.start < offset + numel and b.stop > offset]
+            parts = [
+                sgd.flat.detach()[max(offset, b.start) - b.start : min(offset + numel, b.stop) - b.start]
+                for b, sgd in pieces
+                if b.start < offset + numel and b.stop > offset
+            ]
             out[name] = torch.cat(parts).reshape(shape).clone()
         return out
 
@@ -320,7 +336,7 @@ class PushPullClient:
 
     def _push(self, b: int) -> None:
         bucket = self.buckets[b]
-        self._sends.append(self.comm.isend(self.flat_grads[bucket.start:bucket.stop], bucket.server, "gradients"))
+        self._sends.append(self.comm.isend(self.flat_grads[bucket.start : bucket.stop], bucket.server, "gradients"))
         self._next = b + 1
         if self.overlap:  # the pull right behind its push: gloo tells the server "ready" with the push's data
             self._pull(b)
@@ -328,7 +344,7 @@ class PushPullClient:
     def _pull(self, b: int) -> None:
         bucket = self.buckets[b]
         self.wait_pulls([b])  # one the last forward did not wait for (a parameter it did not use)
-        self._pulls[b] = self.comm.irecv(self.flat_params[bucket.start:bucket.stop], bucket.server)
+        self._pulls[b] = self.comm.irecv(self.flat_params[bucket.start : bucket.stop], bucket.server)
 
     def end_backward(self) -> None:
         """Push what is left; without overlap that is every bucket, then every pull, waited for here."""

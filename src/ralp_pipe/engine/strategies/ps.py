@@ -28,8 +28,9 @@ class ParameterServerStrategy(Strategy):
         self.server: PushPullServer | None = None
         self.client: PushPullClient | None = None
         if setup.role == PS:
-            self.server = PushPullServer(setup.comm, named, buckets, setup.topology.workers, setup.optim,
-                                         mean=True, overlap=setup.overlap)
+            self.server = PushPullServer(
+                setup.comm, named, buckets, setup.topology.workers, setup.optim, mean=True, overlap=setup.overlap
+            )
             del self.net
         else:
             self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap)

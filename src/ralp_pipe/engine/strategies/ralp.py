@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ralp_pipe.engine.models import activation_shapes, check_split
-from ralp_pipe.engine.topology import PS_DEVICE
 from ralp_pipe.engine.strategies.base import Batch, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.topology import PS_DEVICE
 
 
 class LayerPlacementStrategy(Strategy):
@@ -38,8 +38,9 @@ class LayerPlacementStrategy(Strategy):
         buckets = setup.buckets([p.numel() for _, p in named], [self.server_rank], named[0][1].element_size())
         if setup.role == PS_DEVICE:
             workers = setup.topology.workers
-            self.server = PushPullServer(setup.comm, named, buckets, workers, setup.optim, mean=False,
-                                         overlap=setup.overlap)
+            self.server = PushPullServer(
+                setup.comm, named, buckets, workers, setup.optim, mean=False, overlap=setup.overlap
+            )
             self.upper_optimizer = setup.optim.sgd(list(self.upper.parameters()))
             del self.lower
         else:
@@ -61,11 +62,13 @@ class LayerPlacementStrategy(Strategy):
         with self.setup.autocast():
             activations = self.lower(images).float()
         grad = torch.empty_like(activations)
-        comm.wait([
-            comm.isend(activations, self.server_rank, "activations"),
-            comm.isend(labels, self.server_rank, "labels"),
-            comm.irecv(grad, self.server_rank),
-        ])
+        comm.wait(
+            [
+                comm.isend(activations, self.server_rank, "activations"),
+                comm.isend(labels, self.server_rank, "labels"),
+                comm.irecv(grad, self.server_rank),
+            ]
+        )
         activations.backward(grad)
         self.client.end_backward()
 
@@ -81,7 +84,9 @@ class LayerPlacementStrategy(Strategy):
             logits = self.upper(inputs)
         loss_fn(logits, torch.cat(labels)).backward()
         assert inputs.grad is not None
-        sends = [comm.isend(g, w, "activation_gradients") for g, w in zip(inputs.grad.split(self.act_shape[0]), workers)]
+        sends = [
+            comm.isend(g, w, "activation_gradients") for g, w in zip(inputs.grad.split(self.act_shape[0]), workers)
+        ]
         self.server.post_receives()  # the lower part's gradients arrive while the upper part updates
         self.upper_optimizer.step()
         comm.wait(sends)
