@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from support.procs import processes_mentioning
+
 # each case runs a `ralp-pipe train` subprocess with 2 ranks until one fails (15-32 s)
 pytestmark = pytest.mark.slow
 
@@ -25,18 +27,6 @@ OVERRIDES = [
     f"cluster.timeout_s={TIMEOUT_S}",
     f"cluster.init_timeout_s={INIT_TIMEOUT_S}",
 ]
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(pid))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize(
@@ -82,4 +72,4 @@ def test_failing_rank_stops_the_run_without_output(
     assert elapsed < INIT_TIMEOUT_S + TIMEOUT_S + 20  # the run's deadline, SIGTERM/SIGKILL grace, start-up
     assert not out.exists(), "a failed run left its output folder"
     assert list((tmp_path / "runs").iterdir()) == [], "a failed run left staging files"
-    assert _processes_mentioning(str(tmp_path)) == [], "ranks outlived the failed run"
+    assert processes_mentioning(str(tmp_path)) == [], "ranks outlived the failed run"

@@ -20,6 +20,7 @@ from ralp_pipe.config import load
 from ralp_pipe.engine import train
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime import hardware
+from support.procs import processes_mentioning
 
 SMALL = [
     "cluster=local",
@@ -30,18 +31,6 @@ SMALL = [
     "train.image_size=32",
     "train.warmup_steps=1",
 ]
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """PIDs of live processes whose command line contains `text`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def _default_sigint() -> None:
@@ -270,7 +259,7 @@ def test_interrupted_train_exits_128_plus_signal_with_one_line_and_leaves_nothin
         proc.kill()
     assert proc.returncode == 128 + signum, stderr
     assert _one_line(stderr, "stopped") == f"ralp-pipe train: stopped: interrupted by {signal.Signals(signum).name}"
-    assert _processes_mentioning(str(tmp_path)) == [], "ranks outlived the interrupted run"
+    assert processes_mentioning(str(tmp_path)) == [], "ranks outlived the interrupted run"
     assert list(runs.iterdir()) == [], "the interrupted run left its staging folder or output"
 
 

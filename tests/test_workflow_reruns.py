@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 from ralp_pipe.results.verify import verify_bundle
-from workflow_helpers import SNAKEMAKE, children, cmdline, config_args, descendants, pending, snakemake
+from support.procs import children, cmdline, descendants
+from workflow_helpers import SNAKEMAKE, config_args, pending, snakemake
 
 CONFIG = {
     "experiment": "smoke",
@@ -43,7 +44,7 @@ def kill_one_rank(snake: subprocess.Popen[str], run_dir: str, timeout_s: float =
     while time.monotonic() < deadline and snake.poll() is None:
         for pid in descendants(snake.pid):
             line = cmdline(pid)
-            if "ralp_pipe.cli train" in line and run_dir in line and not line.startswith("/bin/sh"):
+            if "ralp-pipe train" in line and run_dir in line and not line.startswith("/bin/sh"):
                 ranks = children(pid)
                 if ranks:
                     os.kill(ranks[-1], signal.SIGKILL)

@@ -47,35 +47,3 @@ def pending(workdir: Path, config: dict[str, Any] | None = None) -> set[tuple[st
     if rule:
         jobs.add((rule, ""))
     return jobs
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of `pid` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`."""
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def cmdline(pid: int) -> str:
-    """A process's command line, '' once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
