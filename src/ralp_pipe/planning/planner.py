@@ -102,8 +102,15 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
 
 
 def pipelining_of(cfg: Config) -> Pipelining | None:
-    """How `cfg`'s parameter servers move buckets: pipelined (``strategy.overlap``) or sequential (None)."""
-    return Pipelining(cfg.strategy.bucket_mb * 1e6) if cfg.strategy.overlap else None
+    """How `cfg`'s parameter-server steps are priced: pipelined (``strategy.overlap``) or sequential (None).
+
+    On one host's unshaped loopback the transfers are memory copies by the very cores that
+    compute and serve, so nothing overlaps and the sequential phases price the step.
+    """
+    kind = cluster_kind(cfg.cluster.kind)
+    if not cfg.strategy.overlap or (kind.shares_host_cpus and not kind.shapes_links):
+        return None
+    return Pipelining(cfg.strategy.bucket_mb * 1e6)
 
 
 def best_prediction(
