@@ -13,6 +13,9 @@ from support.prediction import measure_against_plan
 pytestmark = pytest.mark.slow  # profiles, plans and trains three strategies in subprocesses
 
 COMMON = [
+    # the sequential ps step: on one host's loopback the planner prices ps sequentially (transfers are
+    # copies by the computing cores); the pipelined engine's accuracy there is not established yet
+    "strategy.overlap=false",
     "model=resnet18",
     "dataset=synthetic1k",
     "network=loopback",

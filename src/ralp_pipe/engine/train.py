@@ -39,7 +39,7 @@ from ralp_pipe.results.records import Plan, RunMetrics
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm
 
-STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-XXXX next to --out
+STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-<random> next to --out
 DRIVER_FILE = "driver.json"  # in the staging folder: host, PID and start time of the driver that owns it
 UNCLAIMED_STALE_S = 60.0  # a staging folder without DRIVER_FILE (written right after it is made) is stale after this
 PREVIOUS_FOLDER = ".previous"  # in --out: an earlier run's records, set aside while a rerun runs
