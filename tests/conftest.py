@@ -74,29 +74,9 @@ def make_config(tmp_path: Path) -> Callable[..., Config]:
 @pytest.fixture
 def bundle(tmp_path: Path) -> Path:
     """A complete bundle of 8 runs, made through the CLI after `aggregate`."""
-    from workflow_records import write_concurrent, write_results  # pandas: imported only by the tests using it
+    from workflow_records import write_aggregated  # pandas: imported only by the tests using it
 
-    root = tmp_path / "results"
-    write_results(root, models=("vgg11",), gpus=(2, 4))
-    (root / "configs").mkdir()
-    (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
-    concurrent = write_concurrent(root)
-    assert (
-        cli(
-            [
-                "aggregate",
-                "--runs",
-                str(root / "runs"),
-                "--plans",
-                str(root / "plans"),
-                "--concurrent",
-                str(concurrent),
-                "--out",
-                str(root / "tables"),
-            ]
-        )
-        == 0
-    )
+    root = write_aggregated(tmp_path / "results", models=("vgg11",), gpus=(2, 4))
     out = root / "bundles" / "smoke-0123.tar.gz"
     includes = [str(root / name) for name in ("configs", "runs", "plans", "concurrent", "tables")]
     assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(out)]) == 0

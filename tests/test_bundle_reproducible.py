@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.cli import main as cli
 from ralp_pipe.results.bundle import make_bundle
-from workflow_records import write_concurrent, write_results
+from workflow_records import write_aggregated
 
 pytestmark = pytest.mark.slow  # two aggregations with plots, seconds each
 
@@ -30,27 +29,7 @@ NAME = "smoke-0123.tar.gz"
 
 def aggregated(root: Path) -> Path:
     """Records of 2 models x 2 networks x 2 N x 4 strategies, a config and a workload, aggregated below `root`."""
-    write_results(root, networks=("1gbit", "100mbit"))
-    (root / "configs").mkdir()
-    (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
-    concurrent = write_concurrent(root)
-    assert (
-        cli(
-            [
-                "aggregate",
-                "--runs",
-                str(root / "runs"),
-                "--plans",
-                str(root / "plans"),
-                "--concurrent",
-                str(concurrent),
-                "--out",
-                str(root / "tables"),
-            ]
-        )
-        == 0
-    )
-    return root
+    return write_aggregated(root, networks=("1gbit", "100mbit"))
 
 
 def scramble(root: Path) -> None:

@@ -150,3 +150,26 @@ def write_concurrent(root: Path, name: str = "w0") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
     return path
+
+
+def write_aggregated(root: Path, **results: Any) -> Path:
+    """`write_results(root, **results)`, a resolved config and a workload, aggregated through the CLI."""
+    from ralp_pipe.cli import main as cli
+
+    write_results(root, **results)
+    (root / "configs").mkdir()
+    (root / "configs" / "smoke.json").write_text('{"settings": {}}\n')
+    concurrent = write_concurrent(root)
+    argv = [
+        "aggregate",
+        "--runs",
+        str(root / "runs"),
+        "--plans",
+        str(root / "plans"),
+        "--concurrent",
+        str(concurrent),
+        "--out",
+        str(root / "tables"),
+    ]
+    assert cli(argv) == 0
+    return root
