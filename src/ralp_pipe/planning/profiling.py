@@ -386,6 +386,11 @@ def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
     return batches
 
 
+def largest_world(cfg: Any) -> int:
+    """Ranks of the largest run any strategy makes at `cluster.gpus` (what a profile must stand for)."""
+    return max(topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES)
+
+
 def rank_threads(cfg: Any) -> int | None:
     """Torch threads of a CPU training rank of `cfg` on this host, the fewest any strategy's rank gets.
 
@@ -395,8 +400,7 @@ def rank_threads(cfg: Any) -> int | None:
     """
     if devices.resolve_device(cfg.cluster.device) != "cpu":
         return None
-    worlds = [topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES]
-    return hardware.threads_per_rank(max(worlds) if cluster_kind(cfg.cluster.kind).shares_host_cpus else 1)
+    return hardware.threads_per_rank(largest_world(cfg) if cluster_kind(cfg.cluster.kind).shares_host_cpus else 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -442,9 +446,7 @@ def build_profile(
     """The whole profile document of `cfg`'s model, dataset and this machine."""
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"--repeats={repeats} must be >= 1 and --warmup={warmup} >= 0")
-    device_type, backend = devices.resolve(
-        cfg.cluster, max(topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES)
-    )
+    device_type, backend = devices.resolve(cfg.cluster, largest_world(cfg))
     device = torch.device(device_type)
     batches = worker_and_ps_batches(cfg.train.batch_size, cfg.cluster.gpus)
     started = time.perf_counter()
