@@ -32,6 +32,21 @@ COMMANDS = ("slurmctld", "slurmd", "munged", "sinfo", "squeue", "sbatch", "srun"
 INSTALL_HINT = "install them as root with: apt-get install -y slurmctld slurmd slurm-client munge"
 
 
+def _unlink_stale_system_conf() -> None:
+    """Remove a link to /etc/slurm left by a cluster of this module that was killed before its stop.
+
+    Such a link points at a folder holding this module's PID files; it is stale when the target is
+    gone or no slurmctld recorded there is alive. A real file, or a link to a live cluster, is kept.
+    """
+    if not SYSTEM_CONF.is_symlink():
+        return
+    target = Path(os.readlink(SYSTEM_CONF))
+    ctld = _read_pid(target.parent / "slurmctld.pid")
+    if not target.exists() or ((target.parent / "slurmctld.pid").exists() and not (ctld and _alive(ctld))):
+        print(f"removing stale {SYSTEM_CONF} -> {target} (its cluster is not running)", file=sys.stderr)
+        SYSTEM_CONF.unlink()
+
+
 class SlurmUnavailable(RuntimeError):
     """SLURM cannot be started here; the message says what is missing and how to install it."""
 
@@ -147,6 +162,7 @@ class LocalSlurm:
             raise SlurmUnavailable(f"SLURM programs missing: {', '.join(missing)}; {INSTALL_HINT}")
         if os.geteuid() != 0:
             raise SlurmUnavailable("starting slurmctld/slurmd needs root (SlurmUser=root, munge key access)")
+        _unlink_stale_system_conf()
         if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
             raise SlurmUnavailable(f"{SYSTEM_CONF} already exists (another SLURM?): stop it or remove the file first")
         for sub in ("state", "spool"):
