@@ -36,7 +36,7 @@ def _ranks(folder: Path, world_size: int) -> list[list[str]]:
 
 @pytest.mark.slow  # builds a cluster and runs ranks (~9 s)
 def test_a_run_gets_a_host_per_rank_on_its_own_cluster(tmp_path: Path) -> None:
-    with emulated_sites(3, "1gbit", "1mb") as sites:
+    with emulated_sites([0, 1, 2], "1gbit", "1mb") as sites:
         launch_local([sys.executable, "-c", RANK, str(tmp_path)], 3, 120, tmp_path, sites=sites)
     ranks = _ranks(tmp_path, 3)
     assert [r[:3] for r in ranks] == [["0", "10.213.0.1", "3"], ["1", "10.213.0.1", "3"], ["2", "10.213.0.1", "3"]]
@@ -47,7 +47,7 @@ def test_a_run_gets_a_host_per_rank_on_its_own_cluster(tmp_path: Path) -> None:
 def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with EmulatedCluster(3, "1gbit") as cluster:
         monkeypatch.setenv(SHARED_HOSTS_ENV, cluster.share([2, 0], master_host=2)[SHARED_HOSTS_ENV])
-        with emulated_sites(2, "unlimited", "1mb") as sites:
+        with emulated_sites([0, 1], "unlimited", "1mb") as sites:
             launch_local([sys.executable, "-c", RANK, str(tmp_path)], 2, 120, tmp_path, sites=sites)
         host_namespaces = [cluster.run(h, ["readlink", "/proc/self/ns/net"]).stdout.strip() for h in (2, 0)]
     ranks = _ranks(tmp_path, 2)
@@ -59,7 +59,7 @@ def test_a_shared_layout_for_another_world_size_is_refused(monkeypatch: pytest.M
     with EmulatedCluster(2) as cluster:
         monkeypatch.setenv(SHARED_HOSTS_ENV, cluster.share([0, 1], master_host=0)[SHARED_HOSTS_ENV])
         with pytest.raises(ValueError, match="places 2 ranks but this run has 3"):
-            with emulated_sites(3, "1gbit", "1mb"):
+            with emulated_sites([0, 1, 2], "1gbit", "1mb"):
                 pass
 
 

@@ -27,6 +27,7 @@ from ralp_pipe.config.schema import (
     LOADERS,
     MIN_IMAGE_SIZE,
     MODELS,
+    PS_PLACEMENTS,
     SAFE_NAME,
     STRATEGIES,
     Config,
@@ -123,6 +124,7 @@ def validate(cfg: Config) -> None:
     if s.split is not None:
         _at_least("strategy.split", s.split, 1)
     _in_range("strategy.bucket_mb", s.bucket_mb, 0.0, math.inf, "[0, inf)")
+    _choice("strategy.ps_placement", s.ps_placement, PS_PLACEMENTS)
 
     _choice("cluster.kind", c.kind, CLUSTERS)
     _choice("cluster.device", c.device, DEVICES)

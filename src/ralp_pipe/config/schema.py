@@ -28,6 +28,7 @@ MODELS = (
 )
 STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
 RALP_STRATEGIES = ("ralp_h", "ralp_n")  # layer placement: workers run units[:split], one PS device the rest
+PS_PLACEMENTS = ("dedicated", "colocated")  # where `ps` PS ranks run: hosts of their own, or beside workers
 LAYOUTS = ("folders", "tars", "synthetic")
 LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = tuple(CLUSTER_KINDS)
@@ -87,6 +88,7 @@ class StrategyConfig:
     plan: str | None = None
     overlap: bool = True  # pipelined push/pull (Distributed TensorFlow, BytePS); false: the sequential ablation
     bucket_mb: float = 4.0  # push/pull bucket size (BytePS partitions ~4 MB); 0: one bucket per parameter
+    ps_placement: str = "dedicated"  # ps only: PS ranks on hosts of their own, or colocated with workers
 
 
 @dataclass

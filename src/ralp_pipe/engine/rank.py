@@ -32,7 +32,7 @@ from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.engine.topology import Topology, topology
+from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import hardware
 from ralp_pipe.runtime.launch import RankEnv, init_group, python_module_command
@@ -115,7 +115,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         torch.cuda.set_device(device)
     init_group(env, backend, cfg.cluster.init_timeout_s, cfg.cluster.timeout_s)
     try:
-        topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
+        topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
         if env.world_size != topo.world_size:
             raise RunFailure(
                 f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}"

@@ -9,13 +9,20 @@
 
 A "ps" rank only holds parameters and applies SGD; a "ps_device" rank (RALP) also runs the
 upper layers of the model on the global batch.
+
+Hosts (:attr:`Topology.hosts`): every rank is a host of its own, except `ps` PS ranks placed
+``colocated`` (``strategy.ps_placement``), the usual Distributed-TensorFlow deployment of one
+worker task and one PS task per machine: PS rank i then shares worker i's host and link
+(PS ranks beyond the worker count wrap around). RALP's PS device is a device of its own, and
+`allreduce` has no PS, so the placement changes nothing for them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ralp_pipe.config import STRATEGIES
+from ralp_pipe.config import PS_PLACEMENTS, STRATEGIES
+from ralp_pipe.config.schema import StrategyConfig
 
 WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
 
@@ -29,6 +36,7 @@ class Topology:
     workers: list[int]
     ps: list[int]
     roles: list[str]
+    hosts: list[int]
 
     @property
     def world_size(self) -> int:
@@ -40,15 +48,26 @@ class Topology:
         """Number of data-parallel workers (each processes `batch_size` images per step)."""
         return len(self.workers)
 
+    @property
+    def num_hosts(self) -> int:
+        """Number of hosts (machines, nodes, emulated hosts) the ranks occupy."""
+        return len(set(self.hosts))
+
+    def ranks_on(self, host: int) -> list[int]:
+        """Ranks placed on `host`."""
+        return [rank for rank, h in enumerate(self.hosts) if h == host]
+
     def role(self, rank: int) -> str:
         """Role ("worker", "ps" or "ps_device") of `rank`."""
         return self.roles[rank]
 
 
-def topology(strategy: str, gpus: int, num_ps: int = 1) -> Topology:
-    """Ranks and roles of `strategy` given `gpus` devices and, for `ps`, `num_ps` PS processes."""
+def topology(strategy: str, gpus: int, num_ps: int = 1, ps_placement: str = "dedicated") -> Topology:
+    """Ranks, roles and hosts of `strategy` given `gpus` devices and, for `ps`, `num_ps` PS processes."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if ps_placement not in PS_PLACEMENTS:
+        raise ValueError(f"unknown ps_placement {ps_placement!r}; choose one of: {', '.join(PS_PLACEMENTS)}")
     if gpus < 1:
         raise ValueError(f"gpus={gpus} must be at least 1")
     if strategy == "ps":
@@ -63,13 +82,23 @@ def topology(strategy: str, gpus: int, num_ps: int = 1) -> Topology:
         n_workers = gpus // 2 if strategy == "ralp_h" else gpus - 1
         server_roles = [PS_DEVICE]
     roles = [WORKER] * n_workers + server_roles
+    colocated = strategy == "ps" and ps_placement == "colocated"
+    hosts = [
+        rank if rank < n_workers or not colocated else (rank - n_workers) % n_workers for rank in range(len(roles))
+    ]
     return Topology(
         strategy=strategy,
         gpus=gpus,
         workers=list(range(n_workers)),
         ps=list(range(n_workers, len(roles))),
         roles=roles,
+        hosts=hosts,
     )
+
+
+def of_strategy(strategy: StrategyConfig, gpus: int) -> Topology:
+    """:func:`topology` of a composed ``strategy`` config group with `gpus` devices."""
+    return topology(strategy.name, gpus, strategy.num_ps, strategy.ps_placement)
 
 
 def assign_to_ps(sizes: list[int], num_ps: int) -> list[int]:

@@ -32,7 +32,7 @@ from ralp_pipe.config import Config, cluster_kind, digest, load, to_dict
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.metrics import summarize
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
-from ralp_pipe.engine.topology import Topology, topology
+from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, DataError, RunFailure
 from ralp_pipe.results.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.results.records import Plan, RunMetrics
@@ -316,7 +316,7 @@ def _launch(
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
-            with emulated_sites(topo.world_size, cfg.network.rate, cfg.network.burst) as emulated:
+            with emulated_sites(topo.hosts, cfg.network.rate, cfg.network.burst) as emulated:
                 launch_local(command, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(command, topo.world_size, timeout, staging, None, env)
@@ -334,7 +334,7 @@ def _launch(
 
 def run(cfg: Config, out: Path) -> RunMetrics | None:
     """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks)."""
-    topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
     units = meta_units(cfg)
     split, analytic = split_and_bytes(cfg, topo, units)
     device_type, backend = devices.resolve(cfg.cluster, topo.world_size)

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, ConfigError, load
-from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.topology import of_strategy
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.results.layout import CONCURRENT_FILE, METRICS_FILE
 from ralp_pipe.results.records import RunMetrics
@@ -36,7 +36,7 @@ def layout(configs: Sequence[Config]) -> tuple[list[list[int]], int]:
     """Host of every rank of every job (server ranks on the shared host 0) and the number of hosts."""
     hosts, next_host = [], SHARED_HOST + 1
     for cfg in configs:
-        topo = topology(cfg.strategy.name, cfg.cluster.gpus, cfg.strategy.num_ps)
+        topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
         placed = []
         for rank in range(topo.world_size):
             if rank in topo.ps:

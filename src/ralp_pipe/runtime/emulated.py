@@ -296,24 +296,25 @@ def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters])
 
 
 @contextmanager
-def emulated_sites(world_size: int, rate: str, burst: str) -> Iterator[Callable[[int], "RankSite"]]:
-    """Where each rank of one emulated run starts (the `sites` of ``launch_local``).
+def emulated_sites(hosts: Sequence[int], rate: str, burst: str) -> Iterator[Callable[[int], "RankSite"]]:
+    """Where each rank of one emulated run starts (the `sites` of ``launch_local``); rank r on ``hosts[r]``.
 
     Inside a shared cluster (``SHARED_HOSTS_ENV`` set by :meth:`EmulatedCluster.share`, e.g. by the
-    `concurrent` stage) the ranks join its hosts; otherwise a cluster of `world_size` hosts with
-    `rate` per link is built for the run, rank r on host r, and removed afterwards.
+    `concurrent` stage) the ranks join its hosts; otherwise a cluster with one host per distinct
+    entry of `hosts` and `rate` per link is built for the run, and removed afterwards. Ranks
+    sharing a host (a colocated PS beside its worker) share its namespace and shaped link.
     """
     from ralp_pipe.runtime.launch import RankSite
 
     shared = os.environ.get(SHARED_HOSTS_ENV)
     if shared:
         ranks = json.loads(shared)["ranks"]
-        if len(ranks) != world_size:
+        if len(ranks) != len(hosts):
             raise ConfigError(
-                f"{SHARED_HOSTS_ENV} places {len(ranks)} ranks but this run has {world_size}; "
+                f"{SHARED_HOSTS_ENV} places {len(ranks)} ranks but this run has {len(hosts)}; "
                 f"the job's strategy or cluster.gpus differ from what the shared cluster was laid out for"
             )
         yield lambda rank: RankSite(list(ranks[rank]["prefix"]), dict(ranks[rank]["env"]), ranks[rank]["master_addr"])
         return
-    with EmulatedCluster(world_size, rate, burst) as cluster:
-        yield lambda rank: RankSite(cluster.prefix(rank), cluster.env(rank), cluster.address(0))
+    with EmulatedCluster(max(hosts) + 1, rate, burst) as cluster:
+        yield lambda rank: RankSite(cluster.prefix(hosts[rank]), cluster.env(hosts[rank]), cluster.address(hosts[0]))
