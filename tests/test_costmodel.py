@@ -95,6 +95,24 @@ def test_two_parameter_servers_split_the_reduction_and_the_transfer() -> None:
     assert pred.step_time_s == pytest.approx(0.0638 + 0.0028 + 0.010)
 
 
+def test_colocated_parameter_servers_share_the_worker_links() -> None:
+    """ps with 2 PSes colocated, PS i on worker i's host: each link carries half a model each way."""
+    bytes_ = volume(gradients=8000, parameters=8000)
+    pred = predict("ps", COSTS, W, 2, B, bytes_, LINK, num_ps=2, colocated=True)
+    # host 0 sends: worker 0's push of PS 1's shard (2000) + PS 0's pull to worker 1 (2000) = 4000 per
+    # direction, the pull in the other; sequential comm = 2 x 4000 / 1e6 + 0.002 = 0.010
+    assert pred.comm_s == pytest.approx(0.010)
+    assert pred.server_s == pytest.approx(0.0028)
+    # one PS colocated with worker 0: its link carries worker 1's whole model each way (4000),
+    # worker 0's exchange stays on its host: 2 x 4000 / 1e6 + 0.002 = 0.010, against 0.018 dedicated
+    one = predict("ps", COSTS, W, 2, B, bytes_, LINK, num_ps=1, colocated=True)
+    assert one.comm_s == pytest.approx(0.010)
+    # pipelined with 1000-byte buckets: the last bucket is pulled by the one remote worker only:
+    # 1 x 1000 / 1e6 + 0.002 = 0.003
+    piped = predict("ps", COSTS, W, 2, B, bytes_, LINK, num_ps=2, colocated=True, pipelining=Pipelining(1000))
+    assert piped.comm_s == pytest.approx(0.003)
+
+
 def test_allreduce_step_time_matches_the_hand_computation() -> None:
     """allreduce: fwd+bwd and two bucket copies, (N-1)/N of an addition + SGD, a ring at the bus bandwidth."""
     # bytes: 2 (W - 1) P = 2 x 1 x 4000 = 8000 over all ranks

@@ -36,8 +36,14 @@ def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> 
         assert row.gb_per_step == expected["total"] / 1e9
     ralp = frame[frame.strategy == "ralp_n"].set_index(["gpus", "link_gbit"]).speedup_over_ps
     assert (ralp.xs(1, level="link_gbit") > ralp.xs(100, level="link_gbit")).all()  # RALP matters most on slow links
-    ps = frame[frame.strategy == "ps"].set_index(["gpus", "link_gbit"]).images_per_sec
-    assert ps[(1024, 1)] < 2 * ps[(16, 1)]  # the PS link caps the baseline however many GPUs join
+    ps_rows = frame[frame.strategy == "ps"]
+    assert (ps_rows.num_ps == ps_rows.gpus).all() and (ps_rows.ps_placement == "colocated").all()
+    ps = ps_rows.set_index(["gpus", "link_gbit"]).images_per_sec
+    # one PS per worker host: each link carries 2(N-1)/N models a step whatever N, so it scales
+    assert ps[(1024, 1)] > 0.5 * 64 * ps[(16, 1)]
+    single = simulate(profile, units, 4, gpus=[16, 1024], link_gbit=[1], ps_per_host=False)
+    single_ps = single[single.strategy == "ps"].set_index("gpus").images_per_sec
+    assert single_ps[1024] < 2 * single_ps[16]  # one PS link caps the baseline however many GPUs join
 
 
 @pytest.mark.slow  # the simulate CLI renders PNG curves (5-7 s)

@@ -19,6 +19,11 @@ Phases of one step:
   reduce+update; backward hides as much of that as it lasts; the last bucket's pull to every
   worker is the tail no push can hide (the next forward needs the first layers, which backward
   produces last).
+- PS placement (``strategy.ps_placement``): dedicated PS ranks are hosts of their own, so the
+  busiest link is a PS link carrying W x model bytes / num_ps each direction (or a worker's,
+  one model each direction, when num_ps > W); colocated PS rank i shares worker i's host, whose
+  link then carries, each direction, its worker's traffic to the other PSes plus its PS's
+  traffic with the other W-1 workers (:func:`ps_direction_bytes`).
 - `allreduce`: workers run forward+backward; a ring all-reduce sends 2(N-1)/N x gradients
   over each worker's link in 2(N-1) latency-bound steps at the measured all-reduce bus
   bandwidth (at most the link's), adding (N-1)/N of a gradient set; each worker applies SGD
@@ -41,6 +46,7 @@ batches and scaled proportionally beyond them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -203,6 +209,20 @@ class SharedCpu:
         return self.profile_threads / min(per_rank, self.cores / concurrent)
 
 
+def ps_direction_bytes(model_bytes: float, workers: int, num_ps: int, colocated: bool) -> float:
+    """Bytes the busiest host link of a `ps` step carries in each direction (pushes in, pulls out).
+
+    Each PS holds model/num_ps. Dedicated: a PS link moves W shards, a worker link one model.
+    Colocated (m = ceil(num_ps / W) PS ranks on the busiest worker host, each with one local
+    worker): model x (1 - m/num_ps) for its worker's non-local shards plus (W-1) x m shards for
+    its PS ranks' remote workers.
+    """
+    if not colocated:
+        return model_bytes * max(1.0, workers / num_ps)
+    m = math.ceil(num_ps / workers)
+    return model_bytes * ((1 - m / num_ps) + (workers - 1) * m / num_ps)
+
+
 def _slowdown(shared: SharedCpu | None, concurrent: int, world_size: int) -> float:
     return 1.0 if shared is None else shared.slowdown(concurrent, world_size)
 
@@ -219,8 +239,11 @@ def predict(
     num_ps: int = 1,
     shared: SharedCpu | None = None,
     pipelining: Pipelining | None = None,
+    colocated: bool = False,
 ) -> Prediction:
     """Predicted step of `strategy` with `num_workers` workers moving `volume` bytes (see module doc).
+
+    `colocated` places `ps` PS ranks on the workers' hosts (``strategy.ps_placement``).
 
     `pipelining` None is the sequential step; it prices only `ps` (RALP's lower-part pushes are
     small next to its activations and are priced sequentially either way).
@@ -241,15 +264,16 @@ def predict(
         server = (
             (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
         )
-        comm = sent / num_ps / link.bytes_per_s + 2 * link.latency_s
+        direction_s = ps_direction_bytes(total_param, w, num_ps, colocated) / link.bytes_per_s
+        comm = 2 * direction_s + 2 * link.latency_s
         if pipelining is not None:
             server, comm = _pipelined_ps(
                 costs.bwd(slice(None), b) * _slowdown(shared, w, world),
                 server,
-                sent / 2 / num_ps / link.bytes_per_s,
+                direction_s,
                 total_param / num_ps,
                 pipelining.bucket_bytes,
-                w,
+                w - 1 if colocated else w,
                 link,
             )
     elif strategy == "allreduce":
@@ -284,9 +308,10 @@ def _pipelined_ps(
 ) -> tuple[float, float]:
     """(server, comm) seconds a pipelined PS step adds to the workers' forward+backward.
 
-    The PS is busy for the slower of one link direction (`direction_s`) and its own reduce and
-    update (`server_s`); backward hides up to its own length of that; then the last bucket is
-    updated and pulled by every worker (W x bucket over the PS link), behind two latencies.
+    The PS is busy for the slower of one direction of the busiest link (`direction_s`) and its
+    own reduce and update (`server_s`); backward hides up to its own length of that; then the
+    last bucket is updated and pulled by the `workers` remote workers over the PS link, behind
+    two latencies.
     """
     last = min(bucket_bytes, shard_bytes) / shard_bytes if shard_bytes else 0.0
     exposed = max(0.0, max(direction_s, server_s) - backward_s)

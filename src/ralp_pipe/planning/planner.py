@@ -123,6 +123,7 @@ def best_prediction(
     num_ps: int = 1,
     shared: SharedCpu | None = None,
     pipelining: Pipelining | None = None,
+    colocated: bool = False,
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
     topo = topology(strategy, gpus, num_ps)
@@ -140,6 +141,7 @@ def best_prediction(
             num_ps=num_ps,
             shared=shared,
             pipelining=pipelining,
+            colocated=colocated,
         )
         for k in splits
     ]
@@ -171,14 +173,17 @@ def plan_gpus(
     num_ps: int = 1,
     shared: SharedCpu | None = None,
     pipelining: Pipelining | None = None,
+    colocated: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
     entries: dict[str, dict[str, Any]] = {}
-    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared, pipelining)
+    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared, pipelining, colocated)
     for strategy in STRATEGIES:
         if strategy in RALP_STRATEGIES and gpus < 2:
             continue
-        best, table = best_prediction(strategy, costs, volume, gpus, batch_size, link, num_ps, shared, pipelining)
+        best, table = best_prediction(
+            strategy, costs, volume, gpus, batch_size, link, num_ps, shared, pipelining, colocated
+        )
         topo = topology(strategy, gpus, num_ps)
         speedup = best.images_per_sec / baseline.images_per_sec
         entry = {
@@ -210,8 +215,10 @@ def build_plan(profile: Profile, profile_path: str | Path, cfg: Config, gpus: Se
     num_ps = cfg.strategy.num_ps
     volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
     pipelining = pipelining_of(cfg)
+    colocated = cfg.strategy.ps_placement == "colocated"
     by_gpus = {
-        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared, pipelining) for n in gpus
+        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared, pipelining, colocated)
+        for n in gpus
     }
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(

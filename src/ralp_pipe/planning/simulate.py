@@ -3,7 +3,10 @@
 With the cost model of :mod:`ralp_pipe.planning.costmodel` and the unit costs of one profile, it
 predicts images/sec and GB/step for N = 2..1024 GPUs (powers of two) and links of 1..400
 Gbit/s, one device per rank (the PS device computing at the profiled speed), choosing the
-best split for each RALP variant at every point. It writes ``simulation.parquet``, a plot of
+best split for each RALP variant at every point. The `ps` baseline is deployed as users of
+Distributed TensorFlow deploy it at scale, one PS task colocated on every worker host
+(num_ps = N), unless ``--no-ps-per-host`` asks for the config's ``strategy.num_ps`` and
+``strategy.ps_placement``. It writes ``simulation.parquet``, a plot of
 images/sec against N (one panel per strategy, one line per link speed), a plot of the speedup
 over `ps`, and prints a short summary.
 """
@@ -35,8 +38,14 @@ def simulate(
     link_gbit: Sequence[float] = LINK_GBIT,
     num_ps: int = 1,
     pipelining: Pipelining | None = None,
+    colocated: bool = False,
+    ps_per_host: bool = True,
 ) -> pd.DataFrame:
-    """One row per strategy x N x link speed with the best configuration's predictions."""
+    """One row per strategy x N x link speed with the best configuration's predictions.
+
+    `ps_per_host` prices `ps` at N with N PS ranks colocated on the worker hosts; otherwise with
+    `num_ps` PS ranks placed as `colocated` says.
+    """
     costs = compute_costs(profile)
     names = [u.name for u in units]
     volume = volume_function(units, batch_size, int(profile["image_size"]), num_ps)
@@ -47,7 +56,10 @@ def simulate(
         for n in gpus:
             baseline = None
             for strategy in STRATEGIES:
-                best, _ = best_prediction(strategy, costs, volume, n, batch_size, link, num_ps, pipelining=pipelining)
+                servers, beside = (n, True) if ps_per_host and strategy == "ps" else (num_ps, colocated)
+                best, _ = best_prediction(
+                    strategy, costs, volume, n, batch_size, link, servers, pipelining=pipelining, colocated=beside
+                )
                 baseline = baseline or best
                 rows.append(
                     {
@@ -56,6 +68,8 @@ def simulate(
                         "strategy": strategy,
                         "gpus": n,
                         "link_gbit": gbit,
+                        "num_ps": servers if strategy == "ps" else None,
+                        "ps_placement": ("colocated" if beside else "dedicated") if strategy == "ps" else None,
                         "split": best.split,
                         "split_after_unit": names[best.split - 1] if strategy in RALP_STRATEGIES else None,
                         "images_per_sec": best.images_per_sec,
@@ -132,6 +146,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="folder for simulation.parquet and the PNG plots")
     parser.add_argument("--gpus", type=int, nargs="+", default=list(GPUS), help="GPU counts (default 2..1024)")
     parser.add_argument("--link-gbit", type=float, nargs="+", default=list(LINK_GBIT), help="link speeds in Gbit/s")
+    parser.add_argument(
+        "--ps-per-host",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="price ps with one PS colocated on every worker host (default); --no-ps-per-host: "
+        "strategy.num_ps and strategy.ps_placement of the config",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -150,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
         args.link_gbit,
         cfg.strategy.num_ps,
         pipelining_of(cfg),
+        colocated=cfg.strategy.ps_placement == "colocated",
+        ps_per_host=args.ps_per_host,
     )
     paths = write_outputs(frame, args.out)
     print(summary(frame))

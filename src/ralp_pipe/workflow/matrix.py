@@ -68,6 +68,7 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "strategy.num_ps",
         "strategy.overlap",
         "strategy.bucket_mb",
+        "strategy.ps_placement",
         "network",
         "cluster.kind",
         "cluster.gpus",
