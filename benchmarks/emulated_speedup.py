@@ -17,18 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-THROUGHPUT, VOLUME = "images_per_sec", "gb_per_step"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import train as train_run  # noqa: E402
 
 
 def train(out: Path, overrides: list[str]) -> tuple[float, float, float]:
-    """Run one `ralp-pipe train` (kept when `out` already holds its metrics); return its
-    images/sec, counted GB/step and wire GB/step."""
-    if not (out / "metrics.json").exists():
-        subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides], check=True)
-    metrics = json.loads((out / "metrics.json").read_text())
-    volume = metrics[VOLUME]["total"]
-    wire = metrics["wire_gb_per_step"]
-    return float(metrics[THROUGHPUT]), float(volume), float(wire)
+    """One run's images/sec, counted GB/step and wire GB/step."""
+    metrics = train_run(out, overrides)
+    return float(metrics["images_per_sec"]), float(metrics["gb_per_step"]["total"]), float(metrics["wire_gb_per_step"])
 
 
 def main() -> int:

@@ -1,0 +1,127 @@
+"""Every strategy's step time against the physical bound of its busiest link, on the emulated 1 Gbit/s cluster.
+
+N=4, VGG-11 with 21841 classes and ResNet-50 with 1000, rows: `ps` sequential (overlap off) and
+pipelined (overlap on), both with one dedicated PS; `ps` with 4 PS ranks colocated with the
+workers; `allreduce`; `ralp_n`. Each row is one real `ralp-pipe train` run (gloo over the
+emulated network; 1 warm-up step, then `--steps` measured steps).
+
+Bound of a run: the bytes its busiest host link carried per step in its busier direction (the
+kernel's interface counters over the measured window, so wire bytes) over the link's wire rate
+measured by a probe on the same emulated network (one TCP stream, host 0 to host 1), or the
+workers' compute when that is longer (everything else overlapped). The sequential `ps` step by
+design overlaps nothing: its bound is both directions of the busiest link one after the other
+plus the compute. RALP's step is a chain (lower forward, activations up, the PS device's upper
+layers, gradients down, lower backward): its bound is the busier direction's link time plus
+the workers' and the PS device's compute. Efficiency = bound / measured step time.
+
+Targets: `ps` with overlap >= 0.85 of its bound on VGG-11/22K, `allreduce` >= 0.90.
+Run: `python benchmarks/link_efficiency.py [--steps 2] [--out DIR] [--models vgg11 resnet50]`.
+Mind memory: VGG-11/22K is 218M parameters a copy, 8 processes for `ps` with 4 colocated PSes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
+from runs import measured_steps, train  # noqa: E402
+from support.emulated_hosts import measure_link_rate  # noqa: E402
+
+RATE = "1gbit"
+MODELS = {"vgg11": "synthetic22k", "resnet50": "synthetic1k"}
+ROWS = {
+    "ps sequential": ["strategy=ps", "strategy.overlap=false"],
+    "ps pipelined": ["strategy=ps"],
+    "ps 4 colocated": ["strategy=ps", "strategy.num_ps=4", "strategy.ps_placement=colocated"],
+    "allreduce": ["strategy=allreduce"],
+    "ralp_n": ["strategy=ralp_n"],
+}
+TARGETS = {("vgg11", "ps pipelined"): 0.85, ("vgg11", "allreduce"): 0.90, ("resnet50", "allreduce"): 0.90}
+
+
+def probe_wire_bytes_per_s(seconds: float = 3.0) -> tuple[float, float]:
+    """(payload, wire) bytes/s of one TCP stream over a fresh emulated link at `RATE`."""
+    nbytes = int(rate_bits_per_s(RATE) / 8 * seconds)
+    with EmulatedCluster(hosts=2, rate=RATE, burst="1mb") as cluster:
+        before = cluster.read_counters()
+        payload_bits = measure_link_rate(cluster, src=0, dst=1, nbytes=nbytes)
+        wire = counter_delta(before, cluster.read_counters())[0].tx_bytes
+    payload = payload_bits / 8
+    return payload, payload * wire / nbytes
+
+
+def bound_s(row: str, metrics: dict, out: Path, wire_rate: float) -> tuple[float, float, float]:
+    """(bound, busiest-direction GB, workers' compute) of one run, per step (see the module doc)."""
+    links = metrics["wire_per_host"].values()
+    busiest = max(max(link["tx"], link["rx"]) for link in links) * 1e9
+    both = max(link["tx"] + link["rx"] for link in links) * 1e9
+    steps = measured_steps(out)
+    per_step = steps.groupby(["step", "role"]).compute_s.max().unstack("role")
+    worker = float(per_step["worker"].median())
+    if row == "ps sequential":
+        return both / wire_rate + worker, busiest / 1e9, worker
+    if row == "ralp_n":
+        return busiest / wire_rate + worker + float(per_step["ps_device"].median()), busiest / 1e9, worker
+    return max(busiest / wire_rate, worker), busiest / 1e9, worker
+
+
+def main() -> int:
+    """Probe the link, run every row of every model, print step, bound, efficiency and RALP's speedups."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2, help="measured steps per run (after 1 warm-up)")
+    parser.add_argument("--out", type=Path, default=None, help="keep run folders here (default: temporary)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = parser.parse_args()
+    common = [
+        "cluster=emulated",
+        f"network={RATE}",
+        "cluster.gpus=4",
+        "train.batch_size=4",
+        "train.image_size=32",
+        "train.warmup_steps=1",
+        f"train.measure_steps={args.steps}",
+    ]
+    payload, wire_rate = probe_wire_bytes_per_s()
+    print(f"probe at {RATE}: {payload * 8 / 1e6:.1f} Mbit/s payload, {wire_rate * 8 / 1e6:.1f} Mbit/s on the wire")
+    print(f"1 warm-up + {args.steps} measured steps per run")
+    header = f"{'model':<9} {'row':<15} {'step s':>8} {'img/s':>7} {'busiest GB':>10} {'compute s':>9} {'bound s':>8} {'eff':>5}"
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="ralp-efficiency-") as tmp:
+        root = args.out or Path(tmp)
+        for model in args.models:
+            print(header)
+            speeds: dict[str, float] = {}
+            for row, overrides in ROWS.items():
+                out = root / model / row.replace(" ", "-")
+                metrics = train(out, [*common, f"model={model}", f"dataset={MODELS[model]}", *overrides])
+                bound, busiest, compute = bound_s(row, metrics, out, wire_rate)
+                step, efficiency = float(metrics["step_time_s"]), bound / float(metrics["step_time_s"])
+                speeds[row] = float(metrics["images_per_sec"])
+                target = TARGETS.get((model, row))
+                verdict = (
+                    "" if target is None else f"  target {target:.2f}: {'met' if efficiency >= target else 'NOT met'}"
+                )
+                ok &= target is None or efficiency >= target
+                print(
+                    f"{model:<9} {row:<15} {step:8.2f} {speeds[row]:7.2f} {busiest:10.3f} {compute:9.2f} "
+                    f"{bound:8.2f} {efficiency:5.2f}{verdict}"
+                )
+            ralp = speeds["ralp_n"]
+            print(
+                f"{model}: ralp_n speedup over "
+                + ", ".join(f"{row} {ralp / speeds[row]:.2f}x" for row in ROWS if row.startswith("ps"))
+                + f", over allreduce {ralp / speeds['allreduce']:.2f}x"
+            )
+    print("targets met" if ok else "targets NOT met")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""What the emulated-cluster benchmarks share: one `ralp-pipe train` run, kept when already done."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def train(out: Path, overrides: list[str]) -> dict[str, Any]:
+    """Run `ralp-pipe train` into `out` unless it already holds a finished run; return its metrics.json."""
+    if not (out / "metrics.json").exists():
+        subprocess.run([sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides], check=True)
+    return json.loads((out / "metrics.json").read_text())
+
+
+def measured_steps(out: Path) -> pd.DataFrame:
+    """The measured (not warm-up) step rows of the run in `out`."""
+    steps = pd.read_parquet(out / "steps.parquet")
+    return steps[steps.phase == "measure"]
