@@ -32,6 +32,7 @@ for strategy in ps allreduce ralp_h ralp_n; do
   run "$strategy" strategy=$strategy cluster.gpus=2 cluster.backend=gloo
   [ "$strategy" = allreduce ] || run "${strategy}_sequential" strategy=$strategy cluster.gpus=2 cluster.backend=gloo strategy.overlap=false
 done
+run ps_colocated strategy=ps cluster.gpus=2 cluster.backend=gloo strategy.num_ps=2 strategy.ps_placement=colocated
 run amp_allreduce strategy=allreduce cluster.gpus=2 cluster.backend=gloo train.amp=true
 run amp_ralp_n strategy=ralp_n cluster.gpus=2 cluster.backend=gloo train.amp=true
 "$PY" -m ralp_pipe.cli prepare-shards --no-progress dataset=synthetic1k "paths.results=$OUT/results"
