@@ -6,12 +6,19 @@ no file that is also another member's folder) before any content is read; conten
 ever streamed in chunks with ``extractfile`` into a private temporary folder (never extracted by
 tarfile itself, never held whole in memory), hashed on the way, and checked to be what their
 names say (JSON objects, UTF-8 text, readable Parquet) before the tables are recomputed.
+
+Tables and summary.md must equal what the raw records recompute to. Plots are redrawn from the
+recomputed runs table and compared byte for byte (PNG output is deterministic for one set of
+drawing packages, see tests/test_bundle_reproducible.py) when the bundle's environment.json
+names the same versions of :data:`DRAWING_PACKAGES` as this interpreter has; a bundle drawn with
+other versions cannot be compared that way, and the result says its plots were not redrawn.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import re
 import shutil
@@ -26,14 +33,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
-from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
-from ralp_pipe.results.bundle import CHECKSUMS
-from ralp_pipe.results.layout import CONCURRENT_FILE, TABLE_FILES
+from ralp_pipe.results.aggregate import Tables, build_tables, load_records, load_workloads
+from ralp_pipe.results.bundle import CHECKSUMS, ENVIRONMENT
+from ralp_pipe.results.layout import CONCURRENT_FILE, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
 
 CHUNK = 1 << 20
 TEXT_SUFFIXES = (".md", ".txt", ".lock")
 _UNREADABLE = (OSError, EOFError, tarfile.TarError, zlib.error)  # what a cut or corrupt tar.gz raises when read
 _SIZE = re.compile(r"^(\d+)([KMGT]?)$")
+DRAWING_PACKAGES = ("matplotlib", "pillow", "numpy", "fonttools")  # what draws and encodes the PNGs
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class Verified:
     top: str
     files: int
     runs: int
+    plots_redrawn: str | None  # None: every plot equals the one redrawn from the tables; else why none was redrawn
 
 
 def read_headers(tar: tarfile.TarFile, path: Path, limits: Limits, scratch: Path) -> list[tarfile.TarInfo]:
@@ -188,8 +197,8 @@ def _check_text(path: Path, name: str) -> None:
         raise BundleRefused(f"member {name!r} is not UTF-8 text: {exc}") from None
 
 
-def compare_tables(folder: Path) -> int:
-    """Recompute the tables from the raw records below `folder` and compare; returns the run count."""
+def compare_tables(folder: Path) -> Tables:
+    """Recompute the tables from the raw records below `folder`, compare them with the stored ones; return them."""
     try:
         workloads = load_workloads(sorted((folder / "concurrent").glob(f"*/{CONCURRENT_FILE}")))
         tables = build_tables(load_records([folder / "runs"], folder / "plans"), workloads)
@@ -210,7 +219,46 @@ def compare_tables(folder: Path) -> int:
             raise BundleRefused(f"tables/{name} differs from the table recomputed from the raw records: {exc}") from exc
     if (stored / "summary.md").read_text() != tables.summary:
         raise BundleRefused("tables/summary.md differs from the summary recomputed from the raw records")
-    return len(tables.runs)
+    return tables
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def compare_plots(folder: Path, runs: pd.DataFrame) -> str | None:
+    """Redraw every plot from the recomputed `runs` and compare bytes with tables/plots/ below `folder`.
+
+    Returns None when all were compared, else the reason none were: the bundle names other
+    versions of the drawing packages than this interpreter has (their PNG bytes differ legitimately).
+    """
+    from ralp_pipe.results.plots import write_plots  # matplotlib: only once the tables held
+
+    stored = folder / "tables" / PLOTS_FOLDER
+    missing = [f"tables/{PLOTS_FOLDER}/{name}.png" for name in PLOT_NAMES if not (stored / f"{name}.png").is_file()]
+    if missing:
+        raise BundleRefused(f"bundle lacks {', '.join(missing)}")
+    described = folder / ENVIRONMENT
+    packages = json.loads(described.read_text()).get("packages") if described.is_file() else None
+    if not isinstance(packages, dict):
+        return f"{ENVIRONMENT} names no package versions"
+    lower = {str(name).lower(): version for name, version in packages.items()}
+    bundled = {name: lower.get(name) for name in DRAWING_PACKAGES}
+    here = {name: _installed(name) for name in DRAWING_PACKAGES}
+    if bundled != here:
+        differ = ", ".join(f"{n} {bundled[n]} (here {here[n]})" for n in DRAWING_PACKAGES if bundled[n] != here[n])
+        return f"drawn with {differ}"
+    with tempfile.TemporaryDirectory(prefix="redrawn-", dir=folder.parent) as redraw:
+        for path in write_plots(runs, Path(redraw)):
+            if path.read_bytes() != (stored / path.name).read_bytes():
+                raise BundleRefused(
+                    f"tables/{PLOTS_FOLDER}/{path.name} differs from the plot redrawn from the recomputed tables "
+                    f"(same {', '.join(DRAWING_PACKAGES)} versions)"
+                )
+    return None
 
 
 def verify_bundle(path: Path, limits: Limits = Limits()) -> Verified:
@@ -228,8 +276,9 @@ def verify_bundle(path: Path, limits: Limits = Limits()) -> Verified:
             digests = {m.name: copy_out(tar, m, Path(scratch, m.name)) for m in files}
             check_checksums(digests, Path(scratch, top, CHECKSUMS), top)
             check_contents(Path(scratch), sorted(digests))
-            runs = compare_tables(Path(scratch, top))
-    return Verified(top=top, files=len(files), runs=runs)
+            tables = compare_tables(Path(scratch, top))
+            plots = compare_plots(Path(scratch, top), tables.runs)
+    return Verified(top=top, files=len(files), runs=len(tables.runs), plots_redrawn=plots)
 
 
 def byte_size(text: str) -> int:
@@ -277,5 +326,6 @@ def main(args: argparse.Namespace) -> int:
         result = verify_bundle(args.bundle, limits)
     except BundleRefused as exc:
         raise BundleRefused(f"{args.bundle}: {exc}") from None
-    print(f"ralp-pipe verify: {args.bundle}: OK ({result.files} files, {result.runs} runs, tables recomputed)")
+    plots = "plots redrawn" if result.plots_redrawn is None else f"plots NOT redrawn: {result.plots_redrawn}"
+    print(f"ralp-pipe verify: {args.bundle}: OK ({result.files} files, {result.runs} runs, tables recomputed, {plots})")
     return 0
