@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -48,7 +49,8 @@ class RankResult(TypedDict):
     device: str
     backend: str
     rows: list[dict[str, Any]]  # steps.parquet rows of every rank
-    wire: dict[str, Any] | None  # per-host link counters over the window (emulated cluster only)
+    wire: dict[str, Any] | None  # per-host link counters over the window (emulated cluster, SLURM nodes)
+    hosts: list[str]  # host name of every rank's machine or node
 
 
 def rank_command(result_file: Path, cfg: Config, split: int | None) -> list[str]:
@@ -154,7 +156,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
             rows.append(step_record(env.rank, role, step, phase, time.perf_counter() - began, comm.take()))
         end, wire_end = window_edge(device), _wire_reading()
         gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
-        dist.gather_object((rows, wire_start, wire_end), gathered, dst=0)
+        dist.gather_object((rows, wire_start, wire_end, socket.gethostname()), gathered, dst=0)
     finally:
         dist.destroy_process_group()
     if gathered is None:
@@ -163,8 +165,9 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         window_s=end - start,
         device=str(device),
         backend=backend,
-        rows=[row for rank_rows, _, _ in gathered for row in rank_rows],
+        rows=[row for rank_rows, *_ in gathered for row in rank_rows],
         wire=_wire_gb([g[1] for g in gathered], [g[2] for g in gathered], t.measure_steps),
+        hosts=[g[3] for g in gathered],
     )
 
 

@@ -38,6 +38,7 @@ from ralp_pipe.results.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.results.records import Plan, RunMetrics
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm
+from ralp_pipe.runtime.nodes import node_of_ranks
 
 STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-<random> next to --out
 DRIVER_FILE = "driver.json"  # in the staging folder: host, PID and start time of the driver that owns it
@@ -142,6 +143,7 @@ def build_metrics(
         wire_per_host=None if wire is None else wire["per_host"],
         world_size=topo.world_size,
         roles=topo.roles,
+        hosts=result["hosts"],
         device=result["device"],
         backend=result["backend"],
         loader=t.loader,
@@ -312,7 +314,8 @@ def _launch(
         if launcher == "srun":
             os.environ.update(env)
             gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
-            launch_slurm(command, topo.world_size, timeout, staging, gpus_per_task)
+            nodes = node_of_ranks(topo, cfg.cluster.slurm.gpus_per_node)
+            launch_slurm(command, nodes, timeout, staging, gpus_per_task)
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 

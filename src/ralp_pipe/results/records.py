@@ -105,11 +105,12 @@ class RunMetrics(Record):
     window_s: float | None = None
     gb_per_step: dict[str, float]  # by category and "total"
     analytic_gb_per_step: dict[str, float]
-    wire_gb_per_step: float | None  # the kernel's link counters; None off the emulated cluster
+    wire_gb_per_step: float | None  # the kernel's link counters (emulated hosts, SLURM nodes); None elsewhere
     wire_per_host: dict[str, Any] | None = None
     world_size: int | None = None
     roles: list[str] | None = None
     device: str | None = None
+    hosts: list[str] | None = None  # host name of every rank (the SLURM node it ran on)
     backend: str | None = None
     loader: str | None = None
     hardware: dict[str, Any]

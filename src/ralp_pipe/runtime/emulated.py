@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespaces
 INTERFACE = "eth0"
 SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
-HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host: the host's index (its link)
+HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host or SLURM node: the host's index (its link)
+LINK_ENV = "RALP_PIPE_LINK"  # the interface whose counters such a rank reads (default eth0)
 SHARED_HOSTS_ENV = "RALP_PIPE_SHARED_HOSTS"  # JSON: where a child launcher puts its ranks on a shared cluster
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
@@ -241,8 +242,12 @@ class EmulatedCluster:
         counters = []
         for host in range(self.hosts):
             self._check_host(host)
-            counters.append(_eth0_counters(f"/proc/{self._holders[host].pid}/net/dev"))
+            counters.append(interface_counters(f"/proc/{self._holders[host].pid}/net/dev"))
         return counters
+
+    def namespace_pids(self) -> list[int]:
+        """PIDs of the processes holding each host's namespace (host order)."""
+        return [holder.pid for holder in self._holders]
 
     def _check_host(self, host: int) -> None:
         if not self._holders:
@@ -253,21 +258,22 @@ class EmulatedCluster:
             raise RuntimeError(f"the namespace holder of host {host} exited ({self._holders[host].returncode})")
 
 
-def _eth0_counters(path: str) -> LinkCounters:
-    """Parse ``eth0``'s rx/tx bytes out of a /proc/net/dev file."""
+def interface_counters(path: str, interface: str = INTERFACE) -> LinkCounters:
+    """Parse `interface`'s rx/tx bytes out of a /proc/net/dev file."""
     with open(path) as handle:
         for line in handle:
             name, _, fields = line.partition(":")
-            if name.strip() == INTERFACE:
+            if name.strip() == interface:
                 values = fields.split()
                 return LinkCounters(tx_bytes=int(values[8]), rx_bytes=int(values[0]))
-    raise RuntimeError(f"{path} has no {INTERFACE} line; the emulated host lost its link")
+    raise RuntimeError(f"{path} has no {interface} line; the host lost its link")
 
 
 def host_counters() -> tuple[int, LinkCounters] | None:
-    """In a rank on an emulated host: (host index, its link's counters now); None elsewhere."""
+    """In a rank on an emulated host or SLURM node: (host index, its link's counters now); None elsewhere."""
     host = os.environ.get(HOST_ENV)
-    return None if host is None else (int(host), _eth0_counters("/proc/self/net/dev"))
+    link = os.environ.get(LINK_ENV, INTERFACE)
+    return None if host is None else (int(host), interface_counters("/proc/self/net/dev", link))
 
 
 def wire_gb_per_step(

@@ -5,10 +5,14 @@
   argv prefix, extra environment and the master address, e.g.
   ``RankSite(["ip", "netns", "exec", "h1"], {"GLOO_SOCKET_IFNAME": "eth0"}, "10.0.0.1")``
   to run rank 1 inside network namespace `h1`.
-- :func:`launch_slurm` runs the ranks with ``srun`` inside an allocation (one task per rank,
-  one GPU per task where the job has GPUs); :func:`RankEnv.from_environ` reads a rank's
+- :func:`launch_slurm` runs the ranks with ``srun`` inside an allocation, one task per rank on
+  the node :func:`ralp_pipe.runtime.nodes.node_of_ranks` chose (an srun host file,
+  ``--distribution=arbitrary``), one GPU per task where the job has GPUs; rank 0 meets the
+  others on the first node of the job's node list. :func:`RankEnv.from_environ` reads a rank's
   identity from torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or
-  from SLURM_* variables.
+  from SLURM_* variables. An srun task binds gloo and NCCL to ``network.interface``, or where
+  none is named to the interface that routes to rank 0's node (:func:`route_interface`), and
+  reads that interface's byte counters at the window edges (``wire_gb_per_step``).
 - :func:`spawn_function` runs a Python function on every rank of a gloo group (tests,
   benchmarks).
 
@@ -19,7 +23,10 @@ cause with the tail of its log (:mod:`ralp_pipe.runtime.process`).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -27,14 +34,17 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ralp_pipe.errors import RunFailure
+from ralp_pipe.runtime.emulated import HOST_ENV, LINK_ENV
 from ralp_pipe.runtime.process import free_port, start_logged, stop, supervise
+
+SIOCGIFADDR = 0x8915  # ioctl: an interface's IPv4 address
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class RankEnv:
     local_rank: int
     master_addr: str
     master_port: int
+    node: int | None = None  # srun task: index of its node in the job (SLURM_NODEID)
 
     @staticmethod
     def from_environ(environ: dict[str, str] | None = None) -> "RankEnv":
@@ -82,12 +93,18 @@ class RankEnv:
                 local_rank=int(env.get("SLURM_LOCALID", "0")),
                 master_addr=env.get("MASTER_ADDR") or first_host(nodelist or ""),
                 master_port=int(env.get("MASTER_PORT") or slurm_port(env.get("SLURM_JOB_ID", "0"))),
+                node=int(env.get("SLURM_NODEID", "0")),
             )
         raise RunFailure("no rank identity: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or run under srun")
 
 
 def first_host(nodelist: str) -> str:
-    """First host name of a SLURM node list such as ``node[03-05,9]`` (via ``scontrol show hostnames``)."""
+    """First host name of a SLURM node list such as ``node[03-05,9]``."""
+    return node_names(nodelist)[0]
+
+
+def node_names(nodelist: str) -> list[str]:
+    """Host names of a SLURM node list such as ``node[03-05,9]`` (via ``scontrol show hostnames``)."""
     try:
         out = subprocess.run(
             ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30
@@ -97,7 +114,7 @@ def first_host(nodelist: str) -> str:
     hosts = out.split()
     if not hosts:
         raise RunFailure(f"SLURM node list {nodelist!r} expands to no host")
-    return hosts[0]
+    return hosts
 
 
 def slurm_port(job_id: str) -> int:
@@ -107,6 +124,8 @@ def slurm_port(job_id: str) -> int:
 
 def init_group(env: RankEnv, backend: str, init_timeout_s: float, timeout_s: float) -> None:
     """Join the process group: rendezvous bounded by `init_timeout_s`, collectives by `timeout_s`."""
+    if env.node is not None:
+        bind_task_link(env)
     store = dist.TCPStore(
         env.master_addr,
         env.master_port,
@@ -160,19 +179,87 @@ def in_slurm_step(world_size: int, environ: dict[str, str] | None = None) -> boo
     return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and env.get("SLURM_NTASKS") == str(world_size)
 
 
-def launch_slurm(command: list[str], world_size: int, timeout_s: float, log_dir: Path, gpus_per_task: int = 0) -> None:
-    """Run `command` as `world_size` srun tasks of the current allocation and supervise srun."""
+def launch_slurm(
+    command: list[str],
+    node_of_rank: Sequence[int],
+    timeout_s: float,
+    log_dir: Path,
+    gpus_per_task: int = 0,
+    interface: str | None = None,
+) -> None:
+    """Run `command` as one srun task per rank, rank r on node ``node_of_rank[r]`` of the allocation; supervise srun.
+
+    `interface` (``network.interface``) is the one gloo and NCCL bind to; None lets every task
+    find the interface that routes to rank 0's node.
+    """
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         raise RunFailure(
             "cluster=slurm outside a SLURM allocation (no SLURM_JOB_ID): submit with sbatch/salloc or use cluster=local"
         )
-    srun = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", "--overlap", "--label", "--unbuffered"]
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    nodes, needed = node_names(nodelist), max(node_of_rank) + 1
+    if len(nodes) < needed:
+        raise RunFailure(
+            f"the {len(node_of_rank)} ranks are placed on {needed} nodes but SLURM job {job} has {len(nodes)} "
+            f"({nodelist}); submit it with --nodes={needed} (the workflow's train rule asks for that many)"
+        )
+    hostfile = log_dir / "hostfile"
+    hostfile.write_text("".join(f"{nodes[node]}\n" for node in node_of_rank))
+    srun = ["srun", f"--ntasks={len(node_of_rank)}", f"--nodes={needed}", "--distribution=arbitrary"]
+    srun += ["--kill-on-bad-exit=1", "--overlap", "--label", "--unbuffered"]
     if gpus_per_task:
         srun.append(f"--gpus-per-task={gpus_per_task}")
-    env = {**os.environ, "MASTER_PORT": str(slurm_port(job))}
+    env = {
+        **os.environ,
+        "SLURM_HOSTFILE": str(hostfile),
+        "MASTER_ADDR": nodes[node_of_rank[0]],
+        "MASTER_PORT": str(slurm_port(job)),
+    }
+    if interface:
+        env.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
     log = log_dir / "srun.log"
     supervise([start_logged([*srun, *command], log, env)], [log], timeout_s, "srun of all ranks")
+
+
+def bind_task_link(env: RankEnv) -> None:
+    """In an srun task: bind gloo and NCCL to the named interface, else the one routing to rank 0's node,
+    and name that interface and this node's index for the link counters (``RALP_PIPE_LINK``/``RALP_PIPE_HOST``)."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME") or route_interface(env.master_addr)
+    if interface == "lo" and env.world_size > 1:
+        raise RunFailure(
+            f"rank {env.rank}: rank 0's node {env.master_addr!r} is reached through the loopback interface here "
+            f"(its name resolves to a local address), so other nodes could not reach it; name the fabric's "
+            f"interface with network.interface"
+        )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+    os.environ[LINK_ENV], os.environ[HOST_ENV] = interface, str(env.node)
+
+
+def route_interface(host: str) -> str:
+    """The network interface holding the source address this machine uses to reach `host`."""
+    try:
+        address = socket.gethostbyname(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # a UDP connect sends nothing: the kernel only picks route and source
+            source = probe.getsockname()[0]
+    except OSError as exc:
+        raise RunFailure(f"cannot find the interface that reaches rank 0's host {host!r}: {exc}") from exc
+    for _, name in socket.if_nameindex():
+        if _ipv4_address(name) == source:
+            return name
+    raise RunFailure(f"no interface holds {source}, the address this host reaches {host!r} ({address}) from")
+
+
+def _ipv4_address(interface: str) -> str | None:
+    """The IPv4 address of `interface` (SIOCGIFADDR), None when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", interface.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
 
 
 def _run_function(
