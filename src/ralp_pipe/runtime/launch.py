@@ -98,6 +98,22 @@ class RankEnv:
         raise RunFailure("no rank identity: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or run under srun")
 
 
+def allocation_nodes(job: str) -> list[str]:
+    """Node names of SLURM job `job`, in its node order: from SLURM_JOB_NODELIST, or from ``squeue`` where
+    that is unset (snakemake's jobstep executor removes it before running a rule's command)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        try:
+            nodelist = subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True, check=True, timeout=30
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RunFailure(
+                f"cannot find the nodes of SLURM job {job} (no SLURM_JOB_NODELIST; squeue: {exc})"
+            ) from exc
+    return node_names(nodelist)
+
+
 def first_host(nodelist: str) -> str:
     """First host name of a SLURM node list such as ``node[03-05,9]``."""
     return node_names(nodelist)[0]
@@ -197,12 +213,11 @@ def launch_slurm(
         raise RunFailure(
             "cluster=slurm outside a SLURM allocation (no SLURM_JOB_ID): submit with sbatch/salloc or use cluster=local"
         )
-    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
-    nodes, needed = node_names(nodelist), max(node_of_rank) + 1
+    nodes, needed = allocation_nodes(job), max(node_of_rank) + 1
     if len(nodes) < needed:
         raise RunFailure(
             f"the {len(node_of_rank)} ranks are placed on {needed} nodes but SLURM job {job} has {len(nodes)} "
-            f"({nodelist}); submit it with --nodes={needed} (the workflow's train rule asks for that many)"
+            f"({', '.join(nodes)}); submit it with --nodes={needed} (the workflow's train rule asks for that many)"
         )
     hostfile = log_dir / "hostfile"
     hostfile.write_text("".join(f"{nodes[node]}\n" for node in node_of_rank))
