@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,12 @@ def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(t
     steps = pd.read_parquet(out / "steps.parquet")
     assert len(steps) == 3 * 3  # 3 ranks x (1 warm-up + 2 measured) steps
     assert set(steps["role"]) == {"worker", "ps_device"} and set(steps["phase"]) == {"warmup", "measure"}
-    assert (steps["compute_s"] + steps["comm_wait_s"] - steps["step_time_s"]).abs().max() < 1e-9
+    # a step's parts: compute, transfer wait and loader wait add up to it; the PS device reads no batches
+    parts = steps["compute_s"] + steps["comm_wait_s"] + steps["data_wait_s"]
+    assert (parts - steps["step_time_s"]).abs().max() < 1e-9
+    workers = steps["role"] == "worker"
+    assert (steps.loc[workers, "data_wait_s"] > 0).all() and (steps.loc[~workers, "data_wait_s"] == 0).all()
+    assert f"rank 0 logs its progress to {tmp_path}/.run.ranks-" in proc.stdout
     measured = steps[steps["phase"] == "measure"]
     assert measured["bytes_activations"].sum() / 2 / 1e9 == pytest.approx(metrics["gb_per_step"]["activations"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "staging files left next to the run"
@@ -129,3 +135,23 @@ def test_driver_resolves_split_and_bytes_on_the_meta_device_as_on_real_parameter
     units = models.placement_units(models.build("resnet18", 10))
     assert split == resolve_split(cfg, units)
     assert analytic == step_bytes(strategy, units, split, topo, cfg.train.batch_size, cfg.train.image_size)
+
+
+def test_single_device_run_has_no_communication_and_rank_0_logs_its_progress(tmp_path: Path) -> None:
+    """allreduce at N=1 (the scaling plots' reference) moves no bytes and waits on none; progress is in rank 0's log."""
+    out = tmp_path / "run"
+    overrides = ["cluster=local", "model=resnet18", "strategy=allreduce", "cluster.gpus=1", "train.batch_size=2"]
+    overrides += ["train.image_size=32", "train.warmup_steps=1", "train.measure_steps=3", "dataset.num_classes=10"]
+    env = {**os.environ, "RALP_PIPE_FAIL_RANK": "0", "RALP_PIPE_FAIL_STEP": "3"}  # keeps the log: a failed run
+    command = [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides]
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert failed.returncode == 4, failed.stderr
+    log = failed.stdout.split("rank 0 logs its progress to ", 1)[1].split(" ", 1)[0]
+    assert f"Last lines of {log}:" in failed.stderr  # the log the driver named is rank 0's
+    assert "step 1/4 (warmup): " in failed.stderr  # the first step always gets a line
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["workers"], metrics["world_size"], metrics["gb_per_step"]["total"]) == (1, 1, 0.0)
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert (steps["comm_wait_s"] == 0).all()  # no DDP, no reduction: nothing to wait for

@@ -1,4 +1,4 @@
-"""The run's metrics on a hand-computed example: images/sec and GB/step by category from step rows."""
+"""The run's metrics on hand-computed examples: images/sec and GB/step from step rows, a step's parts, progress."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from ralp_pipe.engine.metrics import MEASURE, WARMUP, summarize
+from ralp_pipe.engine.comm import StepTraffic
+from ralp_pipe.engine.metrics import MEASURE, ROLLING_STEPS, WARMUP, Progress, step_record, summarize
 from ralp_pipe.engine.volume import CATEGORIES
 
 # Two workers (ranks 0, 1) with batch 4 and one PS (rank 2); steps 0-1 warm up, steps 2-4 are measured.
@@ -87,3 +88,53 @@ def test_warm_up_rows_do_not_count_as_measured_steps() -> None:
     rows = [r for r in hand_rows() if r["phase"] == WARMUP]
     with pytest.raises(ValueError, match="expected 3 measured steps in the records, found 0"):
         summarize(rows, WINDOW_S, WORKERS, BATCH, MEASURE_STEPS)
+
+
+def test_data_wait_is_its_own_column_and_not_counted_as_compute() -> None:
+    """A 1 s step with 0.3 s in the loader and 0.2 s on transfers leaves 0.5 s of compute."""
+    traffic = StepTraffic(dict.fromkeys(CATEGORIES, 0), {}, comm_wait_s=0.2)
+    record = step_record(0, "worker", 3, MEASURE, 1.0, 0.3, traffic)
+    assert record["data_wait_s"] == pytest.approx(0.3)
+    assert record["comm_wait_s"] == pytest.approx(0.2)
+    assert record["compute_s"] == pytest.approx(0.5)  # 1.0 - 0.2 - 0.3
+
+
+class FakeClock:
+    """A clock the test advances by each step's time, as the rank loop's wall clock would."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def progress_lines(step_times: list[float], images_per_step: int = 8) -> list[str]:
+    """The lines Progress writes for steps of `step_times` seconds (1 warm-up step, then measured)."""
+    lines: list[str] = []
+    clock = FakeClock()
+    progress = Progress(len(step_times), images_per_step, lines.append, clock)
+    for step, seconds in enumerate(step_times):
+        clock.now += seconds
+        progress.step(step, WARMUP if step == 0 else MEASURE, seconds)
+    return lines
+
+
+def test_progress_of_fast_steps_is_written_every_few_seconds_and_at_the_end() -> None:
+    """120 steps of 0.125 s: a line at the first step, one every PROGRESS_EVERY_S (5 s = 40 steps), the last."""
+    lines = progress_lines([0.125] * 120)  # 0.125 is exact in binary: the clock's sums are exact too
+    # first line at t=0.125 s (step 1), then at t >= 5.125 s (step 41) and t >= 10.125 s (step 81), then step 120
+    assert [line.split(" ")[1] for line in lines] == ["1/120", "41/120", "81/120", "120/120"]
+    assert lines[0].startswith("step 1/120 (warmup): 0.125 s")
+    # rolling: 8 images a step over the last 10 steps of 0.125 s = 80 / 1.25 = 64 images/s
+    assert lines[-1] == "step 120/120 (measure): 0.125 s, 64.00 images/s over the last 10 steps"
+
+
+def test_progress_of_slow_steps_is_written_every_step_with_a_rolling_rate() -> None:
+    """Steps of a second or more each get a line; the rate covers the last ROLLING_STEPS steps only."""
+    times = [1.0] * 12 + [4.0]
+    lines = progress_lines(times)
+    assert len(lines) == len(times)
+    # last 10 steps: nine of 1 s and one of 4 s = 13 s for 80 images -> 6.15 images/s
+    assert lines[-1] == "step 13/13 (measure): 4.000 s, 6.15 images/s over the last 10 steps"
+    assert ROLLING_STEPS == 10

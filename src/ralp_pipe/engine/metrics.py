@@ -5,15 +5,21 @@
   barriers (and device synchronisation on GPU); its wall time is rank 0's.
 - GB/step by category: bytes the comm layer counted at the senders in one step, summed over
   ranks, averaged over the measured steps, / 1e9.
-- per-step records, one per (rank, step): step time, communication wait (time blocked on
-  transfers) and compute (step time minus communication wait), and bytes sent by category.
+- per-step records, one per (rank, step): step time (from asking the loader for the batch to
+  the step's end), data wait (blocked in the loader's ``next()``; 0 on ranks without a loader),
+  communication wait (blocked on transfers) and compute (step time minus both waits), and bytes
+  sent by category.
+- progress (:class:`Progress`, rank 0): step k/n, the last step's time and the rolling
+  images/sec of the last :data:`ROLLING_STEPS` steps, every step when steps take a second or
+  more, else every :data:`PROGRESS_EVERY_S` seconds, and the last step.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -22,6 +28,8 @@ from ralp_pipe.engine.comm import StepTraffic
 from ralp_pipe.engine.volume import CATEGORIES
 
 WARMUP, MEASURE = "warmup", "measure"
+PROGRESS_EVERY_S = 5.0  # at most this long between two progress lines
+ROLLING_STEPS = 10  # the rolling images/sec is over this many last steps
 
 
 def synchronize(device: torch.device) -> None:
@@ -38,7 +46,7 @@ def window_edge(device: torch.device, group: dist.ProcessGroup | None = None) ->
 
 
 def step_record(
-    rank: int, role: str, step: int, phase: str, step_time_s: float, traffic: StepTraffic
+    rank: int, role: str, step: int, phase: str, step_time_s: float, data_wait_s: float, traffic: StepTraffic
 ) -> dict[str, Any]:
     """One row of steps.parquet."""
     row: dict[str, Any] = {
@@ -47,8 +55,9 @@ def step_record(
         "step": step,
         "phase": phase,
         "step_time_s": step_time_s,
-        "compute_s": max(step_time_s - traffic.comm_wait_s, 0.0),
+        "compute_s": max(step_time_s - traffic.comm_wait_s - data_wait_s, 0.0),
         "comm_wait_s": traffic.comm_wait_s,
+        "data_wait_s": data_wait_s,
     }
     row.update({f"bytes_{name}": traffic.bytes_by_category[name] for name in CATEGORIES})
     return row
@@ -86,3 +95,30 @@ def summarize(
         step_time_s=window_s / measure_steps,
         gb_per_step=gb_per_step(totals),
     )
+
+
+@dataclass
+class Progress:
+    """Rank 0's progress lines while training (see the module docstring for when it writes one)."""
+
+    total_steps: int
+    images_per_step: int
+    write: Callable[[str], None]
+    clock: Callable[[], float] = time.monotonic
+    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=ROLLING_STEPS))
+    _last_line_at: float | None = None
+
+    def step(self, step: int, phase: str, step_time_s: float) -> None:
+        """Note that `step` (0-based) of `phase` took `step_time_s`; write a line when one is due."""
+        self._recent.append(step_time_s)
+        now = self.clock()
+        last = step + 1 == self.total_steps
+        due = self._last_line_at is None or now - self._last_line_at >= PROGRESS_EVERY_S
+        if not (last or due or step_time_s >= 1.0):
+            return
+        self._last_line_at = now
+        rolling = self.images_per_step * len(self._recent) / max(sum(self._recent), 1e-12)
+        self.write(
+            f"step {step + 1}/{self.total_steps} ({phase}): {step_time_s:.3f} s, "
+            f"{rolling:.2f} images/s over the last {len(self._recent)} steps"
+        )

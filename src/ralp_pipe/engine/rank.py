@@ -5,7 +5,8 @@ The driver (:mod:`ralp_pipe.engine.train`) resolves the split point and starts e
 :class:`ralp_pipe.runtime.launch.RankEnv`), the device type and backend from
 ``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
 seed, trains `warmup_steps + measure_steps` steps and sends its step records to rank 0, which
-writes the gathered :class:`RankResult` to FILE.
+writes the gathered :class:`RankResult` to FILE. Rank 0 prints its progress
+(:class:`ralp_pipe.engine.metrics.Progress`) to its log while it trains.
 
 Test hooks: ``RALP_PIPE_FAIL_RANK=r`` and ``RALP_PIPE_FAIL_STEP=s`` make rank r fail at step s;
 ``RALP_PIPE_FAIL_MODE`` is ``raise`` (default), ``kill`` (SIGKILL itself) or ``hang`` (sleep
@@ -31,7 +32,7 @@ from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, from_dict, to_dict
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.engine.metrics import MEASURE, WARMUP, step_record, synchronize, window_edge
+from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import RunFailure
@@ -93,6 +94,11 @@ def _maybe_fail(rank: int, step: int) -> None:
     raise RuntimeError(f"rank {rank} fails at step {step} as asked by {FAIL_RANK}/{FAIL_STEP}")
 
 
+def _print_now(line: str) -> None:
+    """A progress line in this rank's log, flushed at once so that `tail -f` shows it."""
+    print(line, flush=True)
+
+
 def _wire_reading() -> Any:
     from ralp_pipe.runtime.emulated import host_counters
 
@@ -142,18 +148,27 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device)
         role = topo.role(env.rank)
+        total = t.warmup_steps + t.measure_steps
+        progress = Progress(total, topo.num_workers * t.batch_size, _print_now) if env.rank == 0 else None
         rows, start, wire_start = [], window_edge(device), None
-        for step in range(t.warmup_steps + t.measure_steps):
+        for step in range(total):
             if step == t.warmup_steps:
                 start, wire_start = window_edge(device), _wire_reading()
             _maybe_fail(env.rank, step)
             began = time.perf_counter()
-            strategy.step(next(batches) if batches is not None else None)
-            if step in (t.warmup_steps - 1, t.warmup_steps + t.measure_steps - 1):
+            batch, data_wait_s = None, 0.0  # server ranks read no batches
+            if batches is not None:
+                batch = next(batches)
+                data_wait_s = time.perf_counter() - began
+            strategy.step(batch)
+            if step in (t.warmup_steps - 1, total - 1):
                 strategy.finish()  # transfers left in flight land before a window edge, inside this step
             synchronize(device)
             phase = WARMUP if step < t.warmup_steps else MEASURE
-            rows.append(step_record(env.rank, role, step, phase, time.perf_counter() - began, comm.take()))
+            step_time_s = time.perf_counter() - began
+            rows.append(step_record(env.rank, role, step, phase, step_time_s, data_wait_s, comm.take()))
+            if progress is not None:
+                progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()
         gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
         dist.gather_object((rows, wire_start, wire_end, socket.gethostname()), gathered, dst=0)

@@ -37,7 +37,7 @@ from ralp_pipe.errors import ConfigError, DataError, RunFailure
 from ralp_pipe.results.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.results.records import Plan, RunMetrics
 from ralp_pipe.runtime import devices, hardware
-from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm
+from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm, rank_log, srun_log
 from ralp_pipe.runtime.nodes import node_of_ranks
 
 STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-<random> next to --out
@@ -310,6 +310,12 @@ def _launch(
     command = rank_command(result_file, cfg, split)
     env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
+    progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)
+    print(
+        f"ralp-pipe train: {topo.world_size} ranks of {topo.strategy} {cfg.model.name} N={topo.gpus}; "
+        f"rank 0 logs its progress to {progress} until the run ends",
+        flush=True,
+    )
     try:
         if launcher == "srun":
             os.environ.update(env)

@@ -155,6 +155,16 @@ def init_group(env: RankEnv, backend: str, init_timeout_s: float, timeout_s: flo
     dist.barrier()
 
 
+def rank_log(log_dir: Path, rank: int) -> Path:
+    """The file :func:`launch_local` writes rank `rank`'s output to."""
+    return log_dir / f"rank{rank}.log"
+
+
+def srun_log(log_dir: Path) -> Path:
+    """The file :func:`launch_slurm` writes every rank's output to (lines labelled by rank)."""
+    return log_dir / "srun.log"
+
+
 def launch_local(
     command: list[str],
     world_size: int,
@@ -181,7 +191,7 @@ def launch_local(
                 "MASTER_PORT": str(port),
                 **where.env,
             }
-            logs.append(log_dir / f"rank{rank}.log")
+            logs.append(rank_log(log_dir, rank))
             procs.append(start_logged([*where.prefix, *command], logs[-1], rank_env))
     except BaseException:
         stop(procs)
@@ -233,7 +243,7 @@ def launch_slurm(
     }
     if interface:
         env.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
-    log = log_dir / "srun.log"
+    log = srun_log(log_dir)
     supervise([start_logged([*srun, *command], log, env)], [log], timeout_s, "srun of all ranks")
 
 

@@ -5,6 +5,8 @@ hook sends every bucket through :meth:`ralp_pipe.engine.comm.Comm.all_reduce`, s
 counted. Buffers (BatchNorm statistics) stay per worker, as with `forward_sync_buffers=False`.
 The step's communication wait is the time backward still runs after the last bucket was
 handed to the all-reduce, i.e. the time spent waiting for outstanding reductions.
+With one worker (N=1, the single-device reference of the scaling plots) there is nothing to
+reduce: the model trains unwrapped, without DDP's buckets, and the step has no communication.
 """
 
 import time
@@ -22,11 +24,15 @@ class AllReduceStrategy(Strategy):
     def __init__(self, setup: StepSetup):
         self.setup = setup
         self.net = setup.network()
-        device_ids = [setup.device.index] if setup.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(
-            self.net, device_ids=device_ids, process_group=setup.comm.group, forward_sync_buffers=False
-        )
-        self.ddp.register_comm_hook(None, self._hook)
+        self.single = setup.topology.num_workers == 1
+        self.ddp: torch.nn.Module = self.net
+        if not self.single:
+            device_ids = [setup.device.index] if setup.device.type == "cuda" else None
+            ddp = DistributedDataParallel(
+                self.net, device_ids=device_ids, process_group=setup.comm.group, forward_sync_buffers=False
+            )
+            ddp.register_comm_hook(None, self._hook)
+            self.ddp = ddp
         self.optimizer = setup.optim.sgd(list(self.net.parameters()))
         self.last_bucket_at = 0.0
 
@@ -44,7 +50,8 @@ class AllReduceStrategy(Strategy):
         with self.setup.autocast():
             logits = self.ddp(images)
         loss_fn(logits, labels).backward()
-        self.setup.comm.add_wait(time.perf_counter() - self.last_bucket_at)
+        if not self.single:
+            self.setup.comm.add_wait(time.perf_counter() - self.last_bucket_at)
         self.optimizer.step()
 
     def state(self) -> dict[str, torch.Tensor]:
