@@ -1,18 +1,25 @@
-"""The launcher places ranks on emulated hosts: its own cluster, or a shared one handed down by env."""
+"""The launcher places ranks on emulated hosts (its own cluster, or a shared one handed down by env); a real run is shaped."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 
+from ralp_pipe.config import load
+from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.engine.train import run
+from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE
+from ralp_pipe.results.layout import STEPS_FILE
+from ralp_pipe.runtime import emulated
 from ralp_pipe.runtime.emulated import SHARED_HOSTS_ENV, EmulatedCluster, emulated_sites
 from ralp_pipe.runtime.launch import launch_local
+from support.emulated_hosts import qdisc_stats
 
 pytestmark = pytest.mark.netns
 
@@ -63,30 +70,64 @@ def test_a_shared_layout_for_another_world_size_is_refused(monkeypatch: pytest.M
                 pass
 
 
-@pytest.mark.slow  # a training run on an emulated cluster (~37 s)
-def test_an_emulated_training_run_reports_wire_bytes_that_agree_with_the_counted_bytes(tmp_path: Path) -> None:
-    out = tmp_path / "run"
+class RecordingCluster(EmulatedCluster):
+    """The run's own cluster, noting its qdiscs' figures just before it is taken down."""
+
+    closed: list[dict[str, dict[str, Any]]] = []
+
+    def __exit__(self, *exc: object) -> None:
+        RecordingCluster.closed.append(qdisc_stats(self))
+        super().__exit__(*exc)
+
+
+@pytest.mark.slow  # one 100mbit training step moving ~90 MB (~8 s of traffic, ~30 s in all)
+def test_a_100mbit_training_run_stays_under_the_rate_on_every_shaped_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sequential ps, 1 worker (host 0) and 1 PS (host 1), through the driver, which builds its own cluster."""
+    monkeypatch.setattr(emulated, "EmulatedCluster", RecordingCluster)
+    RecordingCluster.closed = []
     overrides = [
         "cluster=emulated",
-        "network=1gbit",
+        "network=100mbit",
         "model=resnet18",
         "strategy=ps",
-        "cluster.gpus=2",
+        "strategy.overlap=false",
+        "cluster.gpus=1",
         "dataset.num_classes=10",
         "train.batch_size=2",
         "train.image_size=32",
-        "train.warmup_steps=1",
-        "train.measure_steps=2",
+        "train.warmup_steps=0",
+        "train.measure_steps=1",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    metrics = json.loads((out / "metrics.json").read_text())
-    counted, wire = metrics["gb_per_step"]["total"], metrics["wire_gb_per_step"]
-    assert counted <= wire <= 1.05 * counted, (counted, wire)  # TCP/IP headers ride on top of the payload
-    assert sorted(metrics["wire_per_host"]) == ["h0", "h1", "h2"]
-    assert metrics["rate"] == "1gbit"
+    metrics = run(load(overrides), tmp_path / "run")
+    assert metrics is not None and metrics.roles == ["worker", "ps"]
+    [qdiscs] = RecordingCluster.closed
+    steps = pd.read_parquet(tmp_path / "run" / STEPS_FILE).set_index("rank")
+    push = int(steps.loc[0, "bytes_gradients"])  # the worker's gradients up host 0's link
+    pull = int(steps.loc[1, "bytes_parameters"])  # the PS's parameters down it
+    assert push == pull > 40e6  # ResNet-18's 11.2 M parameters as float32, each way
+
+    # Both ends of each host link are tbf at the configured rate and carried that direction's bytes:
+    # the upload shaper (h<i>, the host's eth0) and the download one (s<i>, the switch's port).
+    rate = rate_bits_per_s("100mbit") / 8
+    assert sorted(qdiscs) == ["h0", "h1", "s0", "s1"]
+    assert {(q["kind"], q["rate"]) for q in qdiscs.values()} == {("tbf", rate)}, qdiscs
+    for side, carried in (("h0", push), ("s1", push), ("h1", pull), ("s0", pull)):
+        assert qdiscs[side]["bytes"] >= carried, (side, qdiscs[side], carried)
+
+    # The physical bound. Without overlap the PS returns parameters only once every gradient byte
+    # has arrived, so push and pull cross the link one after the other, each at most at the payload
+    # rate: a 1514-byte frame the tbf counts carries 1448 payload bytes (TCP_PAYLOAD_PER_WIRE_BYTE).
+    # The worker is blocked (comm_wait_s) for all of it except pushes posted while backward still ran,
+    # which lie within the step's compute_s; each direction's shapers start with at most one full
+    # bucket (the burst tc reports) that passes unshaped.
+    payload_rate = rate * TCP_PAYLOAD_PER_WIRE_BYTE
+    comm, compute = float(steps.loc[0, "comm_wait_s"]), float(steps.loc[0, "compute_s"])
+    bursts = 2 * qdiscs["h0"]["burst"]
+    achieved = (push + pull - bursts) * 8 / (comm + compute)
+    assert achieved <= payload_rate * 8, f"{achieved / 1e6:.1f} Mbit/s ({comm=:.2f} s, {compute=:.2f} s) on 100mbit"
+
+    counted, wire = metrics.gb_per_step["total"], metrics.wire_gb_per_step
+    assert wire is not None and counted <= wire <= 1.05 * counted, (counted, wire)  # TCP/IP headers on top
+    assert metrics.wire_per_host is not None and sorted(metrics.wire_per_host) == ["h0", "h1"]

@@ -1,14 +1,16 @@
-"""Harness for the emulated-network tests and benchmarks: commands on hosts, a raw TCP link-rate probe."""
+"""Harness for the emulated-network tests and benchmarks: commands on hosts, raw TCP link-rate probes, qdisc figures."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.runtime.emulated import INTERFACE, EmulatedCluster, EmulationUnavailable, LinkCounters, counter_delta
 from ralp_pipe.runtime.process import Process, start, stop, wait_all
@@ -38,26 +40,78 @@ conn.close()
 """
 
 
+def measure_link_rates(
+    cluster: EmulatedCluster,
+    streams: Sequence[tuple[int, int]],
+    nbytes: int,
+    port: int = 5201,
+    python: str = sys.executable,
+) -> list[float]:
+    """Achieved TCP payload rate in bit/s of each `(src, dst)` Python socket stream of `nbytes`, all at once.
+
+    Every receiver listens (stream i on `port` + i) before any sender starts; each receiver's clock
+    runs from its first byte to the end of its stream.
+    """
+    receivers: list[Process] = []
+    try:
+        for i, (_, dst) in enumerate(streams):
+            argv = [python, "-c", _RECEIVER, cluster.address(dst), str(port + i)]
+            receivers.append(start_on_host(cluster, dst, argv, stdout=subprocess.PIPE))
+            assert receivers[-1].stdout is not None
+            if receivers[-1].stdout.readline().strip() != b"listening":
+                raise RuntimeError(f"the link-rate receiver on host {dst} did not start")
+        senders = [
+            start_on_host(cluster, src, [python, "-c", _SENDER, cluster.address(dst), str(port + i), str(nbytes)])
+            for i, (src, dst) in enumerate(streams)
+        ]
+        if wait_all([*senders, *receivers], max(60.0, nbytes * 8 / 1e7)) != [0] * (2 * len(streams)):
+            raise RuntimeError(f"the link-rate probe of streams {list(streams)} failed")
+        rates = []
+        for receiver in receivers:
+            assert receiver.stdout is not None
+            received, seconds = receiver.stdout.read().split()
+            rates.append(int(received) * 8 / float(seconds))
+        return rates
+    finally:
+        stop(receivers)
+        for receiver in receivers:
+            if receiver.stdout is not None:
+                receiver.stdout.close()
+
+
 def measure_link_rate(
     cluster: EmulatedCluster, src: int, dst: int, nbytes: int, port: int = 5201, python: str = sys.executable
 ) -> float:
-    """Achieved TCP payload rate in bit/s of one Python socket stream of `nbytes` from `src` to `dst`."""
-    receiver = start_on_host(
-        cluster, dst, [python, "-c", _RECEIVER, cluster.address(dst), str(port)], stdout=subprocess.PIPE
-    )
-    try:
-        assert receiver.stdout is not None
-        if receiver.stdout.readline().strip() != b"listening":
-            raise RuntimeError(f"the link-rate receiver on host {dst} did not start")
-        sender = start_on_host(cluster, src, [python, "-c", _SENDER, cluster.address(dst), str(port), str(nbytes)])
-        if wait_all([sender, receiver], max(60.0, nbytes * 8 / 1e7)) != [0, 0]:
-            raise RuntimeError(f"the link-rate probe from host {src} to host {dst} failed")
-        received, seconds = receiver.stdout.read().split()
-        return int(received) * 8 / float(seconds)
-    finally:
-        stop([receiver])
-        if receiver.stdout is not None:
-            receiver.stdout.close()
+    """Achieved TCP payload rate in bit/s of one Python socket stream of `nbytes` from `src` to `dst` (one direction)."""
+    return measure_link_rates(cluster, [(src, dst)], nbytes, port, python)[0]
+
+
+def qdisc_stats(cluster: EmulatedCluster) -> dict[str, dict[str, Any]]:
+    """`tc -s` figures of the root qdisc at both ends of every host link.
+
+    Keys: ``h<i>`` for host i's ``eth0`` (its upload), ``s<i>`` for the switch's port to it (its
+    download). Values: ``kind``, ``bytes`` sent, and for tbf ``rate`` (bytes/s) and ``burst`` (bytes).
+    """
+    found: dict[str, dict[str, Any]] = {}
+    sides = [
+        (f"h{i}", cluster.run(i, ["tc", "-s", "-j", "qdisc", "show", "dev", INTERFACE])) for i in range(cluster.hosts)
+    ]
+    sides.append(("switch", cluster.switch_run(["tc", "-s", "-j", "qdisc", "show"])))
+    for side, shown in sides:
+        if shown.returncode != 0:
+            raise RuntimeError(f"tc -s qdisc show failed on {side}: {shown.stderr.strip()}")
+        for qdisc in json.loads(shown.stdout):
+            name = qdisc["dev"] if side == "switch" else side
+            if not qdisc.get("root") or (side == "switch" and not re.fullmatch(r"s\d+", name)):
+                continue  # the switch's loopback and bridge carry no host link
+            options = qdisc.get("options", {})
+            found[name] = {
+                "kind": qdisc["kind"],
+                "bytes": qdisc["bytes"],
+                "rate": options.get("rate"),
+                "burst": options.get("burst"),
+            }
+    return found
 
 
 @contextmanager
