@@ -117,9 +117,52 @@ def test_shuffled_torchvision_epoch_is_a_permutation_of_the_rank_part(shards):
     assert sorted(labels) == sorted(labels_in_order(shards)) and labels != labels_in_order(shards)
 
 
-def test_images_are_normalised_crops(shards):
-    images, _ = next(iter(make_loader("dali", shards, BATCH, 48, 6)))
-    assert -3 < images.mean().item() < 3 and images.min() >= -2.2 and images.max() <= 2.7
+# Two uniform colours (RGB 0-255), one per class, and each one's channel means after the loader,
+# worked out by hand as (value / 255 - mean) / std with the ImageNet mean (0.485, 0.456, 0.406) and
+# std (0.229, 0.224, 0.225): e.g. red 200 -> (0.7843 - 0.485) / 0.229 = 1.3070. Unnormalised [0, 1]
+# data would give 0.784, 0.392, 0.196; BGR order or a missing std other values again.
+COLOURS = {0: (200, 100, 50), 1: (30, 160, 220)}
+NORMALISED = {0: (1.3070, -0.2850, -0.9330), 1: (-1.6042, 0.7654, 2.0300)}
+# These uniform JPEGs decode to their exact colour (measured: within 0.0004 of the values above,
+# their rounding); a decoder rounding YCbCr to RGB otherwise is off by one level, 1 / 255 / 0.224 =
+# 0.0175 after normalisation. Crops, resizes and flips of a uniform image keep it uniform.
+TOLERANCE = 0.02
+
+
+@pytest.fixture(scope="module")
+def uniform_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shards prepared from 64x48 JPEGs of one uniform colour per class, 4 images each."""
+    from PIL import Image
+
+    from ralp_pipe.config import load
+
+    root = tmp_path_factory.mktemp("uniform")
+    for label, colour in COLOURS.items():
+        folder = root / "source" / f"n{label:08d}"
+        folder.mkdir(parents=True)
+        for number in range(4):
+            Image.new("RGB", (64, 48), colour).save(folder / f"n{label:08d}_{number}.JPEG", quality=95)
+    cfg = load(
+        [
+            "dataset=imagenet1k",
+            f"dataset.source={root / 'source'}",
+            f"paths.results={root / 'results'}",
+            "dataset.num_classes=2",
+            "dataset.shards.images_per_shard=4",
+            "dataset.shards.workers=1",
+        ]
+    )
+    return prepare(cfg, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["dali", "torchvision"])
+def test_loaders_normalise_each_channel_and_crop_to_the_image_size(uniform_shards: Path, kind: str) -> None:
+    images, labels = next(iter(make_loader(kind, uniform_shards, BATCH, 24, 2, threads=1)))
+    assert images.shape == (BATCH, 3, 24, 24) and images.dtype == torch.float32  # 64x48 sources, square crops
+    for image, label in zip(images, labels.tolist()):
+        means, stds = image.mean(dim=(1, 2)).tolist(), image.std(dim=(1, 2)).tolist()
+        assert means == pytest.approx(NORMALISED[label], abs=TOLERANCE), (kind, label, means)
+        assert max(stds) < TOLERANCE, (kind, label, stds)  # a uniform image stays uniform
 
 
 def test_synthetic_batches_are_deterministic_and_split_invariant():
