@@ -11,6 +11,7 @@ import pytest
 
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import ConfigError
+from ralp_pipe.errors import DataError
 from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
 from ralp_pipe.results.layout import PLOT_NAMES
 from workflow_records import gb_per_step, images_per_sec, prediction_error, write_concurrent, write_results
@@ -36,22 +37,70 @@ def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_pa
     assert json.loads(row.hardware) == {"cpu": "test", "cpus": 2}
     assert list(frame.strategy[:4]) == ["ps", "allreduce", "ralp_h", "ralp_n"]
     ps_rows = tables.speedups[tables.speedups.strategy == "ps"]
-    assert (ps_rows.speedup == 1.0).all()
+    assert (ps_rows.speedup_vs_ps == 1.0).all()
+    # one repeat: no standard deviation and no interval, as nulls
+    assert row.repeats == 1 and math.isnan(row.images_per_sec_std) and math.isnan(row.speedup_vs_ps_ci_low)
 
 
-def test_summary_is_laid_out_per_network_with_throughput_and_speedup_columns(tmp_path: Path) -> None:
+def test_columns_per_device_split_name_and_nulls(tmp_path: Path) -> None:
+    """Per-device images/sec, speedup over allreduce, the split's unit and index, nulls where there is none."""
+    frame = build_tables(load_records(write_results(tmp_path, models=("vgg11",), gpus=(4,)), tmp_path / "plans")).runs
+    cells = frame.set_index("strategy")
+    # vgg11 at N=4: ps 214 images/sec on 4 workers + 1 PS, ralp_h 374 on 2 workers + the PS device
+    assert cells.loc["ps", "devices"] == 5 and cells.loc["ps", "images_per_sec_per_device"] == pytest.approx(214 / 5)
+    assert cells.loc["ralp_h", "devices"] == 3 and cells.loc["ralp_h", "global_batch"] == 2 * 2
+    assert cells.loc["ralp_h", "speedup_vs_allreduce"] == pytest.approx(374 / 314)
+    assert cells.loc["allreduce", "speedup_vs_allreduce"] == 1.0
+    assert cells.loc["ralp_n", "split"] == 8 and cells.loc["ralp_n", "split_unit"] == "layer4.0"
+    assert cells.loc["ps", "split"] is pd.NA and cells.loc["ps", "split_unit"] is pd.NA
+    assert str(frame["split"].dtype) == "Int64"
+
+
+def test_step_percentiles_are_of_the_slowest_worker_per_measured_step(tmp_path: Path) -> None:
+    """p50/p95 of the measured steps, each as long as its slowest worker; warm-up and PS rows are left out."""
+    runs = write_results(tmp_path, models=("vgg11",), strategies=("ps",), gpus=(2,))
+    repeats = build_tables(load_records(runs, tmp_path / "plans")).repeats
+    mean = repeats.step_time_s.iloc[0]
+    # workers' steps x mean: (0.8, 1.0, 1.6) and (0.9, 1.1, 1.2) -> slowest 0.9, 1.1, 1.6: p50 1.1, p95 1.55
+    assert repeats.step_p50_s.iloc[0] == pytest.approx(1.1 * mean)
+    assert repeats.step_p95_s.iloc[0] == pytest.approx((1.1 + 0.9 * 0.5) * mean)
+
+
+def test_repeats_are_rows_of_their_own_and_aggregate_with_t_intervals(tmp_path: Path) -> None:
+    """Three repeats at 1, 0.95 and 1.05 x the base: mean 1 x, sd 0.05 x, half-width t(0.975, 2) x sd / sqrt 3."""
+    runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=3, sequential=("ps",))
+    tables = build_tables(load_records(runs, tmp_path / "plans"))
+    assert len(tables.repeats) == 15 and len(tables.runs) == 5
+    ps = tables.repeats[tables.repeats.strategy == "ps"]
+    assert list(ps.repeat) == [0, 1, 2] and list(ps.images_per_sec) == pytest.approx([100.0, 95.0, 105.0])
+    assert list(ps.run) == [f"synthetic1k/vgg11/n2-1gbit/ps/r{k}" for k in range(3)]
+    row = tables.runs.set_index("strategy").loc["ralp_n"]
+    assert row.images_per_sec == pytest.approx(240.0) and row.images_per_sec_std == pytest.approx(12.0)
+    assert row.images_per_sec_ci_high - 240.0 == pytest.approx(4.302652729749752 * 12.0 / 3**0.5)
+    sequential = tables.runs.set_index("strategy").loc["ps-sequential"]
+    assert not sequential.overlap and sequential.speedup_vs_ps == pytest.approx(0.5)
+    assert math.isnan(sequential.predicted_images_per_sec)  # the plan priced the pipelined ps
+    assert list(tables.runs.strategy) == ["ps", "ps-sequential", "allreduce", "ralp_h", "ralp_n"]
+    assert "| vgg11 | synthetic1k | 1000 | 2 | ralp_n | 2 | 2 | layer4.0 (8) | 3 | 240.0 ± 29.8 |" in tables.summary
+
+
+def test_summary_is_laid_out_per_network_with_one_row_per_configuration(tmp_path: Path) -> None:
     tables = build_tables(load_records(write_results(tmp_path), tmp_path / "plans"))
     lines = tables.summary.splitlines()
     assert "## Network 1gbit (1gbit)" in lines
-    header = next(line for line in lines if line.startswith("| model") and "speedup" in line)
+    header = next(line for line in lines if line.startswith("| model") and "vs ps" in line)
     assert header == (
-        "| model | dataset | classes | N | ps | allreduce | ralp_h | ralp_n | allreduce speedup |"
-        " ralp_h speedup | ralp_n speedup |"
+        "| model | dataset | classes | N | strategy | devices | global batch | split | repeats | images/sec |"
+        " per device | step p50 / p95 (s) | vs ps | vs allreduce |"
     )
-    # THROUGHPUT x 2 + 14 at N=4; speedups 314 / 214, 374 / 214, 494 / 214
-    assert "| vgg11 | synthetic1k | 1000 | 4 | 214.0 | 314.0 | 374.0 | 494.0 | 1.47x | 1.75x | 2.31x |" in lines
+    # ralp_n at N=4: 240 x 2 + 14 = 494 images/sec on 4 devices; 494 / 214 over ps, 494 / 314 over allreduce
+    assert any(
+        line.startswith("| vgg11 | synthetic1k | 1000 | 4 | ralp_n | 4 | 6 | layer4.0 (8) | 1 | 494.0 | 123.50 |")
+        and line.endswith("| 2.31x | 1.57x |")
+        for line in lines
+    )
     # |errors| 0, .01, .02, .03, .03, .04, .05, .06 | .10, .11, .13, .14, .25, .26, .28, .29: median (.06 + .10) / 2
-    assert "Median absolute error of predicted images/sec: 8.0% over 16 runs with a plan." in lines
+    assert "Median absolute error of predicted images/sec: 8.0% over 16 configurations with a prediction." in lines
 
 
 def test_missing_plan_leaves_prediction_empty_and_missing_ps_leaves_speedup_empty(tmp_path: Path) -> None:
@@ -67,8 +116,12 @@ def test_duplicate_and_missing_records_are_refused_by_name(tmp_path: Path) -> No
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / "metrics.json").write_text((runs[0] / "metrics.json").read_text())
-    with pytest.raises(ConfigError, match="several records of the same run: synthetic1k/vgg11/n2-1gbit/ps"):
+    (copy / "steps.parquet").write_bytes((runs[0] / "steps.parquet").read_bytes())
+    with pytest.raises(ConfigError, match="several records of the same run: synthetic1k/vgg11/n2-1gbit/ps/r0"):
         build_tables(load_records([runs[0], copy], tmp_path / "plans"))
+    (copy / "steps.parquet").unlink()
+    with pytest.raises(DataError, match=f"cannot read step records {copy / 'steps.parquet'}"):
+        load_records([copy], tmp_path / "plans")
     with pytest.raises(ConfigError, match="nowhere.*does not exist"):
         load_records([tmp_path / "nowhere"], tmp_path / "plans")
 
@@ -80,7 +133,8 @@ def test_cli_writes_tables_and_every_plot(tmp_path: Path) -> None:
         cli(["aggregate", "--runs", str(tmp_path / "runs"), "--plans", str(tmp_path / "plans"), "--out", str(out)]) == 0
     )
     assert len(pd.read_parquet(out / "runs.parquet")) == 8
-    assert set(pd.read_parquet(out / "speedups.parquet").columns) >= {"speedup", "ps_images_per_sec"}
+    assert set(pd.read_parquet(out / "speedups.parquet").columns) >= {"speedup_vs_allreduce", "ps_images_per_sec"}
+    assert len(pd.read_parquet(out / "repeats.parquet")) == 8
     assert (out / "summary.md").read_text().startswith("# Results")
     for name in PLOT_NAMES:
         assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,13 +1,15 @@
 """Every number of summary.md against the raw records, recomputed here without the aggregate code.
 
 The records (tests/workflow_records.py) give every model, network and N its own throughput, volume
-and prediction error, over two networks: a speedup joined across models, datasets, networks or N,
+and prediction error, over two networks, three repeats per configuration and a sequential `ps`
+ablation: a speedup joined across models, datasets, networks or N, a mean that is really one repeat,
 or a median that is really a mean or a max, puts a wrong number into some cell.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -19,41 +21,49 @@ import pytest
 from ralp_pipe.results.aggregate import Tables, build_tables, load_records
 from workflow_records import write_results
 
-ORDER = ("ps", "allreduce", "ralp_h", "ralp_n")
+ORDER = ("ps", "ps-sequential", "allreduce", "ralp_h", "ralp_n")
 NETWORKS = ("100mbit", "1gbit")
 MODELS = ("vgg11", "resnet18")
 GPUS = (2, 4)
+REPEATS = 3
+T_975_DF2 = 4.302652729749752  # Student's t, 97.5% quantile, 2 degrees of freedom (tables: 4.303)
 TABLES = {
-    "### Throughput (images/sec) and speedup over ps": "throughput",
-    "### Transfer volume (GB/step, all categories)": "volume",
-    "### Predicted throughput (images/sec) and its error against the measurement": "predicted",
+    "### Throughput (images/sec) and speedups": "throughput",
+    "### Transfer volume (GB/step) and predicted throughput (images/sec, error against the measurement)": "volume",
 }
+Key = tuple[str, str, str, int, str]  # network, model, dataset, N, strategy row
 
 
 @dataclass(frozen=True)
 class Raw:
-    """The raw records below one results folder, keyed by (network, model, dataset, N, strategy)."""
+    """The raw records below one results folder: lists of repeats keyed by (network, model, dataset, N, row)."""
 
-    records: dict[tuple[str, str, str, int, str], dict[str, Any]]
+    records: dict[Key, list[dict[str, Any]]]
     plans: dict[tuple[str, str, str, int], dict[str, Any]]
 
-    def group(self, network: str, model: str, dataset: str, gpus: int) -> dict[str, dict[str, Any]]:
-        """The records of one (network, model, dataset, N), by strategy."""
-        return {k[4]: r for k, r in self.records.items() if k[:4] == (network, model, dataset, gpus)}
+    def mean(self, key: Key) -> float:
+        """Mean images/sec over the repeats of one configuration."""
+        return statistics.mean(r["images_per_sec"] for r in self.records[key])
 
-    def error(self, key: tuple[str, str, str, int, str]) -> float:
-        """(predicted - measured) / measured images/sec of one run, from its plan file."""
-        measured = self.records[key]["images_per_sec"]
-        plan = self.plans[(key[0], key[1], key[2], key[3])]
-        return (plan["strategies"][key[4]]["predicted_images_per_sec"] - measured) / measured
+    def half(self, key: Key) -> float:
+        """Half-width of the 95% t-interval of the mean (3 repeats)."""
+        values = [r["images_per_sec"] for r in self.records[key]]
+        return T_975_DF2 * statistics.stdev(values) / math.sqrt(len(values))
+
+    def error(self, key: Key) -> float | None:
+        """(predicted - measured) / measured of one configuration; None for the sequential ablation."""
+        if key[4].endswith("-sequential"):
+            return None
+        plan = self.plans[key[:4]]
+        return (plan["strategies"][key[4]]["predicted_images_per_sec"] - self.mean(key)) / self.mean(key)
 
 
 def read_raw(root: Path) -> Raw:
-    """Every metrics.json and plan file below `root`, read straight from disk."""
-    records = {}
+    """Every metrics.json and plan file below `root`, read straight from disk (row name = the run's folder)."""
+    records: dict[Key, list[dict[str, Any]]] = {}
     for path in sorted((root / "runs").rglob("metrics.json")):
         r = json.loads(path.read_text())
-        records[(r["network"], r["model"], r["dataset"], r["gpus"], r["strategy"])] = r
+        records.setdefault((r["network"], r["model"], r["dataset"], r["gpus"], path.parent.parent.name), []).append(r)
     plans = {}
     for path in sorted((root / "plans").rglob("*.json")):
         gpus, network = re.fullmatch(r"n(\d+)-(.+)", path.stem).groups()  # type: ignore[union-attr]
@@ -92,31 +102,31 @@ def assert_shown(cell: str, expected: float) -> None:
     assert abs(float(number.group(1)) - expected) <= 0.5 * 10**-decimals + 1e-9, f"{cell!r} shows {expected}"
 
 
-def expected_rows(raw: Raw, network: str) -> dict[tuple[str, str, str, str], dict[str, Any]]:
-    """Per (model, dataset, classes, N) of `network`: throughput, speedup, GB/step, prediction and error."""
-    rows = {}
-    for model, dataset, gpus in sorted({(k[1], k[2], k[3]) for k in raw.records if k[0] == network}):
-        runs = raw.group(network, model, dataset, gpus)
-        classes = {r["num_classes"] for r in runs.values()}
-        assert len(classes) == 1
-        ps = runs["ps"]["images_per_sec"]
-        rows[(model, dataset, str(classes.pop()), str(gpus))] = {
-            "images_per_sec": [runs[s]["images_per_sec"] for s in ORDER],
-            "speedup": [runs[s]["images_per_sec"] / ps for s in ORDER[1:]],
-            "gb_total": [runs[s]["gb_per_step"]["total"] for s in ORDER],
-            "predicted": [
-                raw.plans[(network, model, dataset, gpus)]["strategies"][s]["predicted_images_per_sec"] for s in ORDER
-            ],
-            "error_pct": [100 * raw.error((network, model, dataset, gpus, s)) for s in ORDER],
-        }
-    return rows
+def assert_interval(cell: str, mean: float, half: float | None) -> None:
+    """`cell` is `mean ± half` (just `mean` when `half` is None), each rounded as shown."""
+    parts = cell.removesuffix("x").split(" ± ")
+    assert len(parts) == (1 if half is None else 2), cell
+    assert_shown(parts[0], mean)
+    if half is not None:
+        assert_shown(parts[1], half)
+
+
+def ratio_half(raw: Raw, top: Key, bottom: Key) -> float:
+    """Delta-method 95% half-width of mean(top) / mean(bottom), Welch df (equal here: both sides vary 5%)."""
+    terms = [
+        statistics.stdev(r["images_per_sec"] for r in raw.records[k]) ** 2 / (REPEATS * raw.mean(k) ** 2)
+        for k in (top, bottom)
+    ]
+    df = sum(terms) ** 2 / sum(t**2 / (REPEATS - 1) for t in terms)
+    assert df == pytest.approx(4.0)  # equal relative spreads of 3 repeats: 2 + 2 degrees of freedom
+    return 2.7764451051977987 * raw.mean(top) / raw.mean(bottom) * math.sqrt(sum(terms))  # t(0.975, 4)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Raw, Tables]:
-    """Records of 2 models x 2 networks x 2 N x 4 strategies, and the tables aggregated from them."""
+    """Records of 2 models x 2 networks x 2 N x 5 strategy rows x 3 repeats, and the tables aggregated from them."""
     root = tmp_path_factory.mktemp("results")
-    runs = write_results(root, models=MODELS, gpus=GPUS, networks=NETWORKS)
+    runs = write_results(root, models=MODELS, gpus=GPUS, networks=NETWORKS, repeats=REPEATS, sequential=("ps",))
     return read_raw(root), build_tables(load_records(runs, root / "plans"))
 
 
@@ -125,82 +135,124 @@ def test_the_records_can_tell_joins_and_medians_apart(results: tuple[Raw, Tables
     raw, _ = results
     for strategy in ORDER[1:]:
         speedups = [
-            raw.records[(n, m, "synthetic1k", g, strategy)]["images_per_sec"]
-            / raw.records[(n, m, "synthetic1k", g, "ps")]["images_per_sec"]
+            raw.mean((n, m, "synthetic1k", g, strategy)) / raw.mean((n, m, "synthetic1k", g, "ps"))
             for n in NETWORKS
             for m in MODELS
             for g in GPUS
         ]
-        assert len({round(s, 6) for s in speedups}) == len(speedups), strategy
+        distinct = len({round(s, 6) for s in speedups})
+        assert distinct == len(speedups) or strategy == "ps-sequential", strategy  # the ablation is 0.5x everywhere
     for network in NETWORKS:
-        errors = [abs(raw.error(k)) for k in raw.records if k[0] == network]
+        errors = [abs(e) for k in raw.records if k[0] == network and (e := raw.error(k)) is not None]
         median, mean, top = statistics.median(errors), statistics.mean(errors), max(errors)
         assert min(abs(median - mean), abs(median - top), abs(mean - top)) > 0.01, (median, mean, top)
 
 
 def test_every_table_cell_of_the_summary_matches_the_raw_records(results: tuple[Raw, Tables]) -> None:
-    """Throughput, speedup, GB/step, prediction and error of every row, and no row more or less."""
+    """Per configuration: settings, mean ± interval, per device, speedups ± intervals, GB/step, prediction."""
     raw, summary = results[0], results[1].summary
     tables, _, _ = parse_summary(summary)
     assert sorted(tables) == sorted(NETWORKS)
     for network in NETWORKS:
-        expected = expected_rows(raw, network)
         assert set(tables[network]) == set(TABLES.values())
+        expected = sorted(
+            (k for k in raw.records if k[0] == network), key=lambda k: (k[1], k[2], k[3], ORDER.index(k[4]))
+        )
         for kind, (header, *rows) in tables[network].items():
-            assert header[:4] == ["model", "dataset", "classes", "N"] and header[4:8] == list(ORDER), header
-            assert [tuple(r[:4]) for r in rows] == list(expected), (network, kind)
+            assert header[:7] == ["model", "dataset", "classes", "N", "strategy", "devices", "global batch"], header
+            assert [(network, r[0], r[1], int(r[3]), r[4]) for r in rows] == expected, (network, kind)
             for row in rows:
-                want = expected[tuple(row[:4])]
+                key = (network, row[0], row[1], int(row[3]), row[4])
+                first = raw.records[key][0]
+                devices = first["world_size"]
+                assert row[2] == str(first["num_classes"]) and row[5] == str(devices)
+                assert row[6] == str(first["global_batch"]) == str(first["workers"] * first["batch_size"])
                 if kind == "throughput":
-                    assert header[8:] == [f"{s} speedup" for s in ORDER[1:]]
-                    for cell, value in zip(row[4:], want["images_per_sec"] + want["speedup"], strict=True):
-                        assert_shown(cell, value)
-                elif kind == "volume":
-                    for cell, value in zip(row[4:], want["gb_total"], strict=True):
-                        assert_shown(cell, value)
+                    assert header[7:] == [
+                        "split",
+                        "repeats",
+                        "images/sec",
+                        "per device",
+                        "step p50 / p95 (s)",
+                        "vs ps",
+                        "vs allreduce",
+                    ]
+                    assert row[7] == ("-" if first["split"] is None else f"layer4.0 ({first['split']})")
+                    assert row[8] == str(REPEATS)
+                    assert_interval(row[9], raw.mean(key), raw.half(key))
+                    assert_interval(row[10], raw.mean(key) / devices, raw.half(key) / devices)
+                    for cell, base in zip(row[12:], ("ps", "allreduce"), strict=True):
+                        bottom = (*key[:4], base)
+                        same = key == bottom
+                        assert_interval(
+                            cell, raw.mean(key) / raw.mean(bottom), None if same else ratio_half(raw, key, bottom)
+                        )
                 else:
-                    for cell, predicted, error in zip(row[4:], want["predicted"], want["error_pct"], strict=True):
-                        shown = re.fullmatch(r"(\S+) \((\S+)\)", cell)
-                        assert shown, cell
-                        assert_shown(shown.group(1), predicted)
-                        assert_shown(shown.group(2), error)
+                    assert_shown(row[7], first["gb_per_step"]["total"])
+                    error = raw.error(key)
+                    if error is None:
+                        assert row[9] == "-"
+                        continue
+                    shown = re.fullmatch(r"(\S+) \((\S+)\)", row[9])
+                    assert shown, row[9]
+                    assert_shown(shown.group(1), raw.plans[key[:4]]["strategies"][key[4]]["predicted_images_per_sec"])
+                    assert_shown(shown.group(2), 100 * error)
 
 
-def test_each_network_states_the_median_error_of_its_own_runs(results: tuple[Raw, Tables]) -> None:
-    """The accuracy line: the median |error| of that network's runs with a plan, and how many there are."""
+def test_each_network_states_the_median_error_of_its_own_configurations(results: tuple[Raw, Tables]) -> None:
+    """The accuracy line: the median |error| of that network's configurations with a prediction, and their count."""
     raw, summary = results[0], results[1].summary
     _, accuracy, _ = parse_summary(summary)
     assert sorted(accuracy) == sorted(NETWORKS)
     for network in NETWORKS:
-        errors = [abs(raw.error(k)) for k in raw.records if k[0] == network]
+        errors = [abs(e) for k in raw.records if k[0] == network and (e := raw.error(k)) is not None]
         line = re.fullmatch(
-            r"Median absolute error of predicted images/sec: (\S+)% over (\d+) runs with a plan\.", accuracy[network]
+            r"Median absolute error of predicted images/sec: (\S+)% over (\d+) configurations with a prediction\.",
+            accuracy[network],
         )
         assert line, accuracy[network]
         assert_shown(line.group(1), 100 * statistics.median(errors))
         assert int(line.group(2)) == len(errors) == 16
 
 
-def test_the_run_count_is_that_of_the_records(results: tuple[Raw, Tables]) -> None:
-    """The opening line counts every run of every network."""
+def test_the_counts_are_those_of_the_records(results: tuple[Raw, Tables]) -> None:
+    """The opening line counts every configuration and every run of every network."""
     raw, summary = results[0], results[1].summary
     _, _, other = parse_summary(summary)
-    counts = [line for line in other if re.match(r"\d+ runs;", line)]
-    assert counts == [next(line for line in other if line.startswith(f"{len(raw.records)} runs;"))]
-    assert len(raw.records) == len(NETWORKS) * len(MODELS) * len(GPUS) * len(ORDER)
+    runs = sum(len(v) for v in raw.records.values())
+    assert len(raw.records) == len(NETWORKS) * len(MODELS) * len(GPUS) * len(ORDER) and runs == REPEATS * len(
+        raw.records
+    )
+    assert [line for line in other if re.match(r"\d+ configurations", line)] == [
+        next(
+            line
+            for line in other
+            if line.startswith(f"{len(raw.records)} configurations, {runs} runs (3 repeats each).")
+        )
+    ]
 
 
 def test_speedup_and_error_of_every_row_of_the_parquet_tables_match_the_raw_records(
     results: tuple[Raw, Tables],
 ) -> None:
-    """runs.parquet's speedup and error and speedups.parquet's ps baseline are those of the row's own group."""
+    """runs.parquet's means, intervals, speedups and errors and speedups.parquet's baselines are the row's own group's."""
     raw, tables = results
     assert len(tables.runs) == len(tables.speedups) == len(raw.records)
+    assert len(tables.repeats) == REPEATS * len(raw.records)
     for run, speed in zip(tables.runs.itertuples(), tables.speedups.itertuples(), strict=True):
         key = (run.network, run.model, run.dataset, run.gpus, run.strategy)
-        ps = raw.records[(*key[:4], "ps")]["images_per_sec"]
-        assert run.images_per_sec == raw.records[key]["images_per_sec"]
-        assert run.speedup_vs_ps == pytest.approx(raw.records[key]["images_per_sec"] / ps)
-        assert run.prediction_error == pytest.approx(raw.error(key))
+        ps, allreduce = (*key[:4], "ps"), (*key[:4], "allreduce")
+        assert run.images_per_sec == pytest.approx(raw.mean(key))
+        assert (run.images_per_sec_ci_high - run.images_per_sec_ci_low) / 2 == pytest.approx(raw.half(key))
+        assert run.images_per_sec_std == pytest.approx(statistics.stdev(r["images_per_sec"] for r in raw.records[key]))
+        assert run.speedup_vs_ps == pytest.approx(raw.mean(key) / raw.mean(ps))
+        assert run.speedup_vs_allreduce == pytest.approx(raw.mean(key) / raw.mean(allreduce))
+        if key != ps:
+            assert (run.speedup_vs_ps_ci_high - run.speedup_vs_ps_ci_low) / 2 == pytest.approx(ratio_half(raw, key, ps))
+        assert run.overlap == (key[4] != "ps-sequential")
+        error = raw.error(key)
+        assert math.isnan(run.prediction_error) if error is None else run.prediction_error == pytest.approx(error)
         assert (speed.network, speed.model, speed.dataset, speed.gpus, speed.strategy) == key
-        assert speed.ps_images_per_sec == pytest.approx(ps) and speed.speedup == pytest.approx(run.speedup_vs_ps)
+        assert speed.ps_images_per_sec == pytest.approx(raw.mean(ps))
+        assert speed.allreduce_images_per_sec == pytest.approx(raw.mean(allreduce))
+        assert speed.speedup_vs_ps == pytest.approx(run.speedup_vs_ps) and speed.interval_method == "delta"

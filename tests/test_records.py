@@ -16,7 +16,7 @@ def test_unversioned_run_record_reads_as_version_1_and_writes_the_same_keys_with
     doc = metrics("vgg11", "synthetic1k", "ralp_n", 4)
     (tmp_path / "metrics.json").write_text(json.dumps(doc))
     record = RunMetrics.read(tmp_path / "metrics.json")
-    assert record.run == "synthetic1k/vgg11/n4-1gbit/ralp_n" and record.split == 8 and record.window_s is None
+    assert record.run == "synthetic1k/vgg11/n4-1gbit/ralp_n/r0" and record.split == 8 and record.window_s is None
     record.write(tmp_path / "again.json")
     written = json.loads((tmp_path / "again.json").read_text())
     assert next(iter(written)) == "schema_version" and written["schema_version"] == SCHEMA_VERSION == 1

@@ -8,6 +8,7 @@ The base figures stay those of vgg11 at N=2 on 1gbit: tests/test_bundle.py edits
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,6 +16,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.results.layout import arm
 
 # images/sec of each strategy for vgg11 at N=2 on 1gbit: the ps baseline is slowest, as in the paper.
 THROUGHPUT = {"ps": 100.0, "allreduce": 150.0, "ralp_h": 180.0, "ralp_n": 240.0}
@@ -55,11 +57,17 @@ def prediction_error(model: str, network: str, strategy: str, gpus: int) -> floa
     return STRATEGY_ERROR[strategy] + MODEL_ERROR[model] + NETWORK_ERROR[network] + GPUS_ERROR * (gpus - 2)
 
 
-def metrics(model: str, dataset: str, strategy: str, gpus: int, network: str = "1gbit") -> dict[str, Any]:
-    """A metrics.json document of one run."""
+# Repeat r of a configuration measures images_per_sec x REPEAT_FACTOR[r % 3]: mean 1, sample std 0.05.
+REPEAT_FACTOR = (1.0, 0.95, 1.05)
+
+
+def metrics(
+    model: str, dataset: str, strategy: str, gpus: int, network: str = "1gbit", repeat: int = 0, overlap: bool = True
+) -> dict[str, Any]:
+    """A metrics.json document of one run (repeat `repeat`; `overlap`=False: the sequential ablation at half speed)."""
     topo = topology(strategy, gpus)
     volume = gb_per_step(model, strategy, gpus)
-    ips = images_per_sec(model, network, strategy, gpus)
+    ips = images_per_sec(model, network, strategy, gpus) * REPEAT_FACTOR[repeat % 3] * (1.0 if overlap else 0.5)
     return {
         "model": model,
         "dataset": dataset,
@@ -86,7 +94,8 @@ def metrics(model: str, dataset: str, strategy: str, gpus: int, network: str = "
         "versions": {"torch": "x"},
         "git_revision": "abc",
         "config_hash": "0123456789ab",
-        "config": {"model": {"name": model}},
+        "world_size": topo.world_size,
+        "config": {"model": {"name": model}, "strategy": {"overlap": overlap}, "train": {"repeat": repeat}},
     }
 
 
@@ -99,6 +108,7 @@ def plan(model: str, network: str, strategies: Sequence[str], gpus: int) -> dict
         entries[s] = {
             "predicted_images_per_sec": predicted,
             "split": 8,
+            "split_after_unit": "layer4.0",
             "pays": True,
             "predicted_gb_per_step": {"gradients": volume["gradients"], "total": volume["total"]},
         }
@@ -111,8 +121,13 @@ def write_results(
     strategies: Sequence[str] = tuple(THROUGHPUT),
     gpus: Sequence[int] = (2, 4),
     networks: Sequence[str] = ("1gbit",),
+    repeats: int = 1,
+    sequential: Sequence[str] = (),
 ) -> list[Path]:
-    """Write run folders (metrics.json, steps.parquet) and plans below `root`; returns the run folders."""
+    """Write run folders (metrics.json, steps.parquet) and plans below `root`; returns the run folders.
+
+    Every configuration gets `repeats` runs; the `sequential` strategies also a sequential ablation.
+    """
     runs = []
     for model in models:
         for network in networks:
@@ -120,13 +135,38 @@ def write_results(
                 plan_path = root / "plans" / "synthetic1k" / model / f"n{n}-{network}.json"
                 plan_path.parent.mkdir(parents=True, exist_ok=True)
                 plan_path.write_text(json.dumps(plan(model, network, strategies, n)))
-                for strategy in strategies:
-                    run = root / "runs" / "synthetic1k" / model / f"n{n}-{network}" / strategy
+                arms = [(s, True) for s in strategies] + [(s, False) for s in sequential]
+                for (strategy, overlap), repeat in itertools.product(arms, range(repeats)):
+                    name = arm(strategy, overlap)
+                    run = root / "runs" / "synthetic1k" / model / f"n{n}-{network}" / name / f"r{repeat}"
                     run.mkdir(parents=True, exist_ok=True)
-                    (run / "metrics.json").write_text(json.dumps(metrics(model, "synthetic1k", strategy, n, network)))
-                    pd.DataFrame({"step": [0, 1], "step_time_s": [0.1, 0.1]}).to_parquet(run / "steps.parquet")
+                    doc = metrics(model, "synthetic1k", strategy, n, network, repeat, overlap)
+                    (run / "metrics.json").write_text(json.dumps(doc))
+                    steps(doc["step_time_s"]).to_parquet(run / "steps.parquet")
                     runs.append(run)
     return runs
+
+
+# A measured step's time on each worker, as a multiple of the run's mean step time: p50 is the
+# slowest worker's time of the middle step, so taking rank 0 or the mean over workers gives others.
+STEP_SHAPE = {0: (0.8, 1.0, 1.6), 1: (0.9, 1.1, 1.2)}  # worker rank -> its 3 measured steps
+STEP_PARTS = {"compute_s": 0.4, "comm_wait_s": 0.5, "data_wait_s": 0.1}  # shares of every step's time
+
+
+def steps(step_time_s: float) -> pd.DataFrame:
+    """steps.parquet of a run: one warm-up step (slow, to be ignored), three measured steps, two workers and a ps."""
+    rows = [dict(rank=0, role="worker", step=0, phase="warmup", step_time_s=10 * step_time_s)]
+    for rank, shape in STEP_SHAPE.items():
+        rows += [
+            dict(rank=rank, role="worker", step=i + 1, phase="measure", step_time_s=f * step_time_s)
+            for i, f in enumerate(shape)
+        ]
+    rows += [dict(rank=2, role="ps", step=i + 1, phase="measure", step_time_s=5 * step_time_s) for i in range(3)]
+    frame = pd.DataFrame(rows)
+    for part, share in STEP_PARTS.items():
+        frame[part] = share * frame["step_time_s"]
+    frame.loc[frame["role"] == "ps", "data_wait_s"] = 0.0  # a server reads no batches
+    return frame
 
 
 def write_concurrent(root: Path, name: str = "w0") -> Path:

@@ -30,6 +30,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "aggregate": ("ralp_pipe.results.aggregate", "collect runs into Parquet tables, summaries and plots"),
     "bundle": ("ralp_pipe.results.bundle", "archive results with checksums"),
     "verify": ("ralp_pipe.results.verify", "check a bundle's checksums and recompute its tables"),
+    "compare": ("ralp_pipe.results.compare", "compare two bundles' images/sec per configuration, beyond noise"),
     "cluster": ("ralp_pipe.runtime.slurm_cluster", "start, stop or show a multi-node SLURM cluster on this machine"),
 }
 

@@ -3,6 +3,7 @@ from ralp_pipe.results.layout import (
     CONCURRENT_TABLE,
     PLOT_NAMES,
     PLOTS_FOLDER,
+    REPEATS_TABLE,
     RUNS_TABLE,
     SPEEDUPS_TABLE,
     SUMMARY_FILE,
@@ -24,6 +25,11 @@ rule aggregate:
     output:
         runs=report(
             f"{TABLES}/{RUNS_TABLE}", caption="../report/runs.rst", category="Tables"
+        ),
+        repeats=report(
+            f"{TABLES}/{REPEATS_TABLE}",
+            caption="../report/repeats.rst",
+            category="Tables",
         ),
         speedups=report(
             f"{TABLES}/{SPEEDUPS_TABLE}",

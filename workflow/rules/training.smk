@@ -1,4 +1,5 @@
-# One distributed training measurement per dataset x model x strategy x N x network.
+# One distributed training measurement per dataset x model x strategy row x N x network x repeat
+# (arm: the strategy, or <strategy>-sequential for experiment.sequential; r<repeat>: experiment.repeats).
 
 
 rule train:
@@ -9,7 +10,10 @@ rule train:
         metrics=f"{MATRIX.path('run')}/{METRICS_FILE}",
         steps=f"{MATRIX.path('run')}/{STEPS_FILE}",
     log:
-        f"{MATRIX.path('logs')}/train/{{dataset}}/{{model}}/n{{gpus}}-{{network}}/{{strategy}}.log",
+        f"{MATRIX.path('logs')}/train/{{dataset}}/{{model}}/n{{gpus}}-{{network}}/{{arm}}/r{{repeat}}.log",
+    wildcard_constraints:
+        arm=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+        repeat=r"\d+",
     conda:
         ENV
     threads: workflow.cores  # throughput measurements run alone

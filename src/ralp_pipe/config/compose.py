@@ -156,6 +156,7 @@ def validate(cfg: Config) -> None:
     _in_range("train.lr", t.lr, 0.0, math.inf, "(0, inf)", low_open=True)
     _in_range("train.momentum", t.momentum, 0.0, 1.0, "[0, 1)", high_open=True)
     _in_range("train.weight_decay", t.weight_decay, 0.0, math.inf, "[0, inf)")
+    _at_least("train.repeat", t.repeat, 0)
 
     e = cfg.experiment
     _safe_name("experiment.name", e.name)
@@ -165,6 +166,9 @@ def validate(cfg: Config) -> None:
         _choice("experiment.strategies[]", strategy, STRATEGIES)
     for gpus in e.gpus:
         _at_least("experiment.gpus[]", gpus, 2)
+    _at_least("experiment.repeats", e.repeats, 1)
+    for strategy in e.sequential:
+        _choice("experiment.sequential[]", strategy, e.strategies)
     for name in (*e.datasets, *e.networks):
         _safe_name("experiment.datasets/networks[]", name)
 

@@ -140,6 +140,7 @@ class TrainConfig:
     loader: str = "synthetic"
     loader_threads: int = 2
     amp: bool = False
+    repeat: int = 0  # which of experiment.repeats this run is (set by the workflow; changes nothing it computes)
 
 
 @dataclass
@@ -153,6 +154,8 @@ class ExperimentConfig:
     gpus: list[int] = field(default_factory=lambda: [4])
     networks: list[str] = field(default_factory=lambda: ["loopback"])
     concurrent: list[list[str]] = field(default_factory=list)
+    repeats: int = 1  # independent runs of every training configuration (fresh ranks each)
+    sequential: list[str] = field(default_factory=list)  # strategies also run with strategy.overlap=false
 
 
 @dataclass

@@ -9,12 +9,17 @@ folder into the tables folder.
 from __future__ import annotations
 
 PLAN_FILE = "{dataset}/{model}/n{gpus}-{network}.json"  # below the plans folder
+# A run below runs/: its configuration (the arm is the strategy, or <strategy>-sequential with
+# strategy.overlap=false), then r<k> for the k-th of experiment.repeats independent repeats.
+CONFIGURATION_ID = "{dataset}/{model}/n{gpus}-{network}/{arm}"
+RUN_ID = CONFIGURATION_ID + "/r{repeat}"
+SEQUENTIAL_SUFFIX = "-sequential"
 # Outputs below the results folder; the {wildcards} are a run's fields.
 PATHS = {
     "shards": "data/{dataset}",
     "profile": "profiles/{dataset}/{model}/n{gpus}-{network}.json",
     "plan": f"plans/{PLAN_FILE}",
-    "run": "runs/{dataset}/{model}/n{gpus}-{network}/{strategy}",
+    "run": f"runs/{RUN_ID}",
     "concurrent": "concurrent/w{index}",
     "tables": "tables",
     "bundles": "bundles",
@@ -23,6 +28,12 @@ PATHS = {
 METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; metrics.json marks it complete
 CONCURRENT_FILE = "concurrent.json"  # in a concurrent workload's folder
 RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE = "runs.parquet", "speedups.parquet", "concurrent.parquet"
+REPEATS_TABLE = "repeats.parquet"  # one row per repeat; runs.parquet has one row per configuration
 SUMMARY_FILE, PLOTS_FOLDER = "summary.md", "plots"
-TABLE_FILES = (RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE, SUMMARY_FILE)  # in the tables folder
+TABLE_FILES = (RUNS_TABLE, REPEATS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE, SUMMARY_FILE)  # in the tables folder
 PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # PNGs in the plots folder
+
+
+def arm(strategy: str, overlap: bool = True) -> str:
+    """The name of a strategy's row in the tables and its run folder: ``ps``, or ``ps-sequential`` without overlap."""
+    return strategy if overlap else strategy + SEQUENTIAL_SUFFIX

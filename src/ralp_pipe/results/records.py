@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Mapping, Self
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.errors import DataError
+from ralp_pipe.results.layout import CONFIGURATION_ID, RUN_ID, arm
 
 SCHEMA_VERSION = 1
 VERSION_KEY = "schema_version"
@@ -124,10 +125,37 @@ class RunMetrics(Record):
         """The fields runs.parquet copies unchanged, in order."""
         return tuple(f.name for f in fields(cls) if f.metadata.get("column"))
 
+    def _setting(self, section: str, key: str, default: Any) -> Any:
+        return (self.config.get(section) or {}).get(key, default)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether the run pipelined its push/pull (``strategy.overlap``; records without it: True)."""
+        return bool(self._setting("strategy", "overlap", True))
+
+    @property
+    def repeat(self) -> int:
+        """Which repeat of its configuration the run is (``train.repeat``; records without it: 0)."""
+        return int(self._setting("train", "repeat", 0))
+
+    @property
+    def arm(self) -> str:
+        """The strategy's row name: the strategy, or ``<strategy>-sequential`` without overlap."""
+        return arm(self.strategy, self.overlap)
+
+    @property
+    def configuration(self) -> str:
+        """The run's configuration, shared by its repeats: dataset/model/n<N>-<network>/arm."""
+        return CONFIGURATION_ID.format(**self._ids())
+
     @property
     def run(self) -> str:
-        """The run's name: dataset/model/n<N>-<network>/strategy."""
-        return f"{self.dataset}/{self.model}/n{self.gpus}-{self.network}/{self.strategy}"
+        """The run's name: dataset/model/n<N>-<network>/arm/r<repeat>."""
+        return RUN_ID.format(**self._ids())
+
+    def _ids(self) -> dict[str, Any]:
+        names = ("dataset", "model", "gpus", "network", "arm", "repeat")
+        return {name: getattr(self, name) for name in names}
 
 
 @dataclass(frozen=True, kw_only=True)

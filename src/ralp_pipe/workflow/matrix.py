@@ -32,14 +32,14 @@ from typing import Any, Iterator, Mapping, Sequence
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, digest, load, to_dict, validate
 from ralp_pipe.engine.topology import topology
-from ralp_pipe.results.layout import PATHS
+from ralp_pipe.results.layout import PATHS, RUN_ID, arm
 
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
 STAGE_DIMS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset",),
     "profile": ("dataset", "model", "gpus", "network"),
     "plan": ("dataset", "model", "gpus", "network"),
-    "train": ("dataset", "model", "strategy", "gpus", "network"),
+    "train": ("dataset", "model", "strategy", "gpus", "network", "repeat"),
 }
 # Config keys each stage reads; a key covers everything below it ("train" covers "train.lr").
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
@@ -87,18 +87,26 @@ SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"  # th
 
 @dataclass(frozen=True)
 class Run:
-    """One cell of the matrix: the training run of `model` on `dataset` with `strategy` on N=`gpus`."""
+    """One cell of the matrix: repeat `repeat` of training `model` on `dataset` with `strategy` on N=`gpus`
+    (`overlap` False: the sequential ablation of experiment.sequential)."""
 
     dataset: str
     model: str
     strategy: str
     gpus: int
     network: str
+    overlap: bool = True
+    repeat: int = 0
+
+    @property
+    def arm(self) -> str:
+        """The run's strategy row and folder name (``ps``, ``ps-sequential``)."""
+        return arm(self.strategy, self.overlap)
 
     @property
     def wildcards(self) -> dict[str, str]:
-        """The run as Snakemake wildcard values."""
-        return {k: str(v) for k, v in dataclasses.asdict(self).items()}
+        """The run as Snakemake wildcard values (its fields and its arm)."""
+        return {**{k: str(v) for k, v in dataclasses.asdict(self).items()}, "arm": self.arm}
 
 
 @dataclass(frozen=True)
@@ -216,16 +224,29 @@ class Matrix:
                     )
                 self._sections[group, option] = section
         self.runs = [
-            Run(d, m, s, g, n)
+            Run(d, m, s, g, n, overlap, r)
             for d in e.datasets
             for m in e.models
-            for s in e.strategies
+            for s, overlap in self._arms()
             for g in e.gpus
             for n in e.networks
+            for r in range(e.repeats)
         ]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
         self._check_workloads()
+
+    def _arms(self) -> list[tuple[str, bool]]:
+        """(strategy, overlap) of every strategy row: each strategy as configured, then the sequential ablations."""
+        e = self.base.experiment
+        arms = [(s, self._sections["strategy", s].overlap) for s in e.strategies]
+        pipelined = [s for s in e.sequential if self._sections["strategy", s].overlap]
+        if len(pipelined) < len(e.sequential):
+            raise ConfigError(
+                f"experiment.sequential={e.sequential} adds strategy.overlap=false runs of strategies that "
+                f"already run with strategy.overlap=false: drop experiment.sequential or the overlap override"
+            )
+        return arms + [(s, False) for s in pipelined]
 
     def launcher_args(self) -> list[str]:
         """``cluster=slurm`` when the workflow runs under the slurm profile: every stage runs in SLURM jobs."""
@@ -250,7 +271,12 @@ class Matrix:
         """`run`'s config where the matrix chooses `dims`; other groups keep the experiment's default."""
         sections = {g: self._sections[g, getattr(run, g)] for g in MATRIX_GROUPS if g in dims}
         if "strategy" in sections:  # training reads its split from the plan stage's output
-            sections["strategy"] = dataclasses.replace(sections["strategy"], plan=self.path("plan", run))
+            overlap = sections["strategy"].overlap and run.overlap
+            sections["strategy"] = dataclasses.replace(
+                sections["strategy"], plan=self.path("plan", run), overlap=overlap
+            )
+        if "repeat" in dims:
+            sections["train"] = dataclasses.replace(self.base.train, repeat=run.repeat)
         cluster = self.base.cluster
         if "gpus" in dims:
             cluster = dataclasses.replace(cluster, gpus=run.gpus)
@@ -334,6 +360,9 @@ class Matrix:
         if stage == "train":
             args.append(f"strategy.plan={self.config(run).strategy.plan}")
         args += [o for o in self.settings.overrides if relevant(override_key(o), keys)]
+        if "repeat" in dims:  # after the user's overrides: the matrix decides the arm and the repeat
+            args += [] if run.overlap else ["strategy.overlap=false"]
+            args.append(f"train.repeat={run.repeat}")
         return args
 
     def stage_params(self, stage: str, run: Run) -> str:
@@ -391,5 +420,5 @@ class Matrix:
 
 
 def run_id(run: Run) -> str:
-    """A run's path below ``runs/``: dataset/model/n<N>-<network>/strategy."""
-    return f"{run.dataset}/{run.model}/n{run.gpus}-{run.network}/{run.strategy}"
+    """A run's path below ``runs/``: dataset/model/n<N>-<network>/<arm>/r<repeat>."""
+    return RUN_ID.format(**run.wildcards)

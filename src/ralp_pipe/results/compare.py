@@ -1,0 +1,199 @@
+"""`ralp-pipe compare A B`: the change in images/sec of every configuration from A to B, told apart from noise.
+
+A and B are bundles (``.tar.gz`` written by `ralp-pipe bundle`), results folders (holding
+``tables/runs.parquet``) or tables folders (holding ``runs.parquet``). Configurations are joined
+on model, dataset, N, network and strategy row (a ``-sequential`` row is its own configuration).
+Per configuration the change is B's mean images/sec over A's, minus 1, with a 95% delta-method
+interval over both sets of repeats (:func:`~ralp_pipe.results.intervals.ratio_interval`). A change
+is *beyond noise* when each mean lies outside the other's 95% t-interval, i.e. the difference is
+larger than the noise of A and larger than the noise of B; with a single repeat on either side
+there is no interval and no change is called beyond noise. The exit status is 1 when any
+configuration slowed down beyond noise, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ralp_pipe.errors import ConfigError, DataError
+from ralp_pipe.results.aggregate import CONFIGURATION
+from ralp_pipe.results.intervals import Estimate, ratio_interval
+from ralp_pipe.results.layout import PATHS, RUNS_TABLE
+
+NEEDED = ("repeats", "images_per_sec", "images_per_sec_std", "images_per_sec_ci_low", "images_per_sec_ci_high")
+MAX_TABLE_BYTES = 256 << 20  # a runs table larger than this in a bundle is refused unread
+REGRESSED, IMPROVED, WITHIN, NO_INTERVAL, ONLY_A, ONLY_B = (
+    "REGRESSION",
+    "improvement",
+    "within noise",
+    "no interval (1 repeat)",
+    "only in A",
+    "only in B",
+)
+
+
+@dataclass
+class Comparison:
+    """The joined configurations with their change and verdict, and whether any regressed beyond noise."""
+
+    table: pd.DataFrame
+    regressions: int
+
+
+def _from_bundle(path: Path) -> pd.DataFrame:
+    """The runs table of a bundle, read from its one member ``<top>/tables/runs.parquet`` without unpacking."""
+    suffix = f"/{PATHS['tables']}/{RUNS_TABLE}"
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            members = [m for m in tar if m.isfile() and m.name.count("/") == 2 and m.name.endswith(suffix)]
+            if len(members) != 1:
+                raise DataError(f"bundle {path} holds no single <top>{suffix}: is it a bundle of `ralp-pipe bundle`?")
+            if members[0].size > MAX_TABLE_BYTES:
+                raise DataError(f"bundle {path}: {members[0].name} declares {members[0].size} bytes, over the limit")
+            handle = tar.extractfile(members[0])
+            data = handle.read() if handle is not None else b""
+    except (OSError, EOFError, tarfile.TarError) as exc:
+        raise DataError(f"cannot read bundle {path}: {exc}") from exc
+    return _parquet(io.BytesIO(data), f"{path}:{members[0].name}")
+
+
+def _parquet(source: Any, name: str) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(source)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read runs table {name}: {exc}") from exc
+
+
+def read_runs(path: Path) -> pd.DataFrame:
+    """The runs table (one row per configuration) of a bundle, a results folder or a tables folder."""
+    if path.is_file():
+        frame, name = _from_bundle(path), str(path)
+    else:
+        candidates = [path / PATHS["tables"] / RUNS_TABLE, path / RUNS_TABLE]
+        table = next((c for c in candidates if c.is_file()), None)
+        if table is None:
+            raise ConfigError(
+                f"{path} is neither a bundle nor a folder with {candidates[0].relative_to(path)} or {RUNS_TABLE}: "
+                f"pass a bundle (.tar.gz) or a results folder after `ralp-pipe aggregate`"
+            )
+        frame, name = _parquet(table, str(table)), str(table)
+    missing = [c for c in (*CONFIGURATION, *NEEDED) if c not in frame.columns]
+    if missing:
+        raise DataError(
+            f"runs table of {name} lacks column {', '.join(missing)}: it predates repeats; "
+            f"re-run `ralp-pipe aggregate` on its records"
+        )
+    return frame
+
+
+def verdict(a: Estimate, b: Estimate) -> str:
+    """Whether B's mean differs from A's beyond the noise of both (each mean outside the other's interval)."""
+    if math.isnan(a.half_width) or math.isnan(b.half_width):
+        return NO_INTERVAL
+    difference = b.mean - a.mean
+    if abs(difference) <= max(a.half_width, b.half_width):
+        return WITHIN
+    return IMPROVED if difference > 0 else REGRESSED
+
+
+def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
+    """Join two runs tables by configuration; per row A's and B's images/sec, the change and its verdict."""
+    columns = [*CONFIGURATION, *NEEDED]
+    joined = a[columns].merge(b[columns], on=CONFIGURATION, how="outer", suffixes=("_a", "_b"), indicator="side")
+    rows = []
+    for row in joined.itertuples(index=False):
+        cells = {key: getattr(row, key) for key in CONFIGURATION}
+        if row.side != "both":
+            only = ONLY_A if row.side == "left_only" else ONLY_B
+            rows.append({**cells, "verdict": only})
+            continue
+        pick = {side: _side(row, side) for side in ("a", "b")}
+        change = ratio_interval(pick["b"], pick["a"])
+        rows.append(
+            {
+                **cells,
+                "images_per_sec_a": pick["a"].mean,
+                "half_width_a": pick["a"].half_width,
+                "repeats_a": pick["a"].count,
+                "images_per_sec_b": pick["b"].mean,
+                "half_width_b": pick["b"].half_width,
+                "repeats_b": pick["b"].count,
+                "change": change.mean - 1.0,
+                "change_half_width": change.half_width,
+                "verdict": verdict(pick["a"], pick["b"]),
+            }
+        )
+    table = pd.DataFrame(rows).sort_values(CONFIGURATION).reset_index(drop=True)
+    return Comparison(table, int((table["verdict"] == REGRESSED).sum()))
+
+
+def _side(row: Any, side: str) -> Estimate:
+    """A's or B's mean images/sec of a joined row, with its standard deviation, repeats and interval half-width."""
+
+    def value(name: str) -> float:
+        return float(getattr(row, f"{name}_{side}"))
+
+    half = (value("images_per_sec_ci_high") - value("images_per_sec_ci_low")) / 2
+    return Estimate(value("images_per_sec"), value("images_per_sec_std"), int(value("repeats")), half)
+
+
+def _number(value: Any, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _pm(mean: float, half: float, digits: int = 1, scale: float = 1.0, suffix: str = "") -> str:
+    if isinstance(mean, float) and math.isnan(mean):
+        return "-"
+    text = f"{mean * scale:+.{digits}f}" if suffix == "%" else _number(mean * scale, digits)
+    return text + ("" if math.isnan(half) else f" ± {_number(half * scale, digits)}") + suffix
+
+
+def render(comparison: Comparison, a: str, b: str) -> str:
+    """The comparison as a text table, one line per configuration, and a closing verdict."""
+    table = comparison.table
+    header = ["model", "dataset", "N", "network", "strategy", "A img/s", "B img/s", "change", "verdict"]
+    lines = [f"A: {a}", f"B: {b}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in table.itertuples(index=False):
+        present = r.verdict not in (ONLY_A, ONLY_B)
+        cells = [r.model, r.dataset, str(r.gpus), r.network, r.strategy]
+        cells += (
+            [
+                f"{_pm(r.images_per_sec_a, r.half_width_a)} (k={r.repeats_a})",
+                f"{_pm(r.images_per_sec_b, r.half_width_b)} (k={r.repeats_b})",
+                _pm(r.change, r.change_half_width, 1, 100.0, "%"),
+            ]
+            if present
+            else ["-", "-", "-"]
+        )
+        lines.append("| " + " | ".join([*cells, r.verdict]) + " |")
+    counts = table["verdict"].value_counts()
+    summary = ", ".join(f"{int(n)} {name}" for name, n in counts.items())
+    lines += [
+        "",
+        f"{len(table)} configurations: {summary}. Intervals: 95% (t over repeats; the change by the delta method);"
+        " beyond noise = each mean outside the other's interval.",
+    ]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `ralp-pipe compare`."""
+    parser.add_argument("a", type=Path, help="the reference: a bundle (.tar.gz), a results folder or a tables folder")
+    parser.add_argument("b", type=Path, help="the one compared with it (same kinds)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the comparison; exit 1 when a configuration regressed beyond noise."""
+    if args.overrides:
+        raise ConfigError(f"compare takes two paths, not overrides: {' '.join(args.overrides)}")
+    comparison = compare(read_runs(args.a), read_runs(args.b))
+    print(render(comparison, str(args.a), str(args.b)))
+    return 1 if comparison.regressions else 0

@@ -1,0 +1,86 @@
+"""`ralp-pipe compare A B`: changes joined by configuration, told apart from noise, and the exit status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ralp_pipe.cli import main as cli
+from ralp_pipe.results.compare import REGRESSED, WITHIN, compare, read_runs
+from workflow_records import write_aggregated
+
+
+def _results(root: Path, **results: object) -> Path:
+    return write_aggregated(root, models=("vgg11",), gpus=(2,), repeats=3, **results)
+
+
+def _scale(root: Path, strategy: str, factor: float) -> None:
+    """Multiply images/sec of every repeat of one strategy by `factor` and aggregate again."""
+    for path in (root / "runs").rglob("metrics.json"):
+        if path.parent.parent.name == strategy:
+            doc = json.loads(path.read_text())
+            doc["images_per_sec"] *= factor
+            path.write_text(json.dumps(doc))
+    shutil.rmtree(root / "tables")
+    argv = ["aggregate", "--runs", str(root / "runs"), "--plans", str(root / "plans"), "--out", str(root / "tables")]
+    assert cli(argv) == 0
+
+
+def test_identical_input_reports_no_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _results(tmp_path / "a")
+    assert cli(["compare", str(root), str(root / "tables")]) == 0
+    out = capsys.readouterr().out
+    assert "| vgg11 | synthetic1k | 2 | 1gbit | ralp_n | 240.0 ± 29.8 (k=3) | 240.0 ± 29.8 (k=3) | +0.0 ± " in out
+    assert "4 within noise" in out and REGRESSED not in out
+
+
+def test_a_regression_beyond_noise_exits_1_and_a_change_within_noise_does_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Repeats spread ±5% (half-width 12.4% of each mean with 3 repeats): -30% is beyond noise; -12% is outside
+    B's interval (132 ± 16.4) but inside A's (150 ± 18.6), so not beyond the noise of both."""
+    a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
+    _scale(b, "ralp_n", 0.70)
+    _scale(b, "allreduce", 0.88)
+    assert cli(["compare", str(a), str(b)]) == 1
+    verdicts = compare(read_runs(a), read_runs(b)).table.set_index("strategy")["verdict"]
+    assert verdicts["ralp_n"] == REGRESSED and verdicts["allreduce"] == WITHIN and verdicts["ps"] == WITHIN
+    assert "1 REGRESSION" in capsys.readouterr().out
+    assert cli(["compare", str(b), str(a)]) == 0  # the other way round it is an improvement
+
+
+def test_one_repeat_gives_no_interval_and_no_verdict(tmp_path: Path) -> None:
+    a = write_aggregated(tmp_path / "a", models=("vgg11",), gpus=(2,))
+    b = write_aggregated(tmp_path / "b", models=("vgg11",), gpus=(2,))
+    _scale(b, "ralp_n", 0.5)
+    assert cli(["compare", str(a), str(b)]) == 0
+    assert set(compare(read_runs(a), read_runs(b)).table["verdict"]) == {"no interval (1 repeat)"}
+
+
+def test_configurations_in_one_side_only_are_listed(tmp_path: Path) -> None:
+    a = _results(tmp_path / "a")
+    b = _results(tmp_path / "b", sequential=("ps",))
+    table = compare(read_runs(a), read_runs(b)).table.set_index("strategy")
+    assert table.loc["ps-sequential", "verdict"] == "only in B" and len(table) == 5
+
+
+def test_a_bundle_compares_with_its_results_folder(tmp_path: Path) -> None:
+    root = _results(tmp_path / "a")
+    bundle = tmp_path / "a.tar.gz"
+    argv = ["bundle", "--root", str(root), "--include", str(root / "runs"), str(root / "tables"), "--out", str(bundle)]
+    assert cli(argv) == 0
+    assert cli(["compare", str(bundle), str(root)]) == 0
+
+
+def test_unusable_inputs_are_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["compare", str(tmp_path), str(tmp_path)]) == 2
+    assert f"{tmp_path} is neither a bundle nor a folder" in capsys.readouterr().err
+    old = _results(tmp_path / "old")
+    runs = pd.read_parquet(old / "tables" / "runs.parquet").drop(columns=["images_per_sec_std"])
+    runs.to_parquet(old / "tables" / "runs.parquet")
+    assert cli(["compare", str(old), str(old)]) == 3
+    assert "lacks column images_per_sec_std: it predates repeats" in capsys.readouterr().err
