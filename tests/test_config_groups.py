@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.config import CONFIG_DIR, Config, load
+from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, load
 from ralp_pipe.config.schema import MIN_IMAGE_SIZE
 
 GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
@@ -57,3 +57,35 @@ def test_the_paper_experiment_composes_with_every_dataset_model_and_network(tmp_
                 )
                 assert (cfg.dataset.name, cfg.model.name, cfg.network.name) == (dataset, model, network)
                 assert cfg.train.image_size == 224 and cfg.train.loader == "dali"
+
+
+@pytest.mark.slow  # 2 datasets x 4 strategies x 4 N compositions (~6 s)
+def test_the_paper_experiment_composes_every_strategy_and_n_on_each_dataset_with_its_own_path(tmp_path: Path) -> None:
+    sources = {"imagenet1k": tmp_path / "ILSVRC2012" / "train", "imagenet22k": tmp_path / "imagenet21k"}
+    for source in sources.values():
+        source.mkdir(parents=True)
+    e = load(["experiment=paper"]).experiment
+    assert sorted(e.datasets) == sorted(sources)
+    for dataset in e.datasets:
+        for strategy in e.strategies:
+            for gpus in e.gpus:
+                cfg = load(
+                    [
+                        "experiment=paper",
+                        f"dataset={dataset}",
+                        f"dataset.source={sources[dataset]}",
+                        f"strategy={strategy}",
+                        f"cluster.gpus={gpus}",
+                    ]
+                )
+                assert (cfg.strategy.name, cfg.cluster.gpus) == (strategy, gpus)
+                assert (cfg.dataset.name, cfg.dataset.source) == (dataset, str(sources[dataset]))
+                assert cfg.dataset.layout == ("folders" if dataset == "imagenet1k" else "tars")
+
+
+@pytest.mark.parametrize("dataset", sorted(REAL_DATA))
+def test_the_paper_experiment_refuses_a_real_dataset_without_its_path(dataset: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"dataset.source is missing for dataset '{dataset}'"):
+        load(["experiment=paper", f"dataset={dataset}"])
+    with pytest.raises(ConfigError, match=f"dataset.source='{tmp_path / 'absent'}'.*is not a readable folder"):
+        load(["experiment=paper", f"dataset={dataset}", f"dataset.source={tmp_path / 'absent'}"])
