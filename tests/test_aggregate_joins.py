@@ -82,6 +82,9 @@ def parse_summary(text: str) -> tuple[dict[str, dict[str, list[list[str]]]], dic
             network, kind = match.group(1), None
             assert match.group(2) == network, line  # the records' rate is their network's name
             tables[network] = {}
+        elif line.startswith("## "):  # a section other than a network's ends the network's tables
+            network = kind = None
+            other.append(line)
         elif line in TABLES:
             kind = TABLES[line]
         elif line.startswith("|") and network and kind:

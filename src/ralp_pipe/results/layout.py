@@ -29,9 +29,18 @@ METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; m
 CONCURRENT_FILE = "concurrent.json"  # in a concurrent workload's folder
 RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE = "runs.parquet", "speedups.parquet", "concurrent.parquet"
 REPEATS_TABLE = "repeats.parquet"  # one row per repeat; runs.parquet has one row per configuration
+BREAKDOWN_TABLE = "breakdown.parquet"  # one row per run: where a step's time goes
 SUMMARY_FILE, PLOTS_FOLDER = "summary.md", "plots"
-TABLE_FILES = (RUNS_TABLE, REPEATS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE, SUMMARY_FILE)  # in the tables folder
-PLOT_NAMES = ("throughput_vs_n", "gb_per_step", "speedup", "predicted_vs_measured")  # PNGs in the plots folder
+TABLE_FILES = (
+    RUNS_TABLE,
+    REPEATS_TABLE,
+    SPEEDUPS_TABLE,
+    CONCURRENT_TABLE,
+    BREAKDOWN_TABLE,
+    SUMMARY_FILE,
+)  # in the tables folder
+# PNGs in the plots folder, each captioned by workflow/report/plot_<name>.rst
+PLOT_NAMES = ("throughput_vs_n", "scaling_efficiency", "speedup", "gb_per_step", "predicted_vs_measured", "breakdown")
 
 
 def arm(strategy: str, overlap: bool = True) -> str:

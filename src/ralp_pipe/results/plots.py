@@ -1,20 +1,34 @@
-"""The figures of an experiment, drawn from runs.parquet: throughput vs N, GB/step, speedups, prediction."""
+"""The figures of an experiment, drawn from its tables (:class:`~ralp_pipe.results.aggregate.Tables`).
+
+One PNG per name of :data:`~ralp_pipe.results.layout.PLOT_NAMES`, each captioned in the
+Snakemake report (workflow/report/plot_<name>.rst). Rows are configurations (means over
+repeats); whiskers are the tables' 95% intervals (``<column>_ci_low`` / ``<column>_ci_high``),
+absent where a configuration has one repeat. The single-device reference is the ``allreduce``
+run at N=1 (one worker, no communication): it draws the ideal linear-scaling line (N times its
+images/sec) and is the denominator of the scaling efficiency.
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker as ticker  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ralp_pipe.atomic import atomic_path  # noqa: E402
 from ralp_pipe.config import STRATEGIES  # noqa: E402
-from ralp_pipe.results.layout import PLOT_NAMES  # noqa: E402
+from ralp_pipe.results.breakdown import PARTS, by_configuration  # noqa: E402
+from ralp_pipe.results.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
+
+if TYPE_CHECKING:
+    from ralp_pipe.results.aggregate import Tables
 
 CATEGORY_LABELS = {
     "gb_gradients": "gradients",
@@ -23,12 +37,16 @@ CATEGORY_LABELS = {
     "gb_activation_gradients": "activation gradients",
     "gb_labels": "labels",
 }
+PART_LABELS = {"compute_s": "compute", "comm_wait_s": "communication wait", "data_wait_s": "data wait"}
+REFERENCE = ("allreduce", 1)  # (strategy, N) of the single-device reference run
+COLOURS = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))
+NO_REFERENCE = "no single-device reference run (allreduce at N=1) in this experiment"
 
 
-def _grid(count: int) -> tuple[Any, list[Any]]:
-    cols = min(count, 3)
-    rows = math.ceil(count / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.5 * rows), squeeze=False)
+def _grid(count: int, width: float = 4.5, height: float = 3.5, most_cols: int = 3) -> tuple[Any, list[Any]]:
+    cols = min(max(count, 1), most_cols)
+    rows = math.ceil(max(count, 1) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     flat = list(axes.flat)
     for axis in flat[count:]:
         axis.set_visible(False)
@@ -42,98 +60,281 @@ def _save(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def _strategies(runs: pd.DataFrame) -> list[str]:
-    return [s for s in STRATEGIES if s in set(runs["strategy"])]
+def _empty(axis: Any, text: str) -> None:
+    axis.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize="small", transform=axis.transAxes)
+    axis.set_axis_off()
 
 
-def throughput_vs_n(runs: pd.DataFrame, path: Path) -> None:
-    """Images/sec against N, one panel per model x dataset, one line per strategy and network."""
-    panels = list(runs.groupby(["model", "dataset"], sort=True))
+def _log_scale(axis: Any, which: str) -> None:
+    """A log axis labelled at 1, 2 and 5 of each decade in plain numbers (no crowded minor labels)."""
+    scale = getattr(axis, f"{which}axis")
+    axis.set(**{f"{which}scale": "log"})
+    scale.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    scale.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    scale.set_minor_formatter(ticker.NullFormatter())
+
+
+def _style(strategy: str) -> dict[str, Any]:
+    """One colour per strategy; its sequential ablation dashed in the same colour."""
+    base = strategy.removesuffix(SEQUENTIAL_SUFFIX)
+    return {"color": COLOURS.get(base, "grey"), "linestyle": "--" if base != strategy else "-"}
+
+
+def _errors(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """Whisker lengths below and above `column` from its interval columns (0 where there is no interval)."""
+    mean = frame[column].to_numpy(dtype=float)
+    low = frame[f"{column}_ci_low"].to_numpy(dtype=float)
+    high = frame[f"{column}_ci_high"].to_numpy(dtype=float)
+    return np.nan_to_num(np.vstack([mean - low, high - mean]), nan=0.0)
+
+
+def _panels(frame: pd.DataFrame, keys: list[str]) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    return [(key if isinstance(key, tuple) else (key,), group) for key, group in frame.groupby(keys, sort=True)]
+
+
+def reference_rate(runs: pd.DataFrame) -> pd.Series:
+    """Images/sec of the single-device reference per (model, dataset), the mean over its networks."""
+    strategy, gpus = REFERENCE
+    single = runs[(runs["strategy"] == strategy) & (runs["gpus"] == gpus)]
+    return single.groupby(["model", "dataset"])["images_per_sec"].mean()
+
+
+def _lines(group: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(strategy, network, rows by N) of each curve of a panel, in the tables' strategy order."""
+    order = list(dict.fromkeys(group["strategy"]))
+    curves = group.groupby(["strategy", "network"], sort=False)
+    return sorted(
+        ((s, net, line.sort_values("gpus")) for (s, net), line in curves), key=lambda c: (order.index(c[0]), c[1])
+    )
+
+
+def throughput_vs_n(tables: Tables, path: Path) -> None:
+    """Images/sec against N with intervals, one panel per model x dataset, and the ideal linear scaling."""
+    runs, reference = tables.runs, reference_rate(tables.runs)
+    panels = _panels(runs, ["model", "dataset"])
     fig, axes = _grid(len(panels))
     for axis, ((model, dataset), group) in zip(axes, panels):
-        for (strategy, network), line in group.groupby(["strategy", "network"], sort=False):
-            line = line.sort_values("gpus")
-            axis.plot(line["gpus"], line["images_per_sec"], marker="o", label=f"{strategy} @ {network}")
-        axis.set(title=f"{model} / {dataset}", xlabel="N (GPUs)", ylabel="images/sec")
+        for strategy, network, line in _lines(group):
+            axis.errorbar(
+                line["gpus"],
+                line["images_per_sec"],
+                yerr=_errors(line, "images_per_sec"),
+                marker="o",
+                capsize=3,
+                label=f"{strategy} @ {network}",
+                **_style(strategy),
+            )
+        ns = sorted(group["gpus"].unique())
+        if (model, dataset) in reference.index:
+            ideal = [1, max(ns)]
+            axis.plot(ideal, [n * reference[(model, dataset)] for n in ideal], color="black", linestyle=":")
+            axis.lines[-1].set_label("ideal: N x single device")
+        else:
+            axis.text(0.02, 0.98, NO_REFERENCE, transform=axis.transAxes, va="top", fontsize="x-small", wrap=True)
+        axis.set(title=f"{model} / {dataset}", xlabel="N (GPUs)", ylabel="images/sec (all workers)", ylim=(0, None))
+        axis.set_xticks(ns)
+        axis.legend(fontsize="x-small")
+    _save(fig, path)
+
+
+def scaling_efficiency(tables: Tables, path: Path) -> None:
+    """Images/sec / (N x single-device images/sec) against N, one panel per model x dataset."""
+    runs, reference = tables.runs, reference_rate(tables.runs)
+    panels = _panels(runs, ["model", "dataset"])
+    fig, axes = _grid(len(panels))
+    for axis, ((model, dataset), group) in zip(axes, panels):
+        if (model, dataset) not in reference.index:
+            _empty(axis, f"{model} / {dataset}: {NO_REFERENCE}")
+            continue
+        ideal = group["gpus"].to_numpy(dtype=float) * reference[(model, dataset)]
+        scaled = group.assign(
+            efficiency=group["images_per_sec"] / ideal,
+            efficiency_ci_low=group["images_per_sec_ci_low"] / ideal,
+            efficiency_ci_high=group["images_per_sec_ci_high"] / ideal,
+        )
+        for strategy, network, line in _lines(scaled):
+            axis.errorbar(
+                line["gpus"],
+                line["efficiency"],
+                yerr=_errors(line, "efficiency"),
+                marker="o",
+                capsize=3,
+                label=f"{strategy} @ {network}",
+                **_style(strategy),
+            )
+        axis.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
+        axis.set(title=f"{model} / {dataset}", xlabel="N (GPUs)", ylabel="scaling efficiency", ylim=(0, None))
         axis.set_xticks(sorted(group["gpus"].unique()))
-        axis.legend(fontsize="small")
+        axis.legend(fontsize="x-small")
     _save(fig, path)
 
 
-def gb_per_step(runs: pd.DataFrame, path: Path) -> None:
-    """Stacked GB/step by category for each strategy, at the largest N and first network of each panel."""
-    panels = list(runs.groupby(["model", "dataset"], sort=True))
-    fig, axes = _grid(len(panels))
+def _largest_compared_n(group: pd.DataFrame) -> int:
+    """The largest N at which a panel compares several strategies (the largest N if none does)."""
+    counts = group.groupby("gpus")["strategy"].nunique()
+    compared = counts[counts > 1]
+    return int((compared if not compared.empty else counts).index.max())
+
+
+def gb_per_step(tables: Tables, path: Path) -> None:
+    """GB/step by category on a log axis, one bar group per strategy at a panel's largest compared N."""
+    runs = tables.runs
+    panels = _panels(runs, ["model", "dataset"])
+    fig, axes = _grid(len(panels), width=5.5)
     for axis, ((model, dataset), group) in zip(axes, panels):
-        gpus, network = group["gpus"].max(), sorted(group["network"].unique())[0]
-        cell = group[(group["gpus"] == gpus) & (group["network"] == network)].set_index("strategy")
-        cell = cell.reindex([s for s in _strategies(runs) if s in cell.index])
-        bottom = pd.Series(0.0, index=cell.index)
-        for column, label in CATEGORY_LABELS.items():
-            values = cell[column].fillna(0.0)
-            axis.bar(cell.index, values, bottom=bottom, label=label)
-            bottom += values
-        axis.set(title=f"{model} / {dataset}, N={gpus}, {network}", ylabel="GB/step", ylim=(0, None))
-        axis.legend(fontsize="small")
+        gpus = _largest_compared_n(group)
+        network = sorted(group["network"].unique())[0]
+        cell = group[(group["gpus"] == gpus) & (group["network"] == network)].reset_index(drop=True)
+        volume = cell[list(CATEGORY_LABELS)].fillna(0.0)
+        present = [column for column in CATEGORY_LABELS if (volume[column] > 0).any()]
+        width = 0.8 / max(len(present), 1)
+        for index, column in enumerate(present):
+            values = volume[column].to_numpy(dtype=float)
+            shown = values > 0  # a zero has no place on a log axis
+            positions = np.arange(len(cell))[shown] + (index - (len(present) - 1) / 2) * width
+            colour = f"C{list(CATEGORY_LABELS).index(column)}"
+            axis.bar(positions, values[shown], width=width, label=CATEGORY_LABELS[column], color=colour)
+        for position, total in enumerate(cell["gb_total"].to_numpy(dtype=float)):
+            label = f"{total:.3g} GB" if total > 0 else "0 GB"
+            axis.annotate(label, (position, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom")
+        _log_scale(axis, "y")
+        smallest = volume[volume > 0].min().min()
+        if smallest > 0:  # the smallest bar a third of a decade tall at least
+            axis.set_ylim(bottom=smallest / 3)
+        axis.set_xticks(range(len(cell)), cell["strategy"], fontsize="small")
+        axis.set(ylabel="GB/step (log scale)")
+        axis.set_title(f"{model} / {dataset}, N={gpus}, {network}: total above each group", pad=16)
+        axis.legend(fontsize="x-small")
     _save(fig, path)
 
 
-def speedup(runs: pd.DataFrame, path: Path) -> None:
-    """Speedup over ps per strategy, bars grouped by model x dataset x N x network."""
-    others = [s for s in _strategies(runs) if s != "ps"]
-    groups = list(runs.groupby(["model", "dataset", "gpus", "network"], sort=True))
-    fig, axis = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(len(others), 1)), 4))
-    width = 0.8 / max(len(others), 1)
-    for index, strategy in enumerate(others):
-        values = [g.set_index("strategy")["speedup_vs_ps"].get(strategy, math.nan) for _, g in groups]
-        axis.bar([i + index * width for i in range(len(groups))], values, width=width, label=strategy)
-    axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.set_xticks([i + width * (len(others) - 1) / 2 for i in range(len(groups))])
-    axis.set_xticklabels([f"{m}\n{d}\nN={n} {net}" for (m, d, n, net), _ in groups], fontsize="small")
-    axis.set(ylabel="speedup over ps")
-    axis.legend(fontsize="small")
+def speedup(tables: Tables, path: Path) -> None:
+    """Speedup over ps (top) and over allreduce (bottom) per strategy with interval whiskers."""
+    runs = tables.runs
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.6 * runs.groupby(["model", "dataset", "gpus"]).ngroups), 7))
+    for axis, baseline in zip(axes, ("ps", "allreduce")):
+        column = f"speedup_vs_{baseline}"
+        compared = runs[(runs["strategy"] != baseline) & runs[column].notna()]
+        groups = _panels(compared, ["model", "dataset", "gpus", "network"])
+        if not groups:
+            _empty(axis, f"no configuration has both {baseline} and another strategy")
+            continue
+        strategies = list(dict.fromkeys(compared["strategy"]))
+        width = 0.8 / len(strategies)
+        for index, strategy in enumerate(strategies):
+            rows = pd.DataFrame(
+                [g[g["strategy"] == strategy].iloc[0] for _, g in groups if strategy in set(g["strategy"])]
+            )
+            positions = [i for i, (_, g) in enumerate(groups) if strategy in set(g["strategy"])]
+            axis.bar(
+                np.array(positions) + (index - (len(strategies) - 1) / 2) * width,
+                rows[column],
+                width=width,
+                yerr=_errors(rows, column),
+                capsize=3,
+                label=strategy,
+                color=_style(strategy)["color"],
+                hatch="//" if strategy.endswith(SEQUENTIAL_SUFFIX) else None,
+            )
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xticks(range(len(groups)), [f"{m}\n{d}\nN={n} {net}" for (m, d, n, net), _ in groups])
+        axis.tick_params(axis="x", labelsize="x-small")
+        axis.set(ylabel=f"speedup over {baseline}")
+        axis.legend(fontsize="x-small")
     _save(fig, path)
 
 
-def predicted_vs_measured(runs: pd.DataFrame, path: Path) -> None:
-    """Planner's predicted images/sec against the measured, one colour per strategy, log-log with y = x and ±20%."""
-    fig, axis = plt.subplots(figsize=(5, 5))
+def predicted_vs_measured(tables: Tables, path: Path) -> None:
+    """Planner's predicted images/sec against the measured (with its interval), log-log with y = x and ±20%."""
+    runs = tables.runs
+    fig, axis = plt.subplots(figsize=(5.5, 5))
     known = runs.dropna(subset=["predicted_images_per_sec"])
     known = known[(known["images_per_sec"] > 0) & (known["predicted_images_per_sec"] > 0)]
-    for strategy in _strategies(known) if not known.empty else []:
+    for strategy in dict.fromkeys(known["strategy"]):
         points = known[known["strategy"] == strategy]
-        axis.scatter(points["images_per_sec"], points["predicted_images_per_sec"], label=strategy)
+        axis.errorbar(
+            points["images_per_sec"],
+            points["predicted_images_per_sec"],
+            xerr=_errors(points, "images_per_sec"),
+            fmt="o",
+            capsize=3,
+            label=strategy,
+            color=_style(strategy)["color"],
+        )
     values = known[["images_per_sec", "predicted_images_per_sec"]].to_numpy()
     low, high = (values.min() / 1.5, values.max() * 1.5) if len(values) else (0.1, 10.0)
     axis.plot([low, high], [low, high], color="black", linewidth=0.8, label="y = x")
     for factor in (0.8, 1.2):
         axis.plot([low, high], [low * factor, high * factor], color="grey", linewidth=0.6, linestyle="--")
+    _log_scale(axis, "x")
+    _log_scale(axis, "y")
     axis.set(
-        xscale="log",
-        yscale="log",
         xlim=(low, high),
         ylim=(low, high),
-        xlabel="measured images/sec",
+        xlabel="measured images/sec (95% interval)",
         ylabel="predicted images/sec",
         title="planner prediction (dashed: ±20%)",
     )
-    axis.legend(fontsize="small")
+    axis.legend(fontsize="x-small")
+    _save(fig, path)
+
+
+def breakdown(tables: Tables, path: Path) -> None:
+    """A worker's step stacked into compute, communication wait and data wait, beside the servers' compute."""
+    frame = by_configuration(tables.breakdown)
+    panels = _panels(frame, ["model", "dataset", "network"])
+    bars = max((len(group) for _, group in panels), default=1)
+    fig, axes = _grid(len(panels), width=max(6.0, 0.8 * bars), height=4.0, most_cols=1)
+    for axis, ((model, dataset, network), group) in zip(axes, panels):
+        group = group.sort_values("gpus", kind="stable").reset_index(drop=True)
+        positions = np.arange(len(group))
+        bottom = np.zeros(len(group))
+        for index, part in enumerate(PARTS):
+            values = np.nan_to_num(group[part].to_numpy(dtype=float), nan=0.0)
+            axis.bar(positions - 0.15, values, width=0.5, bottom=bottom, label=PART_LABELS[part], color=f"C{index}")
+            bottom += values
+        server = group["ps_compute_s"].to_numpy(dtype=float)
+        has = ~np.isnan(server)
+        axis.bar(
+            positions[has] + 0.3,
+            server[has],
+            width=0.2,
+            color="grey",
+            hatch="//",
+            label="PS-side compute\n(ps ranks, PS device)",
+        )
+        for position, share, top in zip(positions, group["comm_share"], bottom):
+            if not math.isnan(share):
+                axis.annotate(f"{share:.0%}", (position - 0.15, top), ha="center", va="bottom", fontsize="x-small")
+        axis.set_xticks(positions, [f"{s}\nN={n}" for s, n in zip(group["strategy"], group["gpus"])])
+        axis.tick_params(axis="x", labelsize="x-small")
+        axis.set(title=f"{model} / {dataset}, {network}", ylabel="seconds per step (mean)", ylim=(0, None))
+        axis.margins(y=0.12)
+        axis.legend(
+            fontsize="x-small",
+            title="%: communication share",
+            title_fontsize="x-small",
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+        )
     _save(fig, path)
 
 
 PLOTS = {
     "throughput_vs_n": throughput_vs_n,
+    "scaling_efficiency": scaling_efficiency,
     "gb_per_step": gb_per_step,
     "speedup": speedup,
     "predicted_vs_measured": predicted_vs_measured,
+    "breakdown": breakdown,
 }
 
 
-def write_plots(runs: pd.DataFrame, out: Path) -> list[Path]:
+def write_plots(tables: Tables, out: Path) -> list[Path]:
     """Draw every figure of :data:`~ralp_pipe.results.layout.PLOT_NAMES` into `out` as PNG; returns the files."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in PLOT_NAMES:
-        PLOTS[name](runs, out / f"{name}.png")
+        PLOTS[name](tables, out / f"{name}.png")
         paths.append(out / f"{name}.png")
     return paths

@@ -208,11 +208,7 @@ def compare_tables(folder: Path) -> Tables:
     for name in TABLE_FILES:
         if not (stored / name).is_file():
             raise BundleRefused(f"bundle lacks tables/{name}")
-    for name, frame in (
-        ("runs.parquet", tables.runs),
-        ("speedups.parquet", tables.speedups),
-        ("concurrent.parquet", tables.concurrent),
-    ):
+    for name, frame in tables.frames().items():
         try:
             pd.testing.assert_frame_equal(pd.read_parquet(stored / name), frame, check_exact=True)
         except AssertionError as exc:
@@ -229,8 +225,8 @@ def _installed(name: str) -> str | None:
         return None
 
 
-def compare_plots(folder: Path, runs: pd.DataFrame) -> str | None:
-    """Redraw every plot from the recomputed `runs` and compare bytes with tables/plots/ below `folder`.
+def compare_plots(folder: Path, tables: Tables) -> str | None:
+    """Redraw every plot from the recomputed `tables` and compare bytes with tables/plots/ below `folder`.
 
     Returns None when all were compared, else the reason none were: the bundle names other
     versions of the drawing packages than this interpreter has (their PNG bytes differ legitimately).
@@ -252,7 +248,7 @@ def compare_plots(folder: Path, runs: pd.DataFrame) -> str | None:
         differ = ", ".join(f"{n} {bundled[n]} (here {here[n]})" for n in DRAWING_PACKAGES if bundled[n] != here[n])
         return f"drawn with {differ}"
     with tempfile.TemporaryDirectory(prefix="redrawn-", dir=folder.parent) as redraw:
-        for path in write_plots(runs, Path(redraw)):
+        for path in write_plots(tables, Path(redraw)):
             if path.read_bytes() != (stored / path.name).read_bytes():
                 raise BundleRefused(
                     f"tables/{PLOTS_FOLDER}/{path.name} differs from the plot redrawn from the recomputed tables "
@@ -277,7 +273,7 @@ def verify_bundle(path: Path, limits: Limits = Limits()) -> Verified:
             check_checksums(digests, Path(scratch, top, CHECKSUMS), top)
             check_contents(Path(scratch), sorted(digests))
             tables = compare_tables(Path(scratch, top))
-            plots = compare_plots(Path(scratch, top), tables.runs)
+            plots = compare_plots(Path(scratch, top), tables)
     return Verified(top=top, files=len(files), runs=len(tables.runs), plots_redrawn=plots)
 
 

@@ -1,0 +1,106 @@
+"""Where a step's time goes, per run: compute, communication wait, data wait and the PS side (breakdown.parquet).
+
+From each run's steps.parquet, over its measured steps (see :mod:`ralp_pipe.engine.metrics` for
+what each column times):
+
+- ``step_time_s``, ``compute_s``, ``comm_wait_s``, ``data_wait_s``: the workers' step and its three
+  parts, each the mean over worker ranks and measured steps, so the parts add up to the step;
+- ``comm_share``: ``comm_wait_s / step_time_s``, the share of a worker's step spent waiting on
+  transfers (for ``ps``, the paper's premise that the parameter servers' link is the bottleneck);
+- ``ps_compute_s``, ``ps_comm_wait_s``: the same means over the server ranks (``ps`` processes or
+  RALP's PS device), null for ``allreduce``. A server works while the workers wait, so its time is
+  shown beside the workers' step, not added to it.
+
+Steps recorded before the data wait was timed on its own have no ``data_wait_s`` column: their
+data wait is null and their compute includes it. The summary's section averages the repeats of
+each configuration.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import pandas as pd
+
+from ralp_pipe.engine.metrics import MEASURE
+from ralp_pipe.engine.topology import WORKER
+from ralp_pipe.errors import DataError
+from ralp_pipe.results.records import RunMetrics
+
+KEYS = ["model", "dataset", "gpus", "network", "strategy", "repeat", "run"]  # strategy: the row name (arm)
+PARTS = ["compute_s", "comm_wait_s", "data_wait_s"]  # a worker's step, in the order the plot stacks them
+SERVER = ["ps_compute_s", "ps_comm_wait_s"]
+FIGURES = ["step_time_s", *PARTS, "comm_share", *SERVER]
+REQUIRED = ("role", "phase", "step_time_s", "compute_s", "comm_wait_s")  # in every steps.parquet
+
+
+def _mean(rows: pd.DataFrame, column: str) -> float:
+    return float(rows[column].mean()) if column in rows and not rows.empty else math.nan
+
+
+def run_breakdown(record: RunMetrics, steps: pd.DataFrame) -> dict[str, Any]:
+    """The breakdown row of one run from its record and its steps.parquet."""
+    missing = [column for column in REQUIRED if column not in steps]
+    if missing:
+        raise DataError(
+            f"steps.parquet of run {record.run} lacks column {', '.join(map(repr, missing))}: re-run `ralp-pipe train`"
+        )
+    measured = steps[steps["phase"] == MEASURE]
+    workers, servers = measured[measured["role"] == WORKER], measured[measured["role"] != WORKER]
+    if workers.empty:
+        raise DataError(f"steps.parquet of run {record.run} has no measured step of a worker: re-run `ralp-pipe train`")
+    row: dict[str, Any] = {key: getattr(record, key) for key in KEYS if key != "strategy"}
+    row["strategy"] = record.arm
+    row["step_time_s"] = _mean(workers, "step_time_s")
+    row.update({part: _mean(workers, part) for part in PARTS})
+    row["comm_share"] = row["comm_wait_s"] / row["step_time_s"] if row["step_time_s"] > 0 else math.nan
+    row["ps_compute_s"], row["ps_comm_wait_s"] = _mean(servers, "compute_s"), _mean(servers, "comm_wait_s")
+    return row
+
+
+def breakdown_table(runs: Iterable[tuple[RunMetrics, pd.DataFrame]]) -> pd.DataFrame:
+    """breakdown.parquet: one row per run from its (record, steps.parquet), in the order given."""
+    return pd.DataFrame([run_breakdown(record, steps) for record, steps in runs], columns=[*KEYS, *FIGURES])
+
+
+def by_configuration(breakdown: pd.DataFrame) -> pd.DataFrame:
+    """The breakdown averaged over the repeats of each configuration (model, dataset, N, network, strategy)."""
+    return breakdown.groupby(KEYS[:-2], sort=False, dropna=False)[FIGURES].mean().reset_index()
+
+
+def _cell(value: float, digits: int = 3, suffix: str = "") -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}{suffix}"
+
+
+def breakdown_markdown(breakdown: pd.DataFrame) -> str:
+    """The summary's time-breakdown section with the share of a `ps` step that is communication ('' if no runs)."""
+    if breakdown.empty:
+        return ""
+    mean = by_configuration(breakdown)
+    header = ["model", "dataset", "N", "network", "strategy", "step (s)", "compute (s)", "comm wait (s)"]
+    header += ["data wait (s)", "comm share", "PS compute (s)", "PS comm wait (s)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in mean.itertuples():
+        cells = [r.model, r.dataset, str(r.gpus), r.network, r.strategy, _cell(r.step_time_s), _cell(r.compute_s)]
+        cells += [_cell(r.comm_wait_s), _cell(r.data_wait_s), _cell(100 * r.comm_share, 0, "%")]
+        cells += [_cell(r.ps_compute_s), _cell(r.ps_comm_wait_s)]
+        lines.append("| " + " | ".join(cells) + " |")
+    parts = [
+        "## Time breakdown of a step",
+        "",
+        "Per configuration, over the measured steps and the repeats: a worker's step time and its parts "
+        "(compute, waiting on transfers, waiting for the next batch), and the server ranks' own compute "
+        "and wait (ps processes or RALP's PS device; they work while the workers wait).",
+        "",
+        *lines,
+        "",
+    ]
+    ps = mean[mean["strategy"] == "ps"]["comm_share"].dropna()
+    if not ps.empty:
+        parts += [
+            f"Communication wait is {100 * ps.mean():.0f}% of a `ps` worker's step on average "
+            f"({100 * ps.min():.0f}% to {100 * ps.max():.0f}% over {len(ps)} ps configurations).",
+            "",
+        ]
+    return "\n".join(parts)
