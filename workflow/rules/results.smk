@@ -1,5 +1,6 @@
 # Tables, plots and the reproducibility bundle of the whole experiment.
 from ralp_pipe.results.layout import (
+    BREAKDOWN_TABLE,
     CONCURRENT_TABLE,
     PLOT_NAMES,
     PLOTS_FOLDER,
@@ -41,6 +42,11 @@ rule aggregate:
             caption="../report/concurrent.rst",
             category="Tables",
         ),
+        breakdown=report(
+            f"{TABLES}/{BREAKDOWN_TABLE}",
+            caption="../report/breakdown.rst",
+            category="Tables",
+        ),
         summary=report(
             f"{TABLES}/{SUMMARY_FILE}",
             caption="../report/summary.rst",
@@ -49,7 +55,7 @@ rule aggregate:
         plots=[
             report(
                 f"{TABLES}/{PLOTS_FOLDER}/{name}.png",
-                caption="../report/plots.rst",
+                caption=f"../report/plot_{name}.rst",
                 category="Plots",
                 labels={"plot": name},
             )
