@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# System packages for the SLURM integration test and the emulated cluster (Debian, as root).
+# System packages for `ralp-pipe cluster up` (the multi-node SLURM test) and the emulated cluster (Debian, as root).
 # Safe to run repeatedly; does nothing when everything is already there.
 set -euo pipefail
 need=()
-for cmd in slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client munged:munge ip:iproute2 tc:iproute2; do
+for cmd in slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client munged:munge ip:iproute2 tc:iproute2 \
+  nsenter:util-linux unshare:util-linux setpriv:util-linux; do
   command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd##*:}")
 done
 [ ${#need[@]} -eq 0 ] && exit 0
