@@ -129,13 +129,12 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
                 f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}"
             )
         torch.manual_seed(cfg.train.seed)
-        units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
         t = cfg.train
         comm = Comm(env.rank, env.world_size, backend)
         setup = StepSetup(
             topo,
             comm,
-            units,
+            models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout)),
             split,
             Optim(t.lr, t.momentum, t.weight_decay),
             device,

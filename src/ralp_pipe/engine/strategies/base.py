@@ -71,6 +71,10 @@ class StepSetup:
         """The whole model as a Sequential of its units, on this rank's device."""
         return nn.Sequential(*(u.module for u in self.units)).to(self.device)
 
+    def release_model(self) -> None:
+        """Drop the model: a PS rank keeps only its buckets (VGG-11/22K: 872 MB a copy otherwise)."""
+        self.units = []
+
     def autocast(self) -> torch.autocast:
         """Mixed precision (bfloat16) for forward passes when `amp` is set on a CUDA device."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp and self.device.type == "cuda")

@@ -31,7 +31,8 @@ class ParameterServerStrategy(Strategy):
             self.server = PushPullServer(
                 setup.comm, named, buckets, setup.topology.workers, setup.optim, mean=True, overlap=setup.overlap
             )
-            del self.net
+            del self.net, named
+            setup.release_model()
         else:
             self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap)
             self.client.attach(list(self.net.modules()))
