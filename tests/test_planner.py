@@ -9,13 +9,13 @@ from functools import lru_cache
 import pytest
 
 from ralp_pipe import cli
-from ralp_pipe.config import STRATEGIES, load
+from ralp_pipe.config import STRATEGIES, ConfigError, load
 from ralp_pipe.engine import models
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.planner import build_plan
 from ralp_pipe.planning.profiling import analytic_profile
-from ralp_pipe.results.records import Profile
+from ralp_pipe.results.records import LinkProbe, Profile
 
 # builds VGG/ResNet models and plans every strategy and split (the module fixture ~30 s, tests 7-21 s)
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def test_vgg_on_1gbit_splits_right_after_a_pool_unit_before_the_classifier(model
     so the planner may move them to the PS device too; what must hold is that the split is
     after a pooling unit (the smallest activation around it), before avgpool/flatten (whose
     25088 features would cross the link), and moves far fewer bytes than ps."""
-    plan = _plan(model, 32, ["cluster=slurm", "network=1gbit"], GPU_MACS, 1.25e8, [4])  # a measured 1 Gbit/s fabric
+    plan = _plan(model, 32, ["cluster=slurm", "network=fabric"], GPU_MACS, 1.25e8, [4])  # a measured 1 Gbit/s fabric
     units = _units(model)
     names = [u.name for u in units]
     first_dense = models.default_split(units)
@@ -96,7 +96,7 @@ def test_vgg_at_224_with_a_cpu_class_ps_device_splits_after_the_last_conv_pool_u
     paper's: after the last conv/pool unit, the PS device running avgpool, flatten and the
     classifier."""
     # a real cluster's fabric is not shaped: the planner uses what the probe measured there (1 Gbit/s)
-    plan = _plan("vgg11", 224, ["cluster=slurm", "network=1gbit"], CPU_MACS, 1.25e8, [4], batch=32)
+    plan = _plan("vgg11", 224, ["cluster=slurm", "network=fabric"], CPU_MACS, 1.25e8, [4], batch=32)
     names = [u.name for u in _units("vgg11")]
     for strategy in ("ralp_h", "ralp_n"):
         assert plan["strategies"][strategy]["split"] == names.index("avgpool")
@@ -172,3 +172,34 @@ def test_plan_refuses_a_profile_of_another_model(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "p.json" in err and "model='resnet18'" in err and "vgg11" in err
     assert not (tmp_path / "o.json").exists()
+
+
+def _link_record(path, network: str, kind: str, bytes_per_s: float) -> str:
+    measured = {"bytes_per_s": bytes_per_s, "latency_s": 1e-4, "allreduce_bus_bytes_per_s": bytes_per_s}
+    LinkProbe(network=network, cluster_kind=kind, measured=measured).write(path)
+    return str(path)
+
+
+def test_on_slurm_the_plan_prices_the_fabric_the_link_probe_measured(tmp_path, capsys) -> None:
+    """The compute profile's own probe (10 GB/s here) is not the fabric: the link record of the
+    run's network is, and on SLURM nothing caps it at a configured rate."""
+    profile = analytic_profile("resnet18", 1000, 32, [2, 4], CPU_MACS, 1e10, MEMORY)
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    link = _link_record(tmp_path / "fabric.json", "fabric", "slurm", 3.1e9)
+    common = ["--profile", str(tmp_path / "p.json"), "model=resnet18", "train.image_size=32", "train.batch_size=2"]
+    overrides = ["cluster=slurm", "network=fabric", "cluster.gpus=2"]
+    assert cli.main(["plan", *common, "--link", link, "--out", str(tmp_path / "plan.json"), *overrides]) == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["bandwidth_bytes_per_s"] == 3.1e9 and plan["bandwidth_source"] == "measured"
+    assert plan["link"] == link and plan["cluster_kind"] == "slurm"
+    other = _link_record(tmp_path / "other.json", "ib", "slurm", 1e10)
+    assert cli.main(["plan", *common, "--link", other, "--out", str(tmp_path / "o.json"), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert "other.json" in err and "network='ib'" in err and "'fabric'" in err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_rate_on_a_slurm_network_is_refused_since_nothing_shapes_a_real_cluster() -> None:
+    with pytest.raises(ConfigError, match="network.rate='1gbit', but nothing shapes a SLURM cluster's network"):
+        load(["cluster=slurm", "network=1gbit"])
+    assert load(["cluster=emulated", "network=1gbit"]).network.rate == "1gbit"

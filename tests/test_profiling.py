@@ -12,7 +12,8 @@ import torch
 from ralp_pipe import cli
 from ralp_pipe.engine import models
 from ralp_pipe.errors import RunFailure
-from ralp_pipe.planning.profiling import measure_bandwidth, profile_model, worker_and_ps_batches
+from ralp_pipe.planning.profiling import measure_bandwidth, profile_batches, profile_model, worker_and_ps_batches
+from ralp_pipe.results.records import LinkProbe
 from ralp_pipe.runtime import hardware
 
 CPU = torch.device("cpu")
@@ -68,6 +69,29 @@ def test_ps_device_batches_follow_the_topologies() -> None:
     assert worker_and_ps_batches(8, 1) == {"worker": 8}
 
 
+def test_one_compute_profile_times_the_ps_device_batches_of_every_n() -> None:
+    batches = profile_batches(8, [4, 2, 4])
+    assert batches == {"worker": 8, "ps_ralp_n_n2": 8, "ps_ralp_h_n2": 8, "ps_ralp_n_n4": 24, "ps_ralp_h_n4": 16}
+
+
+def test_link_only_writes_a_link_record_of_the_network_and_no_compute_profile(tmp_path) -> None:
+    out = tmp_path / "links" / "1gbit.json"
+    argv = ["profile", "--link-only", "--out", str(out), "--message-mb", "1", "--bandwidth-repeats", "1"]
+    assert cli.main([*argv, "cluster=local", "network=1gbit"]) == 0
+    probe = LinkProbe.read(out)
+    assert probe.network == "1gbit" and probe.cluster_kind == "local" and probe.interface is None
+    assert probe.measured["network"] == "this host" and probe.measured["bytes_per_s"] > 1e6
+    assert probe.configured_rate is None  # a local cluster shapes nothing
+    assert "units" not in json.loads(out.read_text())
+
+
+def test_a_slurm_link_probe_outside_an_allocation_fails_naming_what_is_missing(monkeypatch, capsys) -> None:
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    status = cli.main(["profile", "--link-only", "--out", "never.json", "cluster=slurm", "network=fabric"])
+    assert status == 4 and "outside a SLURM allocation" in capsys.readouterr().err
+
+
 def test_bandwidth_probe_measures_both_directions_through_argv_prefixes() -> None:
     prefixes = (["env", "RALP_PROBE_RANK=0"], ["env", "RALP_PROBE_RANK=1"])
     result = measure_bandwidth("gloo", 4 * 2**20, repeats=2, argv_prefixes=prefixes, rank_env=({}, {}), timeout_s=90)
@@ -107,7 +131,7 @@ def test_profile_cli_writes_one_json_with_hardware_and_the_emulated_link(tmp_pat
     assert cli.main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["model"] == "resnet18" and doc["num_classes"] == 1000 and doc["device"] == "cpu"
-    assert doc["batches"] == {"worker": 2, "ps_ralp_n": 2, "ps_ralp_h": 2}
+    assert doc["batches"] == {"worker": 2, "ps_ralp_n_n2": 2, "ps_ralp_h_n2": 2}
     assert doc["hardware"]["cpu_count"] >= 1 and doc["hardware"]["versions"]["torch"] == metadata.version("torch")
     measured = doc["link"]["measured"]
     # the probe ran between two hosts of an emulated 1 Gbit/s network (1.25e8 bytes/s), not over

@@ -1,30 +1,64 @@
-# Per model x dataset x N x network: profile the model on this hardware, then plan the split.
+# Profile compute once per model x classes x batch x image size x device kind (for every N of the
+# experiment), probe each network's link once, then plan the split per dataset x model x N x network.
 
 
 rule profile:
-    input:
-        MATRIX.path("shards"),
     output:
         MATRIX.path("profile"),
     log:
-        f"{MATRIX.path('logs')}/profile/{{dataset}}/{{model}}/n{{gpus}}-{{network}}.log",
+        f"{MATRIX.path('logs')}/profile/{{model}}/{{classes}}c-{{batch}}b-{{size}}px-{{hw}}.log",
+    wildcard_constraints:
+        classes=r"\d+",
+        batch=r"\d+",
+        size=r"\d+",
+        hw=r"[a-z]+-[a-z]+",
     conda:
         ENV
-    threads: workflow.cores  # timing measurements run alone
+    threads: workflow.cores  # timing measurements run alone here; under SLURM cpus_per_task bounds them
     resources:
         mem_mb=slurm_resource("profile", "mem_mb"),
         runtime=slurm_resource("profile", "runtime"),
         slurm_partition=slurm_resource("profile", "slurm_partition", ""),
+        cpus_per_task=slurm_resource("profile", "cpus_per_task"),
+        gres=slurm_resource("profile", "gres", ""),
+        slurm_extra=slurm_resource("profile", "slurm_extra", ""),
     params:
         key=stage_params("profile"),
         args=stage_args("profile"),
+        gpus=" ".join(map(str, sorted(set(MATRIX.base.experiment.gpus)))),
     shell:
-        "ralp-pipe profile --out {output:q} {params.args} > {log:q} 2>&1"
+        "ralp-pipe profile --no-bandwidth --out {output:q} {params.args} --gpus {params.gpus}"
+        " > {log:q} 2>&1"
+
+
+rule probe:
+    output:
+        MATRIX.path("link"),
+    log:
+        f"{MATRIX.path('logs')}/probe/{{network}}.log",
+    conda:
+        ENV
+    threads: workflow.cores  # bandwidth measurements run alone
+    resources:
+        mem_mb=slurm_resource("probe", "mem_mb"),
+        runtime=slurm_resource("probe", "runtime"),
+        slurm_partition=slurm_resource("probe", "slurm_partition", ""),
+        cpus_per_task=slurm_resource("probe", "cpus_per_task"),
+        nodes=slurm_resource("probe", "nodes"),
+        tasks=slurm_resource("probe", "tasks"),
+        mpi=slurm_resource("probe", "mpi"),
+        slurm_extra=slurm_resource("probe", "slurm_extra", ""),
+    params:
+        key=stage_params("probe"),
+        args=stage_args("probe"),
+    shell:
+        "ralp-pipe profile --link-only --out {output:q} {params.args} > {log:q} 2>&1"
 
 
 rule plan:
     input:
-        MATRIX.path("profile"),
+        profile=lambda wildcards: MATRIX.path("profile", run_of(wildcards, "plan")),
+        link=MATRIX.path("link"),
     output:
         MATRIX.path("plan"),
     log:
@@ -39,4 +73,5 @@ rule plan:
         key=stage_params("plan"),
         args=stage_args("plan"),
     shell:
-        "ralp-pipe plan --profile {input:q} --out {output:q} {params.args} > {log:q} 2>&1"
+        "ralp-pipe plan --profile {input.profile:q} --link {input.link:q} --out {output:q} {params.args}"
+        " > {log:q} 2>&1"

@@ -13,6 +13,7 @@ from ralp_pipe.results.layout import (
 RUNS = [MATRIX.path("run", run) for run in MATRIX]
 PLANS = sorted({MATRIX.path("plan", run) for run in MATRIX})
 PROFILES = sorted({MATRIX.path("profile", run) for run in MATRIX})
+LINKS = sorted({MATRIX.path("link", run) for run in MATRIX})
 TABLES = MATRIX.path("tables")
 CONCURRENT = [MATRIX.path("concurrent", index=i) for i in range(len(MATRIX.workloads))]
 
@@ -90,6 +91,7 @@ rule bundle:
         config=rules.resolved_config.output,
         tables=rules.aggregate.output,
         profiles=PROFILES,
+        links=LINKS,
     output:
         BUNDLE,
     log:
@@ -103,6 +105,7 @@ rule bundle:
             *RUNS,
             *PLANS,
             *PROFILES,
+            *LINKS,
             *CONCURRENT,
             TABLES,
         ],

@@ -24,8 +24,10 @@ rule train:
         nodes=slurm_resource("train", "nodes"),
         tasks=slurm_resource("train", "tasks"),
         cpus_per_task=slurm_resource("train", "cpus_per_task"),
-        gpus_per_node=slurm_resource("train", "gpus_per_node", 0),
         mpi=slurm_resource("train", "mpi"),
+        tasks_per_gpu=slurm_resource("train", "tasks_per_gpu"),
+        gres=slurm_resource("train", "gres", ""),
+        slurm_extra=slurm_resource("train", "slurm_extra", ""),
     params:
         key=stage_params("train"),
         args=stage_args("train"),

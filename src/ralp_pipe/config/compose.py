@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ralp_pipe.config.clusters import cluster_kind
 from ralp_pipe.config.schema import (
     BACKENDS,
     CLUSTERS,
@@ -142,10 +143,24 @@ def validate(cfg: Config) -> None:
     _at_least("cluster.init_timeout_s", c.init_timeout_s, 1)
     if c.slurm.partition is not None:
         _safe_name("cluster.slurm.partition", c.slurm.partition)
+    _at_least("cluster.slurm.gpus_per_node", c.slurm.gpus_per_node, 0)
+    for key in ("cpus_per_task", "mem_mb", "time_min", "margin_min"):
+        _at_least(f"cluster.slurm.{key}", getattr(c.slurm, key), 1)
+    for key in ("max_nodes", "cpus_per_node", "mem_mb_per_node"):
+        if getattr(c.slurm, key) is not None:
+            _at_least(f"cluster.slurm.{key}", getattr(c.slurm, key), 1)
 
     _safe_name("network.name", n.name)
     rate_bits_per_s(n.rate, "network.rate")
     size_bytes(n.burst, "network.burst")
+    if n.interface is not None:
+        _safe_name("network.interface", n.interface)
+    if cluster_kind(c.kind).on_fabric and n.rate != "unlimited":
+        raise ConfigError(
+            f"network '{n.name}' sets network.rate={n.rate!r}, but nothing shapes a SLURM cluster's network: "
+            f"its fabric is what the hardware is; use a network naming the fabric's interface "
+            f"(experiment.networks=[fabric], network.interface=...) or cluster=emulated for a shaped link"
+        )
 
     _at_least("train.batch_size", t.batch_size, 1)
     _at_least("train.image_size", t.image_size, MIN_IMAGE_SIZE.get(m.name, 32))

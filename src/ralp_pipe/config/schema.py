@@ -93,14 +93,18 @@ class StrategyConfig:
 
 @dataclass
 class SlurmConfig:
-    """Resources a training job asks SLURM for."""
+    """What jobs ask SLURM for and what its nodes hold (``workflow/rules``; the numbers: ralp_pipe.workflow.slurm)."""
 
     partition: str | None = None
-    nodes: int = 1
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-    mem_mb: int = 4000
-    time_min: int = 30
+    gpus_per_node: int = 0  # GPUs of one node: ranks take one each, this many per node; 0: CPU nodes
+    cpus_per_task: int = 1  # CPUs of one rank (and of a profile job, which times one rank's compute)
+    mem_mb: int = 4000  # memory of one rank; a training job asks for this x its ranks on a node
+    time_min: int = 30  # time limit of jobs without an internal timeout (shards, profile, plan)
+    margin_min: int = 10  # training's limit: init_timeout_s + timeout_s, plus this margin
+    exclusive: bool = True  # measurement jobs (train, profile, link probe) take whole nodes
+    max_nodes: int | None = None  # nodes the partition has; None: not checked
+    cpus_per_node: int | None = None  # CPUs of one node; None: not checked
+    mem_mb_per_node: int | None = None  # memory of one node; None: not checked
 
 
 @dataclass
@@ -123,6 +127,7 @@ class NetworkConfig:
     name: str = "loopback"
     rate: str = "unlimited"
     burst: str = "1mb"
+    interface: str | None = None  # on SLURM: the fabric's interface ranks bind to; None: the one routing to rank 0
 
 
 @dataclass

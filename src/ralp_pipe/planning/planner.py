@@ -5,8 +5,11 @@ of every admissible configuration (every split 1..len(units)-1 for `ralp_h` / `r
 bytes per step from :func:`ralp_pipe.engine.volume.step_bytes`, keeps the fastest, and compares it
 with the `ps` baseline. A RALP variant whose best split is not faster than `ps` is kept in the
 plan with ``pays: false`` and a reason, so the engine can still run it as the comparison.
-It reads a :class:`~ralp_pipe.results.records.Profile` and writes a :class:`~ralp_pipe.results.records.Plan`;
-the engine reads ``plan.strategies[name]["split"]``.
+It reads a :class:`~ralp_pipe.results.records.Profile` (compute) and, with ``--link``, the
+:class:`~ralp_pipe.results.records.LinkProbe` of the run's network (else the profile's own probe),
+and writes a :class:`~ralp_pipe.results.records.Plan`; the engine reads ``plan.strategies[name]["split"]``.
+Only emulated links are shaped, so only there does ``network.rate`` cap the measured bandwidth;
+on SLURM the fabric is what the probe measured.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ralp_pipe.planning.costmodel import (
     effective_link,
     predict,
 )
-from ralp_pipe.results.records import Plan, Profile
+from ralp_pipe.results.records import LinkProbe, Plan, Profile
 
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
@@ -47,9 +50,20 @@ def check_profile_matches(profile: Profile, cfg: Config, path: str | Path) -> No
             )
 
 
-def cluster_link(profile: Profile, cfg: Config) -> Link:
-    """The link the run will see: measured, capped by network.rate where the cluster is shaped."""
-    measured = profile.link.get("measured") or {}
+def check_link_matches(probe: LinkProbe, cfg: Config, path: str | Path) -> None:
+    """Refuse a link record of another network or cluster kind than `cfg` trains on."""
+    for key, wanted in (("network", cfg.network.name), ("cluster_kind", cfg.cluster.kind)):
+        if getattr(probe, key) != wanted:
+            raise ConfigError(
+                f"link record {path} has {key}={getattr(probe, key)!r} but the configuration asks for {wanted!r}: "
+                f"probe that network with `ralp-pipe profile --link-only` or pass matching overrides"
+            )
+
+
+def cluster_link(profile: Profile, cfg: Config, probe: LinkProbe | None = None) -> Link:
+    """The link the run will see: measured (by `probe`, else the profile's own probe), capped by
+    network.rate where the cluster is shaped."""
+    measured = (probe.measured if probe else profile.link.get("measured")) or {}
     rate = cfg.network.rate if cluster_kind(cfg.cluster.kind).shapes_links else None
     try:
         return effective_link(
@@ -202,15 +216,25 @@ def plan_gpus(
     return entries
 
 
-def build_plan(profile: Profile, profile_path: str | Path, cfg: Config, gpus: Sequence[int]) -> Plan:
-    """The plan for `cfg` at every GPU count in `gpus` (the first one is the main entry)."""
+def build_plan(
+    profile: Profile,
+    profile_path: str | Path,
+    cfg: Config,
+    gpus: Sequence[int],
+    probe: LinkProbe | None = None,
+    probe_path: str | Path | None = None,
+) -> Plan:
+    """The plan for `cfg` at every GPU count in `gpus` (the first one is the main entry), pricing
+    transfers on `probe` (read from `probe_path`) where given, else on the profile's own link."""
     check_profile_matches(profile, cfg, profile_path)
+    if probe is not None:
+        check_link_matches(probe, cfg, probe_path or "?")
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
     names = [u.name for u in units]
     if names != [u["name"] for u in profile.units]:
         raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")
     costs = compute_costs(profile.to_dict())
-    link = cluster_link(profile, cfg)
+    link = cluster_link(profile, cfg, probe)
     shared = shared_cpu(cfg, profile)
     num_ps = cfg.strategy.num_ps
     volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
@@ -232,6 +256,7 @@ def build_plan(profile: Profile, profile_path: str | Path, cfg: Config, gpus: Se
         allreduce_bytes_per_s=link.ring_bytes_per_s,
         shared_cpu=None if shared is None else {"cores": shared.cores, "profile_threads": shared.profile_threads},
         profile=str(profile_path),
+        link=None if probe_path is None else str(probe_path),
         recommended=best[0],
         strategies=by_gpus[str(gpus[0])],
         by_gpus=by_gpus,
@@ -242,6 +267,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe plan`."""
     parser.add_argument("--profile", required=True, type=Path, help="profile JSON from `ralp-pipe profile`")
     parser.add_argument("--out", required=True, type=Path, help="plan JSON file to write")
+    parser.add_argument(
+        "--link", type=Path, help="link record from `ralp-pipe profile --link-only` (default: the profile's probe)"
+    )
     parser.add_argument("--gpus", type=int, nargs="+", help="GPU counts to plan for (default: cluster.gpus)")
 
 
@@ -251,7 +279,8 @@ def main(args: argparse.Namespace) -> int:
     gpus = args.gpus or [cfg.cluster.gpus]
     if min(gpus) < 1:
         raise ConfigError(f"--gpus {' '.join(map(str, gpus))}: every GPU count must be at least 1")
-    plan = build_plan(Profile.read(args.profile), args.profile, cfg, gpus)
+    probe = LinkProbe.read(args.link) if args.link else None
+    plan = build_plan(Profile.read(args.profile), args.profile, cfg, gpus, probe, args.link)
     plan.write(args.out)
     for name, entry in plan.strategies.items():
         split = f" split {entry['split']:>2}" if entry["split"] else " " * 9

@@ -1,15 +1,21 @@
 """Hardware profile of one model: per-unit compute time, bytes and memory, plus the link bandwidth.
 
 `ralp-pipe profile --out FILE.json <overrides>` writes one
-:class:`~ralp_pipe.results.records.Profile` per model x dataset x hardware. For every placement unit it records forward and backward time (median of
+:class:`~ralp_pipe.results.records.Profile` per model x class count x batch x image size x
+hardware; the workflow profiles compute alone (``--no-bandwidth``) once for every N of the
+experiment (``--gpus``) and probes each network once (``--link-only``, a
+:class:`~ralp_pipe.results.records.LinkProbe`), and the planner combines the two. For every
+placement unit it records forward and backward time (median of
 `repeats` after `warmup` runs, each unit timed in isolation on an input of the right shape)
 at the per-worker batch and at the PS device's concatenated batches (ralp_n and ralp_h at
-`cluster.gpus`), parameter bytes, output activation bytes and peak memory. Peak memory is
+each N of ``--gpus``, default `cluster.gpus`), parameter bytes, output activation bytes and peak memory. Peak memory is
 ``torch.cuda.max_memory_allocated`` during the unit's forward+backward on GPU; on CPU it is
 the bytes of parameters + gradients + input + output + every tensor autograd saves for the
 backward pass (counted with ``saved_tensors_hooks``). It also records the SGD update and
 gradient-aggregation cost per parameter byte, the hardware, and the point-to-point bandwidth
-between two ranks measured with the backend training uses.
+between two ranks (gloo). The probe runs where training's ranks talk: two processes of this host
+(local), two hosts of an emulated network shaped like `network.rate` (emulated), or two tasks
+on two nodes of the job's allocation over the fabric's `network.interface` (slurm).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.errors import RunFailure
-from ralp_pipe.results.records import Profile
+from ralp_pipe.results.records import LinkProbe, Profile
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import free_port, start_logged, supervise
@@ -377,6 +383,16 @@ def _bandwidth_rank(
     }
 
 
+def profile_batches(batch_size: int, gpus: Sequence[int]) -> dict[str, int]:
+    """Every batch a profile for the device counts `gpus` times: the worker's and each N's PS-device batches."""
+    batches = {"worker": batch_size}
+    for n in sorted(set(gpus)):
+        batches.update(
+            {f"{role}_n{n}": b for role, b in worker_and_ps_batches(batch_size, n).items() if role != "worker"}
+        )
+    return batches
+
+
 def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
     """Per-worker batch and the PS device's concatenated batch of ralp_n and ralp_h at `gpus`."""
     batches = {"worker": batch_size}
@@ -386,21 +402,23 @@ def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
     return batches
 
 
-def largest_world(cfg: Any) -> int:
-    """Ranks of the largest run any strategy makes at `cluster.gpus` (what a profile must stand for)."""
-    return max(topology(s, cfg.cluster.gpus, cfg.strategy.num_ps).world_size for s in STRATEGIES)
+def largest_world(cfg: Any, gpus: int | None = None) -> int:
+    """Ranks of the largest run any strategy makes at `gpus` (default `cluster.gpus`): what a profile stands for."""
+    n = gpus or cfg.cluster.gpus
+    return max(topology(s, n, cfg.strategy.num_ps).world_size for s in STRATEGIES)
 
 
-def rank_threads(cfg: Any) -> int | None:
+def rank_threads(cfg: Any, gpus: int | None = None) -> int | None:
     """Torch threads of a CPU training rank of `cfg` on this host, the fewest any strategy's rank gets.
 
     Ranks of a local or emulated cluster share this host's CPUs, so the largest world of any
-    strategy at `cluster.gpus` sets the share; under SLURM a rank gets its task's CPUs. None
-    where training runs on GPUs (torch's own threads then only feed the device).
+    strategy at `gpus` (default `cluster.gpus`) sets the share; under SLURM a rank gets its task's
+    CPUs. None where training runs on GPUs (torch's own threads then only feed the device).
     """
     if devices.resolve_device(cfg.cluster.device) != "cpu":
         return None
-    return hardware.threads_per_rank(largest_world(cfg) if cluster_kind(cfg.cluster.kind).shares_host_cpus else 1)
+    shares = cluster_kind(cfg.cluster.kind).shares_host_cpus
+    return hardware.threads_per_rank(largest_world(cfg, gpus) if shares else 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -412,6 +430,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-repeats", type=int, default=3, help="timed messages per direction")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the two-rank bandwidth probe")
     parser.add_argument(
+        "--link-only", action="store_true", help="only probe the link: write a link record, no compute profile"
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        nargs="+",
+        default=None,
+        help="device counts to profile PS-device batches for (default: cluster.gpus); threads follow the largest",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -422,11 +450,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
     """The two-rank probe over the network `cfg` trains on.
 
-    On an emulated cluster the ranks run on two hosts of one shaped like `cfg.network`;
-    elsewhere they are two processes of this host. The probe moves CPU tensors, so it uses
-    gloo even where training would use NCCL.
+    On an emulated cluster the ranks run on two hosts of one shaped like `cfg.network`; under
+    SLURM they are two srun tasks, on the first two nodes of the job where it has two; elsewhere
+    they are two processes of this host. The probe moves CPU tensors, so it uses gloo even where
+    training would use NCCL.
     """
-    if not cluster_kind(cfg.cluster.kind).shapes_links:
+    kind = cluster_kind(cfg.cluster.kind)
+    if kind.launcher == "srun":
+        return _probe_fabric(cfg, message_bytes, repeats)
+    if not kind.shapes_links:
         return {**measure_bandwidth("gloo", message_bytes, repeats), "network": "this host"}
     with EmulatedCluster(2, cfg.network.rate, cfg.network.burst) as cluster:
         result = measure_bandwidth(
@@ -440,15 +472,65 @@ def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
     return {**result, "network": f"emulated {cfg.network.rate}"}
 
 
+def _probe_fabric(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
+    """The probe between srun tasks of this job: nodes 0 and 1 where it has two, else both on its node."""
+    from ralp_pipe.runtime.launch import first_host
+
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not os.environ.get("SLURM_JOB_ID") or not nodelist:
+        raise RunFailure(
+            "cluster=slurm link probe outside a SLURM allocation (no SLURM_JOB_ID/SLURM_JOB_NODELIST): "
+            "submit it with sbatch/salloc or profile with cluster=local"
+        )
+    nodes = min(2, int(os.environ.get("SLURM_JOB_NUM_NODES", "1")))
+    srun = ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--export=ALL"]
+    interface = cfg.network.interface
+    env = {"GLOO_SOCKET_IFNAME": interface} if interface else {}
+    result = measure_bandwidth(
+        "gloo",
+        message_bytes,
+        repeats,
+        argv_prefixes=tuple([*srun, f"--relative={rank % nodes}"] for rank in (0, 1)),
+        master_addr=first_host(nodelist),
+        rank_env=(env, env),
+    )
+    return {**result, "network": f"fabric ({interface or 'interface routing to rank 0'}) across {nodes} node(s)"}
+
+
+def link_record(cfg: Any, message_bytes: int, repeats: int, measure: bool = True) -> LinkProbe:
+    """The link `cfg`'s ranks train over: measured by the probe (unless `measure` is false) and, where the
+    cluster shapes its links, the configured rate."""
+    shaped = cluster_kind(cfg.cluster.kind).shapes_links
+    return LinkProbe(
+        network=cfg.network.name,
+        cluster_kind=cfg.cluster.kind,
+        interface=cfg.network.interface,
+        measured=probe_link(cfg, message_bytes, repeats) if measure else None,
+        configured_rate=cfg.network.rate if shaped else None,
+        configured_bytes_per_s=rate_bytes_per_s(cfg.network.rate) if shaped else None,
+        hardware=hardware.describe(),
+    )
+
+
 def build_profile(
-    cfg: Any, repeats: int, warmup: int, message_bytes: int, bandwidth_repeats: int, bandwidth: bool
+    cfg: Any,
+    repeats: int,
+    warmup: int,
+    message_bytes: int,
+    bandwidth_repeats: int,
+    bandwidth: bool,
+    gpus: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The whole profile document of `cfg`'s model, dataset and this machine."""
+    """The whole profile document of `cfg`'s model, dataset and this machine, for the device counts `gpus`
+    (default `cluster.gpus`)."""
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"--repeats={repeats} must be >= 1 and --warmup={warmup} >= 0")
-    device_type, backend = devices.resolve(cfg.cluster, largest_world(cfg))
+    counts = sorted(set(gpus or [cfg.cluster.gpus]))
+    if counts[0] < 1:
+        raise ConfigError(f"--gpus {' '.join(map(str, counts))}: every device count must be at least 1")
+    device_type, backend = devices.resolve(cfg.cluster, largest_world(cfg, counts[-1]))
     device = torch.device(device_type)
-    batches = worker_and_ps_batches(cfg.train.batch_size, cfg.cluster.gpus)
+    batches = profile_batches(cfg.train.batch_size, counts)
     started = time.perf_counter()
     body = profile_model(
         cfg.model.name,
@@ -462,13 +544,11 @@ def build_profile(
         Optim(cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay),
         cfg.train.seed,
     )
-    link: dict[str, Any] = {"measured": probe_link(cfg, message_bytes, bandwidth_repeats) if bandwidth else None}
-    shaped = cluster_kind(cfg.cluster.kind).shapes_links
-    link["configured_rate"] = cfg.network.rate if shaped else None
-    link["configured_bytes_per_s"] = rate_bytes_per_s(cfg.network.rate) if shaped else None
+    probe = link_record(cfg, message_bytes, bandwidth_repeats, bandwidth)
+    link = {k: getattr(probe, k) for k in ("measured", "configured_rate", "configured_bytes_per_s")}
     return {
         **workload(cfg),
-        "gpus": cfg.cluster.gpus,
+        "gpus": counts[-1],
         "batches": batches,
         "device": device.type,
         "training_backend": backend,
@@ -490,11 +570,29 @@ def main(args: argparse.Namespace) -> int:
     cfg = load(args.overrides)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads} must be at least 1")
-    threads, previous = args.threads or rank_threads(cfg), torch.get_num_threads()
+    message_bytes = int(args.message_mb * 2**20)
+    if args.link_only:
+        if args.no_bandwidth:
+            raise ConfigError("--link-only and --no-bandwidth exclude each other: the link record is the probe")
+        probe = link_record(cfg, message_bytes, args.bandwidth_repeats)
+        probe.write(args.out)
+        measured = probe.measured or {}
+        print(
+            f"link {probe.network} ({measured.get('network')}): {measured['bytes_per_s'] / 1e9:.3g} GB/s -> {args.out}"
+        )
+        return 0
+    largest = max(args.gpus) if args.gpus else None
+    threads, previous = args.threads or rank_threads(cfg, largest), torch.get_num_threads()
     torch.set_num_threads(threads or previous)
     try:
         doc = build_profile(
-            cfg, args.repeats, args.warmup, int(args.message_mb * 2**20), args.bandwidth_repeats, not args.no_bandwidth
+            cfg,
+            args.repeats,
+            args.warmup,
+            message_bytes,
+            args.bandwidth_repeats,
+            not args.no_bandwidth,
+            args.gpus or (),
         )
     finally:
         torch.set_num_threads(previous)

@@ -17,7 +17,9 @@ SEQUENTIAL_SUFFIX = "-sequential"
 # Outputs below the results folder; the {wildcards} are a run's fields.
 PATHS = {
     "shards": "data/{dataset}",
-    "profile": "profiles/{dataset}/{model}/n{gpus}-{network}.json",
+    # compute: one per model x classes x per-worker batch x image size x device kind (cluster kind-device)
+    "profile": "profiles/compute/{model}/{classes}c-{batch}b-{size}px-{hw}.json",
+    "link": "profiles/links/{network}.json",  # the link probe of one network
     "plan": f"plans/{PLAN_FILE}",
     "run": f"runs/{RUN_ID}",
     "concurrent": "concurrent/w{index}",

@@ -186,6 +186,22 @@ class Profile(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LinkProbe(Record):
+    """The link of one network as training's ranks see it (`ralp-pipe profile --link-only`)."""
+
+    KIND: ClassVar[str] = "link probe"
+    STAGE: ClassVar[str] = "profile --link-only"
+
+    network: str
+    cluster_kind: str
+    interface: str | None = None  # the fabric's interface the probe bound to (SLURM); None: auto
+    measured: dict[str, Any] | None  # the probe's result (bytes/s per direction, latency, all-reduce)
+    configured_rate: str | None = None  # network.rate where the cluster shapes its links, else None
+    configured_bytes_per_s: float | None = None
+    hardware: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan(Record):
     """A plan: the chosen split and predictions of every strategy (`ralp-pipe plan`)."""
 
@@ -206,6 +222,7 @@ class Plan(Record):
     allreduce_bytes_per_s: float | None = None
     shared_cpu: dict[str, int] | None = None
     profile: str | None = None
+    link: str | None = None  # the link record the plan priced transfers with; None: the profile's own link
     recommended: str | None = None
     strategies: dict[str, dict[str, Any]]  # strategy -> plan entry at `gpus`; the engine reads its "split"
     by_gpus: dict[str, dict[str, dict[str, Any]]] | None = None  # str(N) -> strategy -> plan entry

@@ -31,13 +31,14 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, digest, load, to_dict, validate
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.results.layout import PATHS, RUN_ID, arm
+from ralp_pipe.workflow.slurm import job_resources, ranks_per_node
 
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
 STAGE_DIMS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset",),
-    "profile": ("dataset", "model", "gpus", "network"),
+    "profile": ("dataset", "model"),  # one per compute key (profile_fields), for every N of the experiment
+    "probe": ("network",),  # the link probe: one per network
     "plan": ("dataset", "model", "gpus", "network"),
     "train": ("dataset", "model", "strategy", "gpus", "network", "repeat"),
 }
@@ -45,15 +46,13 @@ STAGE_DIMS: dict[str, tuple[str, ...]] = {
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset", "paths"),
     "profile": (
-        "dataset.name",
+        "experiment.gpus",  # --gpus: the PS-device batches of every N, the threads of the largest
         "dataset.num_classes",
         "model",
-        "network",
+        "strategy.num_ps",
         "cluster.kind",
-        "cluster.gpus",
         "cluster.device",
         "cluster.backend",
-        "cluster.init_timeout_s",
         "train.batch_size",
         "train.image_size",
         "train.lr",
@@ -61,6 +60,7 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "train.seed",
         "train.amp",
     ),
+    "probe": ("network", "cluster.kind"),
     "plan": (
         "dataset.name",
         "dataset.num_classes",
@@ -80,6 +80,7 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
 }
+COMMAND_OF = {"probe": "profile"}  # stages run by another stage's command (`ralp-pipe profile --link-only`)
 MATRIX_GROUPS = ("dataset", "model", "strategy", "network")
 WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
 SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"  # the --config keys
@@ -234,7 +235,10 @@ class Matrix:
         ]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
+        self._profile_runs: dict[str, Run] | None = None
         self._check_workloads()
+        if settings.slurm:
+            self.check_slurm()
 
     def _arms(self) -> list[tuple[str, bool]]:
         """(strategy, overlap) of every strategy row: each strategy as configured, then the sequential ablations."""
@@ -300,8 +304,34 @@ class Matrix:
         """Output `name` of the results layout (:data:`PATHS`) for `run` or `fields` (else a pattern)."""
         template = f"{self.results}/{PATHS[name]}"
         if run or fields:
-            return template.format(**(run.wildcards if run else {}), **fields)
+            own = {} if run is None else self.profile_fields(run) if name == "profile" else run.wildcards
+            return template.format(**own, **fields)
         return template
+
+    def profile_fields(self, run: Run) -> dict[str, str]:
+        """What `run`'s compute profile depends on, as the profile path's fields: model, class count,
+        per-worker batch, image size and the device kind (cluster kind and device)."""
+        cfg = self.stage_config("profile", run)
+        return {
+            "model": run.model,
+            "classes": str(cfg.dataset.num_classes),
+            "batch": str(cfg.train.batch_size),
+            "size": str(cfg.train.image_size),
+            "hw": f"{cfg.cluster.kind}-{cfg.cluster.device}",
+        }
+
+    def job_run(self, stage: str, wildcards: Mapping[str, str]) -> Run:
+        """The (first) run a job of `stage` with these wildcard values stands for."""
+        if stage != "profile":
+            return self.first(**dict(wildcards))
+        if self._profile_runs is None:  # built on first use: one entry per compute profile
+            self._profile_runs = {}
+            for run in self.runs:
+                self._profile_runs.setdefault(self.path("profile", run), run)
+        try:
+            return self._profile_runs[self.path("profile", **wildcards)]
+        except KeyError:
+            raise ConfigError(f"no run of experiment '{self.settings.experiment}' profiles {dict(wildcards)}") from None
 
     def first(self, **wildcards: str) -> Run:
         """A run matching the given wildcard values (stages shared by several runs use any of them)."""
@@ -349,7 +379,8 @@ class Matrix:
         """The Hydra overrides `stage` gets for `run`: the matrix choices it is keyed by, plus the
         user's overrides of keys it reads."""
         keys, dims = STAGE_KEYS[stage], STAGE_DIMS[stage]
-        args = [*self.settings.stage_options.get(stage, ()), f"experiment={self.settings.experiment}"]
+        options = self.settings.stage_options.get(COMMAND_OF.get(stage, stage), ())
+        args = [*options, f"experiment={self.settings.experiment}"]
         if relevant("cluster", keys):
             args += self.launcher_args()
         for group in MATRIX_GROUPS:
@@ -378,19 +409,21 @@ class Matrix:
         return shlex.join(self.stage_args(stage, run))
 
     def slurm_resources(self, run: Run, stage: str) -> dict[str, Any]:
-        """SLURM resources of a job of `stage` for `run`: training asks for one task per rank."""
-        cfg = self.config(run)
-        s = cfg.cluster.slurm
-        resources: dict[str, Any] = {"mem_mb": s.mem_mb, "runtime": s.time_min, "cpus_per_task": s.cpus_per_task}
-        if s.partition:
-            resources["slurm_partition"] = s.partition
-        if stage == "train":
-            resources["nodes"] = s.nodes
-            resources["tasks"] = topology(run.strategy, run.gpus, cfg.strategy.num_ps).world_size
-            resources["mpi"] = "srun"  # the launcher starts the ranks itself inside the allocation
-            resources["gpu"] = s.nodes * s.gpus_per_node  # total; 0 asks for none
-            resources["tasks_per_gpu"] = 0  # else the plugin would ask for `tasks` tasks per GPU
-        return resources
+        """SLURM resources of a job of `stage` for `run` (:func:`ralp_pipe.workflow.slurm.job_resources`);
+        the link probe spans as many nodes (at most two) as the training runs of its network do."""
+        if stage != "probe":
+            return job_resources(self.stage_config(stage, run), stage)
+        spans = max(len(ranks_per_node(self.config(r))) for r in self.runs if r.network == run.network)
+        return job_resources(self.stage_config(stage, run), stage, probe_nodes=spans)
+
+    def check_slurm(self) -> None:
+        """Refuse, while the workflow parses, any job of the experiment that SLURM cannot place (with the numbers)."""
+        for stage in ("prepare_shards", "profile", "plan"):
+            self.slurm_resources(self.runs[0], stage)
+        for network in self.base.experiment.networks:
+            self.slurm_resources(self.first(network=network), "probe")
+        for run in self.runs:
+            self.slurm_resources(run, "train")
 
     def resolved(self) -> dict[str, Any]:
         """Every run's resolved config, keyed by its run id (for bundles)."""

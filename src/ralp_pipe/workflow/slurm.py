@@ -1,0 +1,105 @@
+"""What each workflow job asks SLURM for, in snakemake-executor-plugin-slurm's resource names.
+
+Computed once per job from its stage's resolved config (``cluster.slurm.*``) and refused while
+the workflow parses when a node or the partition cannot hold it, naming the numbers.
+
+| stage | nodes | tasks | per node | limit |
+|---|---|---|---|---|
+| ``train`` | those :func:`~ralp_pipe.runtime.nodes.node_of_ranks` places ranks on | one per rank (``mpi``: the launcher runs ``srun``) | ``gres=gpu:G`` (G: ranks on the fullest node, at most ``gpus_per_node``), ``mem_mb`` x ranks | ``init_timeout_s + timeout_s`` + ``margin_min`` |
+| ``probe`` (link) | 2 (1 where every training run fits on one) | 2 | ``mem_mb``, ``cpus_per_task`` | ``time_min`` |
+| ``profile`` | 1 | 1 | ``cpus_per_task`` CPUs and ``gres=gpu:1`` on GPU nodes: the compute of one rank | ``time_min`` |
+| others | 1 | 1 | ``mem_mb`` | ``time_min`` |
+
+Every job gets ``cpus_per_task`` (else the plugin would ask for the rule's threads: every core
+of the submit host); measurement jobs (:data:`MEASUREMENTS`) add ``--exclusive`` through
+``slurm_extra`` when ``cluster.slurm.exclusive`` is set, so nothing else shares their nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from ralp_pipe.config import Config
+from ralp_pipe.engine.topology import of_strategy
+from ralp_pipe.errors import ConfigError
+from ralp_pipe.runtime.nodes import node_of_ranks
+
+MEASUREMENTS = ("train", "profile", "probe")  # jobs whose timings must not share a node
+PROBE_NODES = 2  # the link probe's two ranks, one per node, so its bytes cross the fabric
+
+
+def training_minutes(cfg: Config) -> int:
+    """SLURM time limit of a training job: its own bound (rank start + run) plus the margin, in whole minutes."""
+    c = cfg.cluster
+    return math.ceil((c.init_timeout_s + c.timeout_s) / 60) + c.slurm.margin_min
+
+
+def ranks_per_node(cfg: Config) -> list[int]:
+    """Ranks of the training run of `cfg` on each node of its allocation, in node order."""
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    counts = Counter(node_of_ranks(topo, cfg.cluster.slurm.gpus_per_node))
+    return [counts[node] for node in range(len(counts))]
+
+
+def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> dict[str, Any]:
+    """The resources a job of `stage` passes to the SLURM executor plugin (see the module docstring);
+    a link probe spans `probe_nodes` nodes (at most two: one where every training run fits on one)."""
+    s = cfg.cluster.slurm
+    if cfg.cluster.device == "cuda" and not s.gpus_per_node:
+        raise ConfigError(
+            f"cluster.device=cuda but cluster.slurm.gpus_per_node=0: {stage} jobs would ask SLURM for no GPU; "
+            f"set cluster.slurm.gpus_per_node to the GPUs of one node"
+        )
+    resources: dict[str, Any] = {"mem_mb": s.mem_mb, "runtime": s.time_min, "cpus_per_task": s.cpus_per_task}
+    if s.partition:
+        resources["slurm_partition"] = s.partition
+    extra = ["--exclusive"] if s.exclusive and stage in MEASUREMENTS else []
+    if stage == "train":
+        per_node = ranks_per_node(cfg)
+        fullest = max(per_node)
+        resources.update(
+            nodes=len(per_node),
+            tasks=sum(per_node),
+            mpi="srun",  # the launcher starts the ranks with srun inside the allocation
+            tasks_per_gpu=0,  # else the plugin would add --ntasks-per-gpu=<tasks>
+            mem_mb=fullest * s.mem_mb,  # --mem is per node
+            runtime=training_minutes(cfg),
+        )
+        if s.gpus_per_node:
+            resources["gres"] = f"gpu:{min(fullest, s.gpus_per_node)}"
+        extra.append(f"--ntasks-per-node={fullest}")
+        check_fits(cfg, f"training {cfg.strategy.name} at N={cfg.cluster.gpus}", len(per_node), fullest)
+    elif stage == "profile" and s.gpus_per_node:
+        resources["gres"] = "gpu:1"  # the device one rank computes on
+    elif stage == "probe":
+        nodes = min(probe_nodes, PROBE_NODES)
+        fullest = PROBE_NODES // nodes
+        resources.update(nodes=nodes, tasks=PROBE_NODES, mpi="srun", mem_mb=fullest * s.mem_mb)
+        extra.append(f"--ntasks-per-node={fullest}")
+        check_fits(cfg, f"the link probe of network {cfg.network.name}", nodes, fullest)
+    if extra:
+        resources["slurm_extra"] = " ".join(extra)
+    return resources
+
+
+def check_fits(cfg: Config, job: str, nodes: int, fullest: int) -> None:
+    """Refuse `job` of `nodes` nodes with `fullest` ranks on one where the configured nodes cannot hold it."""
+    s = cfg.cluster.slurm
+    what = f"{job} ({nodes} node(s), up to {fullest} rank(s) on one)"
+    if s.max_nodes is not None and nodes > s.max_nodes:
+        raise ConfigError(
+            f"{what} needs {nodes} nodes but cluster.slurm.max_nodes={s.max_nodes}: lower experiment.gpus, "
+            f"raise cluster.slurm.gpus_per_node or use strategy.ps_placement=colocated"
+        )
+    limits = (
+        ("cpus_per_task", s.cpus_per_task, "cpus_per_node", s.cpus_per_node, "CPUs"),
+        ("mem_mb", s.mem_mb, "mem_mb_per_node", s.mem_mb_per_node, "MB"),
+    )
+    for key, each, node_key, node_has, unit in limits:
+        if node_has is not None and fullest * each > node_has:
+            raise ConfigError(
+                f"{what} asks one node for {fullest} x cluster.slurm.{key}={each} = {fullest * each} {unit} "
+                f"but cluster.slurm.{node_key}={node_has}"
+            )

@@ -1,0 +1,143 @@
+"""What each rule hands the SLURM executor plugin, read from the workflow's DAG (a dry run), and the
+sbatch line the plugin makes of it; impossible requests are refused while the workflow parses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+from workflow_helpers import snakemake
+
+# each case is one `snakemake --dry-run` of the whole workflow (3-10 s on the loaded 2-core machine)
+pytestmark = pytest.mark.slow
+
+GPUS_PER_NODE = 4
+BASE = [
+    "experiment.gpus=[2,8,16]",
+    "experiment.networks=[fabric]",
+    "cluster.device=cuda",
+    f"cluster.slurm.gpus_per_node={GPUS_PER_NODE}",
+    "cluster.slurm.mem_mb=3000",
+    "cluster.slurm.cpus_per_task=2",
+]
+# (strategy, N) -> (tasks, nodes, ranks on the fullest node), worked out by hand from the topologies
+# at 4 GPUs per node: one GPU per rank, device ranks fill nodes in rank order, a dedicated PS rank
+# gets a node of its own. ps: N workers + 1 PS; allreduce: N; ralp_h: N/2 + 1; ralp_n: N - 1 + 1.
+EXPECTED = {
+    ("ps", 2): (3, 2, 2),
+    ("ps", 8): (9, 3, 4),
+    ("ps", 16): (17, 5, 4),
+    ("allreduce", 2): (2, 1, 2),
+    ("allreduce", 8): (8, 2, 4),
+    ("allreduce", 16): (16, 4, 4),
+    ("ralp_h", 2): (2, 1, 2),
+    ("ralp_h", 8): (5, 2, 4),
+    ("ralp_h", 16): (9, 3, 4),
+    ("ralp_n", 2): (2, 1, 2),
+    ("ralp_n", 8): (8, 2, 4),
+    ("ralp_n", 16): (16, 4, 4),
+}
+# the training limit: init_timeout_s 120 + timeout_s 1800 of config/cluster/slurm.yaml = 32 min, + margin_min 10
+TRAIN_MINUTES = 42
+
+
+def dry_run(tmp_path: Path, overrides: list[str]) -> tuple[int, list[dict[str, Any]], str]:
+    """Exit status, then every job of a slurm-launcher dry run as {rule, wildcards, resources}, and the log."""
+    config = {"experiment": "smoke", "launcher": "slurm", "overrides": overrides}
+    result = snakemake(tmp_path, "--dry-run", "--cores", "1", config=config, timeout=240)
+    jobs: list[dict[str, Any]] = []
+    for line in result.stdout.splitlines():
+        line = line.strip()
+        if match := re.match(r"^(?:local)?rule (\w+):$", line):
+            jobs.append({"rule": match.group(1), "wildcards": {}, "resources": {}})
+        elif jobs and (match := re.match(r"^(wildcards|resources): (.*)$", line)):
+            pairs = (item.split("=", 1) for item in match.group(2).split(", "))
+            jobs[-1][match.group(1)] = {key: _value(value) for key, value in pairs}
+    return result.returncode, jobs, result.stdout + result.stderr
+
+
+def _value(text: str) -> Any:
+    return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+
+class _Resources(dict):
+    """Job resources as the plugin reads them: ``.get`` and attributes."""
+
+    __getattr__ = dict.get
+
+
+def sbatch_line(resources: dict[str, Any]) -> str:
+    """The sbatch command snakemake-executor-plugin-slurm builds from a job's resources."""
+    job = SimpleNamespace(resources=_Resources(resources), threads=1)
+    params = {
+        "run_uuid": "job",
+        "slurm_logfile": "log",
+        "comment_str": "c",
+        "account": "",
+        "partition": "-p gpu",
+        "workdir": "",
+    }
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+def test_every_rule_asks_slurm_for_what_its_job_needs_at_n_2_8_16(tmp_path: Path) -> None:
+    status, jobs, log = dry_run(tmp_path, BASE)
+    assert status == 0, log[-4000:]
+    trains = [j for j in jobs if j["rule"] == "train"]
+    assert len(trains) == len(EXPECTED)
+    for job in trains:
+        w, r = job["wildcards"], job["resources"]
+        tasks, nodes, fullest = EXPECTED[w["arm"], w["gpus"]]
+        where = (w["arm"], w["gpus"], r)
+        assert (r["tasks"], r["nodes"], r["gres"]) == (tasks, nodes, f"gpu:{fullest}"), where
+        assert r["mpi"] == "srun" and r["tasks_per_gpu"] == 0 and r["cpus_per_task"] == 2, where
+        assert r["mem_mb"] == fullest * 3000 and r["runtime"] == TRAIN_MINUTES, where
+        assert r["slurm_extra"] == f"--exclusive --ntasks-per-node={fullest}", where
+        line = sbatch_line(r)
+        for flag in (f"--nodes={nodes}", f"--ntasks={tasks}", f"--gres=gpu:{fullest}", "--cpus-per-task=2"):
+            assert flag in line.split(), (flag, line)
+        assert f"-t {TRAIN_MINUTES}" in line and f"--mem {fullest * 3000}" in line and "--exclusive" in line
+        assert "--ntasks-per-gpu" not in line and "--gpus=" not in line, line
+    (profile,) = [j["resources"] for j in jobs if j["rule"] == "profile"]
+    assert profile["cpus_per_task"] == 2 and profile["gres"] == "gpu:1" and profile["slurm_extra"] == "--exclusive"
+    assert "--cpus-per-task=2" in sbatch_line(profile)  # one rank's CPUs, not the submit host's cores
+    (probe,) = [j["resources"] for j in jobs if j["rule"] == "probe"]
+    assert (probe["nodes"], probe["tasks"], probe["mpi"]) == (2, 2, "srun")  # across the fabric
+    assert probe["slurm_extra"] == "--exclusive --ntasks-per-node=1"
+    plans = [j["resources"] for j in jobs if j["rule"] == "plan"]
+    assert len(plans) == 3 and all("slurm_extra" not in p and "gres" not in p for p in plans)
+
+
+def test_colocated_parameter_servers_share_their_workers_nodes(tmp_path: Path) -> None:
+    status, jobs, log = dry_run(
+        tmp_path,
+        [*BASE, "experiment.strategies=[ps]", "strategy.ps_placement=colocated", "cluster.slurm.exclusive=false"],
+    )
+    assert status == 0, log[-4000:]
+    found = {j["wildcards"]["gpus"]: j["resources"] for j in jobs if j["rule"] == "train"}
+    # N=8: workers fill 2 nodes, the PS rank joins worker 0's node (5 ranks there, 4 GPUs)
+    assert (found[8]["tasks"], found[8]["nodes"], found[8]["gres"]) == (9, 2, "gpu:4")
+    assert found[8]["slurm_extra"] == "--ntasks-per-node=5"  # no --exclusive where it is switched off
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["cluster.slurm.max_nodes=4"], r"training ps at N=16 \(5 node\(s\), up to 4 rank\(s\) on one\) needs 5 nodes"),
+        (["cluster.slurm.cpus_per_node=6"], r"asks one node for 4 x cluster.slurm.cpus_per_task=2 = 8 CPUs"),
+        (["cluster.slurm.mem_mb_per_node=8000"], r"4 x cluster.slurm.mem_mb=3000 = 12000 MB"),
+        (["cluster.slurm.gpus_per_node=0"], r"cluster.device=cuda but cluster.slurm.gpus_per_node=0"),
+    ],
+    ids=["max_nodes", "cpus_per_node", "mem_mb_per_node", "no_gpus"],
+)
+def test_a_request_no_node_can_hold_is_refused_while_parsing(tmp_path: Path, overrides: list, message: str) -> None:
+    status, jobs, log = dry_run(tmp_path, [*BASE, *overrides])
+    assert status != 0 and not jobs
+    assert re.search(message, log), log[-3000:]
+    assert "Traceback" not in log
