@@ -18,10 +18,12 @@ def local() -> Matrix:
     return Matrix(parse_settings({"experiment": "local", "overrides": ["train.measure_steps=7"]}))
 
 
-@pytest.mark.slow  # the 16-run local matrix (~2.4 s fixture) against full compositions
+@pytest.mark.slow  # the 60-run local matrix (~2.4 s fixture) against full compositions
 def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
-    assert len(local.runs) == 2 * 2 * 4  # datasets x models x strategies (N and network: one each)
-    for run in local.runs[::3]:
+    e = local.base.experiment
+    rows = len(e.strategies) + len(e.sequential)
+    assert len(local.runs) == 2 * 2 * rows * e.repeats  # datasets x models x strategy rows x repeats
+    for run in local.runs[::7]:
         full = load(
             [
                 "experiment=local",
@@ -32,9 +34,35 @@ def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
                 f"network={run.network}",
                 f"cluster.gpus={run.gpus}",
                 f"strategy.plan=results/plans/{run.dataset}/{run.model}/n{run.gpus}-{run.network}.json",
+                f"strategy.overlap={str(run.overlap).lower()}",
+                f"train.repeat={run.repeat}",
             ]
         )
         assert to_dict(local.config(run)) == to_dict(full)
+
+
+@pytest.mark.slow  # composes two smoke matrices (~3 s)
+def test_repeats_and_the_sequential_ablation_are_runs_of_their_own_with_their_own_rerun_keys() -> None:
+    """Raising experiment.repeats keeps every earlier run's path and params (Snakemake reruns none of them)."""
+    extra = ["experiment.sequential=[ps]"]
+    two = Matrix(parse_settings({"experiment": "smoke", "overrides": [*extra, "experiment.repeats=2"]}))
+    three = Matrix(parse_settings({"experiment": "smoke", "overrides": [*extra, "experiment.repeats=3"]}))
+    assert len(two.runs) == 5 * 2 and len(three.runs) == 5 * 3  # 4 strategies + ps-sequential
+    paths = {two.path("run", run): two.stage_params("train", run) for run in two.runs}
+    again = {three.path("run", run): three.stage_params("train", run) for run in three.runs}
+    assert {p: again[p] for p in paths} == paths  # experiment.repeats is no key of a run's train stage
+    assert sorted(set(again) - set(paths)) == sorted(
+        f"results/runs/synthetic1k/resnet18/n2-loopback/{arm}/r2"
+        for arm in ("ps", "allreduce", "ralp_h", "ralp_n", "ps-sequential")
+    )
+    sequential = three.first(arm="ps-sequential", repeat="1")
+    assert three.config(sequential).strategy.overlap is False and three.config(sequential).train.repeat == 1
+    assert three.stage_args("train", sequential)[-2:] == ["strategy.overlap=false", "train.repeat=1"]
+    assert three.config(three.first(arm="ps", repeat="1")).strategy.overlap is True
+    with pytest.raises(ConfigError, match=r"experiment.sequential\[\]='ralp_x' is not allowed"):
+        Matrix(parse_settings({"experiment": "smoke", "overrides": ["experiment.sequential=[ralp_x]"]}))
+    with pytest.raises(ConfigError, match="experiment.repeats=0 must be at least 1"):
+        Matrix(parse_settings({"experiment": "smoke", "overrides": ["experiment.repeats=0"]}))
 
 
 @pytest.mark.slow  # uses the 16-run local matrix (~2.4 s fixture)
