@@ -34,7 +34,9 @@ from ralp_pipe.runtime.slurm_cluster import (
     ROOT_LINK,
     ClusterState,
     _pids_in_namespaces,
+    munge_folder,
     node_counters,
+    running,
 )
 from workflow_helpers import REPO, snakemake
 
@@ -61,23 +63,15 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _leftovers(state: ClusterState, folder: Path) -> list[str]:
     """Whatever of the cluster of `state` still exists: processes, namespaces' processes, link, route, folder."""
-    found = [f"{name} (PID {pid})" for name, pid in {"keeper": state.keeper, **state.daemons}.items() if _alive(pid)]
+    found = [f"{name} (PID {pid})" for name, pid in {"keeper": state.keeper, **state.daemons}.items() if running(pid)]
     found += [f"PID {pid} in a node namespace" for pid in _pids_in_namespaces(set(state.namespaces))]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True).stdout
     found += [ROOT_LINK] if f" {ROOT_LINK}@" in links or f" {ROOT_LINK}:" in links else []
     found += [f"route {GUARD_ROUTE}"] if GUARD_ROUTE in routes else []
-    found += [str(folder)] if folder.exists() else []
+    found += [str(path) for path in (folder, munge_folder(folder)) if path.exists()]
     return found
 
 
@@ -140,7 +134,7 @@ def test_a_cluster_whose_keeper_was_killed_does_not_block_the_next(tmp_path: Pat
     killed, _ = _up(folder, 2)
     os.kill(killed.keeper, signal.SIGKILL)  # as a killed CI job would: no teardown at all
     deadline = time.monotonic() + 10
-    while _alive(killed.keeper) and time.monotonic() < deadline:
+    while running(killed.keeper) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _leftovers(killed, folder), "a killed keeper left nothing to clean: the test proves nothing"
     state, _ = _up(folder, 2)

@@ -25,6 +25,7 @@ off the machine, even while the cluster's own link is missing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -41,7 +42,7 @@ from typing import Any, Sequence
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime.emulated import SUBNET, EmulatedCluster, LinkCounters, interface_counters
-from ralp_pipe.runtime.process import Process, free_port, start_logged, stop
+from ralp_pipe.runtime.process import Process, free_port, start_logged, stop, tail
 
 MODULE = "ralp_pipe.runtime.slurm_cluster"  # run with --serve: the keeper
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "ralp-pipe-slurm"
@@ -65,17 +66,25 @@ def _program(name: str) -> str:
     return found
 
 
+def munge_folder(folder: Path) -> Path:
+    """Where the munged of the cluster in `folder` keeps its socket: a folder the munge user can reach
+    (the cluster's own folder may sit below one it cannot enter, such as a 0700 temporary folder)."""
+    digest = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"ralp-pipe-munge-{digest}"
+
+
 def node_name(index: int) -> str:
     """SLURM name (and hostname) of node `index` (0-based): n1, n2, ..."""
     return f"n{index + 1}"
 
 
-def _alive(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """True while process `pid` exists and has not exited (an exited one waiting to be reaped does not count)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _net_namespace(pid: int) -> int | None:
@@ -104,7 +113,7 @@ def _kill_pids(pids: Sequence[int], grace_s: float = 5.0) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -168,7 +177,7 @@ class SlurmCluster:
         self.cpus = max(1, os.cpu_count() or 1)  # per node; slurmd refuses more than the machine has
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         self.memory_mb = max(500, int(total_mb * 0.8) // nodes)  # the nodes' sum stays below the machine's
-        self.munge_socket = self.folder / "munge" / "munge.socket"
+        self.munge_socket = munge_folder(self.folder) / "munge.socket"
         self.daemons: dict[str, Process] = {}
 
     # -- life cycle ------------------------------------------------------------------------------
@@ -181,7 +190,7 @@ class SlurmCluster:
                 f"network link {ROOT_LINK} already exists: another ralp-pipe cluster is up on this machine; "
                 f"run `ralp-pipe cluster down --dir FOLDER` for it first"
             )
-        for sub in ("etc", "state", "munge", "log", *(f"spool/{node_name(i)}" for i in range(self.nodes))):
+        for sub in ("etc", "state", "log", *(f"spool/{node_name(i)}" for i in range(self.nodes))):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         _ip("route", "replace", "unreachable", GUARD_ROUTE)
         self.network.start()
@@ -206,6 +215,7 @@ class SlurmCluster:
         self.daemons = {}
         _remove_network_leftovers()
         self.network.close()
+        shutil.rmtree(self.munge_socket.parent, ignore_errors=True)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def namespaces(self) -> list[int]:
@@ -276,11 +286,11 @@ class SlurmCluster:
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _start_munge(self) -> None:
-        """Our own munged, its socket in the cluster folder (which munge may use, mode 0755)."""
+        """Our own munged, its socket in :func:`munge_folder` (owned by munge, mode 0755 as munged requires)."""
         munge_dir = self.munge_socket.parent
+        shutil.rmtree(munge_dir, ignore_errors=True)  # a killed cluster's
+        munge_dir.mkdir(mode=0o755)
         shutil.chown(munge_dir, MUNGE_USER, MUNGE_USER)
-        munge_dir.chmod(0o755)
-        self.folder.chmod(0o755)
         argv = [
             _program("setpriv"), f"--reuid={MUNGE_USER}", f"--regid={MUNGE_USER}", "--init-groups",
             _program("munged"), "--foreground", f"--socket={self.munge_socket}",
@@ -311,7 +321,9 @@ class SlurmCluster:
             failed = self.failed_daemons()
             if failed or time.monotonic() > deadline:
                 why = f"{', '.join(failed)} exited" if failed else f"not ready after {timeout_s:.0f} s"
-                raise RunFailure(f"{what}: {why}; see {log} and {self.folder}/log/")
+                logs = [Path(log), *(self.folder / "log" / f"{name}.out" for name in failed)]
+                shown = "\n".join(f"{path}:\n{tail(path, 10)}" for path in logs if path.exists())
+                raise RunFailure(f"{what}: {why}; the cluster is removed again. Last lines of its logs:\n{shown}")
             time.sleep(0.05)
 
     def node_states(self) -> dict[str, str]:
@@ -382,12 +394,13 @@ def clean_stale(folder: Path) -> list[str]:
             _kill_pids(leftovers)
             removed.append(f"{len(leftovers)} processes")
         for name, pid in state.daemons.items():  # a daemon outside the namespaces (slurmctld, munged)
-            if _alive(pid) and _started_here(pid, folder):
+            if running(pid) and _started_here(pid, folder):
                 _kill_pids([pid])
                 removed.append(name)
         if _link_exists(ROOT_LINK):
             removed.append(ROOT_LINK)
         _remove_network_leftovers()
+    shutil.rmtree(munge_folder(folder), ignore_errors=True)
     if folder.exists():
         if state is None and not (folder / "etc" / "slurm.conf").exists() and any(folder.iterdir()):
             raise ConfigError(f"--dir {folder} exists and is not a cluster's folder; name a new or empty one")
@@ -397,11 +410,12 @@ def clean_stale(folder: Path) -> list[str]:
 
 
 def _started_here(pid: int, folder: Path) -> bool:
-    """True when `pid` runs with this cluster's folder on its command line (a daemon of the cluster)."""
+    """True when `pid` runs with this cluster's folder or munge folder on its command line (one of its daemons)."""
     try:
-        return str(folder).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    return any(str(path).encode() in argv for path in (folder, munge_folder(folder)))
 
 
 def up(folder: Path, nodes: int, rate: str, burst: str) -> ClusterState:
