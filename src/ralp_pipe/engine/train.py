@@ -321,7 +321,7 @@ def _launch(
             os.environ.update(env)
             gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
             nodes = node_of_ranks(topo, cfg.cluster.slurm.gpus_per_node)
-            launch_slurm(command, nodes, timeout, staging, gpus_per_task)
+            launch_slurm(command, nodes, timeout, staging, gpus_per_task, cfg.network.interface)
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
