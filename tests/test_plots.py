@@ -1,0 +1,147 @@
+"""The plots draw what the tables hold: ideal scaling from the N=1 reference, whiskers from the intervals, log GB/step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.container import BarContainer, ErrorbarContainer
+
+from ralp_pipe.results import plots
+from ralp_pipe.results.aggregate import Tables, build_tables, load_records
+from ralp_pipe.results.layout import PLOT_NAMES
+from workflow_records import write_results
+
+REPEATS = 3
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> Tables:
+    """vgg11 and resnet18, all strategies at N=2 and 4 with the ps ablation, and the N=1 reference; 3 repeats."""
+    root = tmp_path_factory.mktemp("plots")
+    runs = write_results(root, gpus=(2, 4), repeats=REPEATS, sequential=("ps",))
+    runs += write_results(root, strategies=("allreduce",), gpus=(1,), repeats=REPEATS)
+    return build_tables(load_records(runs, root / "plans"))
+
+
+def drawn(monkeypatch: pytest.MonkeyPatch, plot: Any, tables: Tables) -> Any:
+    """The figure `plot` draws from `tables`, kept instead of saved."""
+    figures: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plot(tables, Path("unused.png"))
+    [figure] = figures
+    return figure
+
+
+def panel(figure: Any, title: str) -> Any:
+    """The axes of `figure` whose title starts with `title`."""
+    [axis] = [a for a in figure.axes if a.get_title().startswith(title)]
+    return axis
+
+
+def whiskers(container: ErrorbarContainer) -> list[float]:
+    """Low and high end of each vertical or horizontal whisker of an errorbar container, one after the other."""
+    [segments] = [lines.get_segments() for lines in container.lines[2]]
+    return [end for a, b in segments for end in sorted((a[0], b[0]) if a[1] == b[1] else (a[1], b[1]))]
+
+
+def ends(rows: pd.DataFrame, column: str) -> list[float]:
+    """The interval ends of `column` in the order :func:`whiskers` gives them."""
+    return [end for pair in zip(rows[f"{column}_ci_low"], rows[f"{column}_ci_high"]) for end in pair]
+
+
+def config(tables: Tables, model: str, strategy: str) -> pd.DataFrame:
+    runs = tables.runs
+    return runs[(runs["model"] == model) & (runs["strategy"] == strategy)].sort_values("gpus")
+
+
+def test_every_plot_is_written_as_a_png(tables: Tables, tmp_path: Path) -> None:
+    paths = plots.write_plots(tables, tmp_path)
+    assert [p.name for p in paths] == [f"{name}.png" for name in PLOT_NAMES]
+    assert all(p.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") for p in paths)
+    plt.close("all")
+
+
+def test_throughput_has_interval_whiskers_and_the_ideal_line_from_the_single_device_run(
+    tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    axis = panel(drawn(monkeypatch, plots.throughput_vs_n, tables), "vgg11 / synthetic1k")
+    reference = config(tables, "vgg11", "allreduce").iloc[0]
+    assert reference["gpus"] == 1 and reference["repeats"] == REPEATS
+    [ideal] = [line for line in axis.lines if line.get_label() == "ideal: N x single device"]
+    # N x the reference's mean images/sec, from N=1 to the largest N (4)
+    assert list(ideal.get_xdata()) == [1, 4]
+    assert list(ideal.get_ydata()) == pytest.approx([reference["images_per_sec"], 4 * reference["images_per_sec"]])
+    [ps] = [c for c in axis.containers if isinstance(c, ErrorbarContainer) and c.get_label() == "ps @ 1gbit"]
+    rows = config(tables, "vgg11", "ps")
+    assert whiskers(ps) == pytest.approx(ends(rows, "images_per_sec"))
+    plt.close("all")
+
+
+def test_scaling_efficiency_divides_by_n_times_the_reference(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
+    axis = panel(drawn(monkeypatch, plots.scaling_efficiency, tables), "resnet18 / synthetic1k")
+    reference = config(tables, "resnet18", "allreduce").iloc[0]["images_per_sec"]
+    rows = config(tables, "resnet18", "ralp_n")
+    [line] = [c for c in axis.containers if isinstance(c, ErrorbarContainer) and c.get_label() == "ralp_n @ 1gbit"]
+    points = line.lines[0]
+    assert list(points.get_xdata()) == [2, 4]
+    assert list(points.get_ydata()) == pytest.approx(list(rows["images_per_sec"] / (rows["gpus"] * reference)))
+    plt.close("all")
+
+
+def test_without_a_reference_run_the_plots_say_so_instead_of_an_ideal_line(
+    tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tables.runs[tables.runs["gpus"] > 1].reset_index(drop=True)
+    partial = Tables(runs, tables.repeats, tables.speedups, tables.concurrent, tables.breakdown, tables.summary)
+    axis = drawn(monkeypatch, plots.throughput_vs_n, partial).axes[0]
+    assert not [line for line in axis.lines if line.get_label().startswith("ideal")]
+    assert plots.NO_REFERENCE in [text.get_text() for text in axis.texts]
+    efficiency = drawn(monkeypatch, plots.scaling_efficiency, partial).axes[0]
+    assert any(plots.NO_REFERENCE in text.get_text() for text in efficiency.texts)
+    plt.close("all")
+
+
+def test_speedup_bars_and_whiskers_are_the_tables_over_each_baseline(
+    tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    over_ps, over_allreduce = drawn(monkeypatch, plots.speedup, tables).axes
+    for axis, baseline in ((over_ps, "ps"), (over_allreduce, "allreduce")):
+        column = f"speedup_vs_{baseline}"
+        labels = [c.get_label() for c in axis.containers if isinstance(c, BarContainer)]
+        assert baseline not in labels and "ralp_n" in labels
+        [bars] = [c for c in axis.containers if isinstance(c, BarContainer) and c.get_label() == "ralp_n"]
+        rows = tables.runs[(tables.runs["strategy"] == "ralp_n")].sort_values(["model", "dataset", "gpus"])
+        assert [bar.get_height() for bar in bars] == pytest.approx(list(rows[column]))
+        assert whiskers(bars.errorbar) == pytest.approx(ends(rows, column))
+    plt.close("all")
+
+
+def test_gb_per_step_is_on_a_log_axis_where_every_strategys_bars_are_visible(
+    tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    axis = panel(drawn(monkeypatch, plots.gb_per_step, tables), "vgg11 / synthetic1k, N=4")
+    assert axis.get_yscale() == "log"
+    bottom, _ = axis.get_ylim()
+    heights = [bar.get_height() for c in axis.containers for bar in c]
+    assert min(heights) >= 3 * bottom  # the smallest bar spans a third of a decade or more
+    rows = config(tables, "vgg11", "ralp_n")
+    total = rows[rows["gpus"] == 4]["gb_total"].iloc[0]
+    assert f"{total:.3g} GB" in [text.get_text() for text in axis.texts]
+    plt.close("all")
+
+
+def test_breakdown_stacks_the_parts_of_each_configurations_step(
+    tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    axis = panel(drawn(monkeypatch, plots.breakdown, tables), "vgg11 / synthetic1k, 1gbit")
+    stacks = [c for c in axis.containers if isinstance(c, BarContainer) and c.get_label() in plots.PART_LABELS.values()]
+    tops = np.sum([[bar.get_height() for bar in c] for c in stacks], axis=0)
+    expected = plots.by_configuration(tables.breakdown)
+    expected = expected[expected["model"] == "vgg11"].sort_values("gpus", kind="stable")
+    assert list(tops) == pytest.approx(list(expected["step_time_s"]))  # compute + comm wait + data wait = step
+    plt.close("all")
