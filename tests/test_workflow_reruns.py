@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ralp_pipe.results.layout import PLOT_NAMES
 from ralp_pipe.results.verify import verify_bundle
 from support.procs import children, cmdline, descendants
 from workflow_helpers import SNAKEMAKE, config_args, pending, snakemake
@@ -123,11 +124,9 @@ def test_report_shows_the_tables_and_plots(workdir: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     html = report.read_text(errors="replace")
     for name in (
-        "throughput_vs_n.png",
-        "gb_per_step.png",
-        "speedup.png",
-        "predicted_vs_measured.png",
+        *(f"{name}.png" for name in PLOT_NAMES),
         "runs.parquet",
+        "breakdown.parquet",
         "summary.md",
     ):
         assert name in html
