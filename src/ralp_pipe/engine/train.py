@@ -7,7 +7,8 @@ hosts, or srun tasks) and, once every rank succeeded, writes DIR/steps.parquet a
 :class:`~ralp_pipe.results.records.RunMetrics` record DIR/metrics.json atomically (file names
 from :mod:`ralp_pipe.results.layout`). On any failure nothing is written and the command
 raises :class:`~ralp_pipe.errors.RunFailure` naming the failing rank. Under ``srun`` with one
-task per rank the command is itself a rank and rank 0 writes the files.
+task per rank the command is itself a rank and rank 0 writes the files. Before the ranks start,
+the driver prints where rank 0's log is: rank 0 logs its progress there while it trains.
 """
 
 from __future__ import annotations
