@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import io
+import dataclasses
 import json
 import shutil
 from importlib.metadata import version
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from ralp_pipe.cli import main as cli
 from ralp_pipe.errors import BundleRefused
+from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import make_bundle
+from ralp_pipe.results.layout import CONCURRENT_FILE
 from ralp_pipe.results.plots import speedup
 from ralp_pipe.results.verify import verify_bundle
 from support.bundles import forge, members
@@ -42,9 +43,14 @@ def test_a_forged_summary_is_refused(bundle: Path, tmp_path: Path) -> None:
 
 def test_a_plot_drawn_from_other_figures_is_refused(bundle: Path, tmp_path: Path) -> None:
     contents = members(bundle)
-    runs = pd.read_parquet(io.BytesIO(contents[f"{TOP}/tables/runs.parquet"]))
+    root = bundle.parents[1]
+    tables = build_tables(
+        load_records([root / "runs"], root / "plans"),
+        load_workloads(sorted(root.glob(f"concurrent/*/{CONCURRENT_FILE}"))),
+    )
+    runs = tables.runs.copy()
     runs.loc[runs["strategy"] == "ralp_n", "speedup_vs_ps"] *= 1.5  # a flattering plot, a real PNG
-    speedup(runs, tmp_path / "speedup.png")
+    speedup(dataclasses.replace(tables, runs=runs), tmp_path / "speedup.png")
     name = f"{TOP}/tables/plots/speedup.png"
     assert (tmp_path / "speedup.png").read_bytes() != contents[name]
     forged = forge(bundle, tmp_path / "forged.tar.gz", {name: (tmp_path / "speedup.png").read_bytes()})
