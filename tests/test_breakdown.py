@@ -40,7 +40,9 @@ def step(rank: int, role: str, number: int, phase: str, step_s: float, comm_s: f
 
 def hand_steps() -> pd.DataFrame:
     """Two workers and a PS; a huge warm-up step each (ignored), then two measured steps."""
-    rows = [step(rank, role, 0, "warmup", 100.0, 50.0, 40.0) for rank, role in ((0, "worker"), (1, "worker"), (2, "ps"))]
+    rows = [
+        step(rank, role, 0, "warmup", 100.0, 50.0, 40.0) for rank, role in ((0, "worker"), (1, "worker"), (2, "ps"))
+    ]
     rows += [
         step(0, "worker", 1, "measure", 1.0, 0.3, 0.2),
         step(0, "worker", 2, "measure", 2.0, 0.7, 0.2),
