@@ -120,5 +120,5 @@ class Progress:
         rolling = self.images_per_step * len(self._recent) / max(sum(self._recent), 1e-12)
         self.write(
             f"step {step + 1}/{self.total_steps} ({phase}): {step_time_s:.3f} s, "
-            f"{rolling:.2f} images/s over the last {len(self._recent)} steps"
+            f"{rolling:.2f} images/s over the last {len(self._recent)} step{'s' * (len(self._recent) > 1)}"
         )
