@@ -206,3 +206,36 @@ def test_an_explicit_cluster_choice_is_never_replaced(monkeypatch) -> None:
     matrix = Matrix(parse_settings({"experiment": "local", "overrides": ["cluster=emulated"]}))
     assert matrix.base.cluster.kind == "emulated"
     assert {run.network for run in matrix.runs} == {"1gbit"}
+
+
+@pytest.mark.slow  # composes a 64-run matrix (~3 s)
+def test_one_compute_profile_per_compute_key_and_one_link_probe_per_network(tmp_path: Path) -> None:
+    """imagenet1k and synthetic1k share a class count, so their compute profile; N and the network
+    change neither; synthetic22k's 21841 classes need one of their own. Each network is probed once."""
+    config = {
+        "experiment": "smoke",
+        "overrides": [
+            "experiment.datasets=[synthetic1k,imagenet1k,synthetic22k]",
+            "experiment.gpus=[2,4]",
+            "experiment.networks=[1gbit,10gbit]",
+        ],
+        "dataset_overrides": {
+            "imagenet1k": [f"dataset.source={tmp_path}"],
+            "synthetic1k": ["dataset.synthetic.seed=5"],
+        },
+    }
+    matrix = Matrix(parse_settings(config))
+    profiles = {matrix.path("profile", run) for run in matrix}
+    assert sorted(profiles) == [
+        f"results/profiles/compute/resnet18/{classes}c-2b-32px-local-auto.json" for classes in (1000, 21841)
+    ]
+    assert {matrix.path("link", run) for run in matrix} == {
+        f"results/profiles/links/{n}.json" for n in ("1gbit", "10gbit")
+    }
+    assert len({matrix.path("plan", run) for run in matrix}) == 3 * 2 * 2
+    key = {"model": "resnet18", "classes": "1000", "batch": "2", "size": "32", "hw": "local-auto"}
+    assert matrix.job_run("profile", key) == matrix.runs[0]  # the one job of a profile stands for its first run
+    synthetic, imagenet = (matrix.first(dataset=d) for d in ("synthetic1k", "imagenet1k"))
+    assert "dataset.synthetic.seed=5" in matrix.stage_args("prepare_shards", synthetic)
+    assert "dataset.synthetic.seed=5" not in matrix.stage_args("profile", synthetic)  # images it never reads
+    assert f"dataset.source={tmp_path}" in matrix.stage_args("profile", imagenet)  # needed to compose

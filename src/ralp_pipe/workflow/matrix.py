@@ -80,6 +80,7 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
 }
+COMPOSE_KEYS = ("dataset.layout", "dataset.source")  # a real dataset composes only with its path
 COMMAND_OF = {"probe": "profile"}  # stages run by another stage's command (`ralp-pipe profile --link-only`)
 MATRIX_GROUPS = ("dataset", "model", "strategy", "network")
 WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
@@ -384,8 +385,9 @@ class Matrix:
         if relevant("cluster", keys):
             args += self.launcher_args()
         for group in MATRIX_GROUPS:
-            if group in dims:
-                args += self.group_args(group, getattr(run, group))
+            if group in dims:  # the option, and those of its per-dataset overrides the stage reads or composes with
+                option, *extra = self.group_args(group, getattr(run, group))
+                args += [option, *(o for o in extra if relevant(override_key(o), (*keys, *COMPOSE_KEYS)))]
         if "gpus" in dims:
             args.append(f"cluster.gpus={run.gpus}")
         if stage == "train":
