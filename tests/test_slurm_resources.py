@@ -12,9 +12,11 @@ import pytest
 from snakemake_executor_plugin_slurm.submit_string import get_submit_command
 from snakemake_executor_plugin_slurm.utils import set_gres_string
 
+from ralp_pipe.config import ConfigError
+from ralp_pipe.workflow.matrix import Matrix, parse_settings
 from workflow_helpers import snakemake
 
-# each case is one `snakemake --dry-run` of the whole workflow (3-10 s on the loaded 2-core machine)
+# three tests dry-run the whole workflow (3-20 s each on the loaded 2-core machine); the refusals compose the matrix (1-3 s)
 pytestmark = pytest.mark.slow
 
 GPUS_PER_NODE = 4
@@ -136,8 +138,13 @@ def test_colocated_parameter_servers_share_their_workers_nodes(tmp_path: Path) -
     ],
     ids=["max_nodes", "cpus_per_node", "mem_mb_per_node", "no_gpus"],
 )
-def test_a_request_no_node_can_hold_is_refused_while_parsing(tmp_path: Path, overrides: list, message: str) -> None:
-    status, jobs, log = dry_run(tmp_path, [*BASE, *overrides])
+def test_a_request_no_node_can_hold_is_refused_with_the_numbers(overrides: list, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm", "overrides": [*BASE, *overrides]}))
+
+
+def test_the_workflow_refuses_it_while_parsing_in_one_line(tmp_path: Path) -> None:
+    status, jobs, log = dry_run(tmp_path, [*BASE, "cluster.slurm.max_nodes=4"])
     assert status != 0 and not jobs
-    assert re.search(message, log), log[-3000:]
+    assert "configuration error: training ps at N=16 (5 node(s), up to 4 rank(s) on one) needs 5 nodes" in log
     assert "Traceback" not in log
