@@ -145,3 +145,22 @@ def test_breakdown_stacks_the_parts_of_each_configurations_step(
     expected = expected[expected["model"] == "vgg11"].sort_values("gpus", kind="stable")
     assert list(tops) == pytest.approx(list(expected["step_time_s"]))  # compute + comm wait + data wait = step
     plt.close("all")
+
+
+def test_without_predictions_the_prediction_plot_says_so(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = tables.runs.assign(predicted_images_per_sec=float("nan"))
+    unplanned = Tables(runs, tables.repeats, tables.speedups, tables.concurrent, tables.breakdown, tables.summary)
+    [axis] = drawn(monkeypatch, plots.predicted_vs_measured, unplanned).axes
+    assert [text.get_text() for text in axis.texts] == [
+        "no configuration has a planner prediction (no plan for its N and network)"
+    ]
+    plt.close("all")
+
+
+def test_predictions_are_plotted_against_the_measured_interval(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
+    [axis] = drawn(monkeypatch, plots.predicted_vs_measured, tables).axes
+    [ralp] = [c for c in axis.containers if isinstance(c, ErrorbarContainer) and c.get_label() == "ralp_h"]
+    rows = tables.runs[tables.runs["strategy"] == "ralp_h"]
+    assert list(ralp.lines[0].get_ydata()) == pytest.approx(list(rows["predicted_images_per_sec"]))
+    assert whiskers(ralp) == pytest.approx(ends(rows, "images_per_sec"))  # horizontal: the measurement's interval
+    plt.close("all")

@@ -97,7 +97,9 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
         "",
     ]
     ps = mean[mean["strategy"] == "ps"]["comm_share"].dropna()
-    if not ps.empty:
+    if len(ps) == 1:
+        parts += [f"Communication wait is {100 * ps.iloc[0]:.0f}% of a `ps` worker's step (one ps configuration).", ""]
+    elif len(ps) > 1:
         parts += [
             f"Communication wait is {100 * ps.mean():.0f}% of a `ps` worker's step on average "
             f"({100 * ps.min():.0f}% to {100 * ps.max():.0f}% over {len(ps)} ps configurations).",

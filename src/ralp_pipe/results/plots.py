@@ -65,11 +65,13 @@ def _empty(axis: Any, text: str) -> None:
     axis.set_axis_off()
 
 
-def _log_scale(axis: Any, which: str) -> None:
-    """A log axis labelled at 1, 2 and 5 of each decade in plain numbers (no crowded minor labels)."""
+def _log_scale(axis: Any, which: str, low: float, high: float) -> None:
+    """A log axis from `low` to `high` in plain numbers: at 1, 2 and 5 of each decade over up to
+    three decades, at each power of ten over more (no crowded minor labels)."""
     scale = getattr(axis, f"{which}axis")
-    axis.set(**{f"{which}scale": "log"})
-    scale.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set(**{f"{which}scale": "log", f"{which}lim": (low, high)})
+    subs = (1.0, 2.0, 5.0) if math.log10(high / low) <= 3 else (1.0,)
+    scale.set_major_locator(ticker.LogLocator(subs=subs))
     scale.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
     scale.set_minor_formatter(ticker.NullFormatter())
 
@@ -196,15 +198,16 @@ def gb_per_step(tables: Tables, path: Path) -> None:
             axis.bar(positions, values[shown], width=width, label=CATEGORY_LABELS[column], color=colour)
         for position, total in enumerate(cell["gb_total"].to_numpy(dtype=float)):
             label = f"{total:.3g} GB" if total > 0 else "0 GB"
-            axis.annotate(label, (position, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom")
-        _log_scale(axis, "y")
-        smallest = volume[volume > 0].min().min()
-        if smallest > 0:  # the smallest bar a third of a decade tall at least
-            axis.set_ylim(bottom=smallest / 3)
+            axis.annotate(
+                label, (position, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize="x-small"
+            )
+        shown = volume[volume > 0]
+        if shown.notna().any().any():  # the smallest bar a third of a decade tall at least
+            _log_scale(axis, "y", shown.min().min() / 3, shown.max().max() * 1.5)
         axis.set_xticks(range(len(cell)), cell["strategy"], fontsize="small")
         axis.set(ylabel="GB/step (log scale)")
-        axis.set_title(f"{model} / {dataset}, N={gpus}, {network}: total above each group", pad=16)
-        axis.legend(fontsize="x-small")
+        axis.set_title(f"{model} / {dataset}, N={gpus}, {network}", pad=16)
+        axis.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(fig, path)
 
 
@@ -240,6 +243,7 @@ def speedup(tables: Tables, path: Path) -> None:
         axis.set_xticks(range(len(groups)), [f"{m}\n{d}\nN={n} {net}" for (m, d, n, net), _ in groups])
         axis.tick_params(axis="x", labelsize="x-small")
         axis.set(ylabel=f"speedup over {baseline}")
+        axis.set_ylim(bottom=0.0)  # a speedup is positive: a whisker below 0 is cut at the axis
         axis.legend(fontsize="x-small")
     _save(fig, path)
 
@@ -250,6 +254,10 @@ def predicted_vs_measured(tables: Tables, path: Path) -> None:
     fig, axis = plt.subplots(figsize=(5.5, 5))
     known = runs.dropna(subset=["predicted_images_per_sec"])
     known = known[(known["images_per_sec"] > 0) & (known["predicted_images_per_sec"] > 0)]
+    if known.empty:
+        _empty(axis, "no configuration has a planner prediction (no plan for its N and network)")
+        _save(fig, path)
+        return
     for strategy in dict.fromkeys(known["strategy"]):
         points = known[known["strategy"] == strategy]
         axis.errorbar(
@@ -262,15 +270,13 @@ def predicted_vs_measured(tables: Tables, path: Path) -> None:
             color=_style(strategy)["color"],
         )
     values = known[["images_per_sec", "predicted_images_per_sec"]].to_numpy()
-    low, high = (values.min() / 1.5, values.max() * 1.5) if len(values) else (0.1, 10.0)
+    low, high = values.min() / 1.5, values.max() * 1.5
     axis.plot([low, high], [low, high], color="black", linewidth=0.8, label="y = x")
     for factor in (0.8, 1.2):
         axis.plot([low, high], [low * factor, high * factor], color="grey", linewidth=0.6, linestyle="--")
-    _log_scale(axis, "x")
-    _log_scale(axis, "y")
+    _log_scale(axis, "x", low, high)
+    _log_scale(axis, "y", low, high)
     axis.set(
-        xlim=(low, high),
-        ylim=(low, high),
         xlabel="measured images/sec (95% interval)",
         ylabel="predicted images/sec",
         title="planner prediction (dashed: ±20%)",
@@ -308,8 +314,9 @@ def breakdown(tables: Tables, path: Path) -> None:
                 axis.annotate(f"{share:.0%}", (position - 0.15, top), ha="center", va="bottom", fontsize="x-small")
         axis.set_xticks(positions, [f"{s}\nN={n}" for s, n in zip(group["strategy"], group["gpus"])])
         axis.tick_params(axis="x", labelsize="x-small")
-        axis.set(title=f"{model} / {dataset}, {network}", ylabel="seconds per step (mean)", ylim=(0, None))
-        axis.margins(y=0.12)
+        highest = np.nanmax(np.append(bottom, server))
+        axis.set(title=f"{model} / {dataset}, {network}", ylabel="seconds per step (mean)")
+        axis.set_ylim(0.0, 1.12 * highest if highest > 0 else 1.0)  # room for the shares above the stacks
         axis.legend(
             fontsize="x-small",
             title="%: communication share",
