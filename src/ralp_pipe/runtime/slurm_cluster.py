@@ -5,17 +5,19 @@ slurm-client and munge, nothing here installs anything). Built from the emulated
 (:class:`ralp_pipe.runtime.emulated.EmulatedCluster`): node ``nI`` is host ``I-1``, a network
 namespace whose ``eth0`` (``10.213.0.I``) hangs on a bridge through a link shaped by ``tc tbf``
 to `rate` in both directions. One unshaped veth joins the bridge to this machine's own
-namespace at ``10.213.0.254``, where slurmctld, munged and the clients (sbatch, squeue,
-snakemake) run. Each slurmd runs inside its node's network namespace, in a mount and UTS
+namespace at ``10.213.0.254``, where slurmctld, a munged of the cluster's own (its socket in
+:func:`munge_folder`; unix sockets reach across network namespaces) and the clients (sbatch,
+squeue, snakemake) run. Each slurmd runs inside its node's network namespace, in a mount and UTS
 namespace of its own: hostname ``nI``, a hosts file naming every node over ``/etc/hosts`` and
 the cluster's config folder over ``/etc/slurm`` (job steps find it there).
 
 ``cluster up`` starts a *keeper* process that owns all of it and prints the ``SLURM_CONF`` to
 export; ``cluster down`` stops the keeper, which cancels the jobs and stops, by the PIDs it
 started, every slurmd, what is left in the node namespaces, slurmctld and munged, deletes the
-link and the route below and then the namespaces and the cluster's folder. Daemons die with the
-keeper (parent-death signal); a ``down`` or ``up`` that finds a keeper gone (killed) removes
-what it left.
+link and the route below and then the namespaces, the munge folder and the cluster's folder.
+The slurm daemons die with the keeper (parent-death signal; munged, running as the munge user,
+does not); a ``down`` or ``up`` that finds a keeper gone (killed) stops what it left by the
+PIDs recorded in the cluster's ``state.json`` and removes the rest.
 
 Network safety: while the cluster is up, the machine's namespace has an ``unreachable`` route
 for ``10.213.0.0/16``, so no packet for the cluster's subnet ever follows the default route
