@@ -8,10 +8,10 @@ the workflow parses when a node or the partition cannot hold it, naming the numb
 | ``train`` | those :func:`~ralp_pipe.runtime.nodes.node_of_ranks` places ranks on | one per rank (``mpi``: the launcher runs ``srun``) | ``gres=gpu:G`` (G: ranks on the fullest node, at most ``gpus_per_node``), ``mem_mb`` x ranks | ``init_timeout_s + timeout_s`` + ``margin_min`` |
 | ``probe`` (link) | 2 (1 where every training run fits on one) | 2 | ``mem_mb``, ``cpus_per_task`` | ``time_min`` |
 | ``profile`` | 1 | 1 | ``cpus_per_task`` CPUs and ``gres=gpu:1`` on GPU nodes: the compute of one rank | ``time_min`` |
-| others | 1 | 1 | ``mem_mb`` | ``time_min`` |
+| ``prepare_shards``, ``plan`` | 1 | 1 | ``mem_mb`` (CPUs: the rule's threads, ``dataset.shards.workers`` or 1) | ``time_min`` |
 
-Every job gets ``cpus_per_task`` (else the plugin would ask for the rule's threads: every core
-of the submit host); measurement jobs (:data:`MEASUREMENTS`) add ``--exclusive`` through
+The rules of training, profile and probe jobs pass ``cpus_per_task``: else the plugin would ask
+for their threads, every core of the submit host. Measurement jobs (:data:`MEASUREMENTS`) add ``--exclusive`` through
 ``slurm_extra`` when ``cluster.slurm.exclusive`` is set, so nothing else shares their nodes.
 """
 
