@@ -142,6 +142,7 @@ def test_single_device_run_has_no_communication_and_rank_0_logs_its_progress(tmp
     out = tmp_path / "run"
     overrides = ["cluster=local", "model=resnet18", "strategy=allreduce", "cluster.gpus=1", "train.batch_size=2"]
     overrides += ["train.image_size=32", "train.warmup_steps=1", "train.measure_steps=3", "dataset.num_classes=10"]
+    overrides += ["train.loader=synthetic"]  # no shards needed: the run is about communication and progress
     env = {**os.environ, "RALP_PIPE_FAIL_RANK": "0", "RALP_PIPE_FAIL_STEP": "3"}  # keeps the log: a failed run
     command = [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides]
     failed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
