@@ -1,6 +1,6 @@
 """Wall time of the whole default workflow (`snakemake --cores all`, experiment `local`) against its budget.
 
-Target: at most 15 minutes on a 2-core machine, shard generation included. Runs in a fresh
+Target: at most 10 minutes on a 2-core machine, shard generation included. Runs in a fresh
 scratch folder (nothing is reused), then prints the measured time, the budget and their ratio,
 and the time spent per rule, read from the timestamps of Snakemake's log.
 Run: `python benchmarks/workflow_local.py [--experiment local] [--keep DIR]`.
@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_S = 15 * 60
+BUDGET_S = 10 * 60
 
 
 def rule_times(log: str) -> dict[str, float]:

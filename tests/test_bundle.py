@@ -24,8 +24,8 @@ def test_good_bundle_verifies_and_holds_records_tables_environment_and_checksums
     assert result.top == "smoke-0123" and result.runs == 8
     names = set(members(bundle))
     for name in (
-        "runs/synthetic1k/vgg11/n2-1gbit/ps/metrics.json",
-        "runs/synthetic1k/vgg11/n4-1gbit/ralp_n/steps.parquet",
+        "runs/synthetic1k/vgg11/n2-1gbit/ps/r0/metrics.json",
+        "runs/synthetic1k/vgg11/n4-1gbit/ralp_n/r0/steps.parquet",
         "tables/runs.parquet",
         "tables/summary.md",
         "tables/concurrent.parquet",
@@ -48,7 +48,7 @@ def test_bundle_bytes_are_reproducible(bundle: Path, tmp_path: Path) -> None:
 
 
 def test_tampered_record_fails_its_checksum(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/metrics.json"
+    name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/r0/metrics.json"
     data = members(bundle)[name].replace(b'"images_per_sec": 240.0', b'"images_per_sec": 999.0')
     tampered = forge(bundle, tmp_path / "tampered.tar.gz", {name: data}, checksums=False)
     with pytest.raises(BundleRefused, match=f"{name}: checksum mismatch"):
@@ -58,7 +58,7 @@ def test_tampered_record_fails_its_checksum(bundle: Path, tmp_path: Path, capsys
 
 
 def test_record_changed_with_matching_checksum_fails_table_recomputation(bundle: Path, tmp_path: Path) -> None:
-    name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/metrics.json"
+    name = "smoke-0123/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/r0/metrics.json"
     data = members(bundle)[name].replace(b'"images_per_sec": 240.0', b'"images_per_sec": 999.0')
     forged = forge(bundle, tmp_path / "forged.tar.gz", {name: data})
     with pytest.raises(BundleRefused, match="runs.parquet differs"):

@@ -14,7 +14,7 @@ from ralp_pipe.results.verify import Limits, verify_bundle
 from support.bundles import forge, members
 
 TOP = "smoke-0123"
-METRICS = f"{TOP}/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/metrics.json"
+METRICS = f"{TOP}/runs/synthetic1k/vgg11/n2-1gbit/ralp_n/r0/metrics.json"
 ZEROS = bytes(4 << 20)  # 4 MiB of zeros: gzip shrinks it to a few KiB
 
 
@@ -83,7 +83,10 @@ def test_members_are_streamed_in_chunks_never_read_whole(bundle: Path, monkeypat
         ),
         ({f"{TOP}/tables/summary.md": b"# Results\n\x00\x00"}, f"member '{TOP}/tables/summary.md' is binary"),
         ({f"{TOP}/tables/runs.parquet": b"PAR1 garbage PAR1"}, f"'{TOP}/tables/runs.parquet' is not a readable"),
-        ({f"{TOP}/runs/synthetic1k/vgg11/n2-1gbit/ps/steps.parquet": b"garbage"}, "steps.parquet' is not a readable"),
+        (
+            {f"{TOP}/runs/synthetic1k/vgg11/n2-1gbit/ps/r0/steps.parquet": b"garbage"},
+            "steps.parquet' is not a readable",
+        ),
     ],
     ids=[
         "file-and-folder",

@@ -61,7 +61,9 @@ def test_smoke_experiment_runs_as_slurm_jobs(cluster: LocalSlurm, tmp_path: Path
     assert sorted(tasks) == [2, 2, 2, 3]  # ralp_h (1 worker + PS device), allreduce, ralp_n; ps (2 workers + PS)
     results = tmp_path / "results"
     for strategy in ("ps", "allreduce", "ralp_h", "ralp_n"):
-        metrics = json.loads((results / f"runs/synthetic1k/resnet18/n2-loopback/{strategy}/metrics.json").read_text())
+        metrics = json.loads(
+            (results / f"runs/synthetic1k/resnet18/n2-loopback/{strategy}/r0/metrics.json").read_text()
+        )
         assert metrics["config"]["cluster"]["kind"] == "slurm" and metrics["images_per_sec"] > 0
     assert len(pd.read_parquet(results / "tables" / "runs.parquet")) == 4
     (bundle,) = (results / "bundles").glob("smoke-*.tar.gz")

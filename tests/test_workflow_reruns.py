@@ -28,7 +28,7 @@ CONFIG = {
     "dataset_overrides": {"synthetic1k": ["dataset.num_classes=40"], "synthetic22k": ["dataset.num_classes=40"]},
     "stage_options": {"profile": "--repeats 1 --warmup 0 --message-mb 1 --bandwidth-repeats 1"},
 }
-VICTIM = "runs/synthetic22k/resnet18/n2-loopback/allreduce"
+VICTIM = "runs/synthetic22k/resnet18/n2-loopback/allreduce/r0"
 RUN = "dataset={}, model=resnet18, gpus=2, network=loopback"
 TAIL = {("aggregate", ""), ("bundle", ""), ("all", "")}
 # pytest-timeout counts the module fixture's setup against the first test that requests it, and
@@ -69,9 +69,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     results = work / "results"
     assert snake.returncode != 0, first
     finished = sorted(p.parent.relative_to(results).as_posix() for p in results.glob("runs/**/metrics.json"))
-    assert finished == ["runs/synthetic1k/resnet18/n2-loopback/allreduce"], first
+    assert finished == ["runs/synthetic1k/resnet18/n2-loopback/allreduce/r0"], first
     assert not (results / VICTIM / "metrics.json").exists() and not (results / "tables").exists()
-    assert pending(work, CONFIG) == TAIL | {("train", RUN.format("synthetic22k") + ", strategy=allreduce")}
+    assert pending(work, CONFIG) == TAIL | {("train", RUN.format("synthetic22k") + ", arm=allreduce, repeat=0")}
     second = snakemake(work, "--cores", "2", config=CONFIG, timeout=400)
     assert second.returncode == 0, second.stdout + second.stderr
     assert (results / VICTIM / "metrics.json").exists()
@@ -96,7 +96,7 @@ def test_nothing_reruns_without_a_change(workdir: Path) -> None:
 
 def test_a_training_option_reruns_only_training_aggregation_and_bundle(workdir: Path) -> None:
     changed = {**CONFIG, "overrides": [*CONFIG["overrides"], "train.measure_steps=3"]}
-    trains = {("train", RUN.format(d) + ", strategy=allreduce") for d in ("synthetic1k", "synthetic22k")}
+    trains = {("train", RUN.format(d) + ", arm=allreduce, repeat=0") for d in ("synthetic1k", "synthetic22k")}
     assert pending(workdir, changed) == TAIL | trains | {("resolved_config", "")}
 
 
@@ -113,7 +113,7 @@ def test_a_dataset_option_reruns_that_dataset_downstream_and_nothing_else(workdi
     expected = TAIL | {
         ("resolved_config", ""),
         ("prepare_shards", "dataset=synthetic22k"),
-        ("train", RUN.format("synthetic22k") + ", strategy=allreduce"),
+        ("train", RUN.format("synthetic22k") + ", arm=allreduce, repeat=0"),
     }
     assert pending(workdir, changed) == expected
 
