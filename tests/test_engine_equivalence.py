@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.engine.strategies.base import loss_fn
+from ralp_pipe.engine.strategies.base import Piece, assemble, loss_fn
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.runtime.launch import spawn_function
 
@@ -112,7 +112,7 @@ def _units(model: str) -> list[models.Unit]:
     return models.placement_units(models.build(model, CLASSES, dropout=0.0))
 
 
-def _run_case(rank: int, case: Case, group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
+def _run_case(rank: int, case: Case, group: dist.ProcessGroup) -> list[Piece]:
     topo = topology(case.strategy, case.gpus, case.num_ps)
     assert topo.num_workers == WORKERS
     units = _units(case.model)
@@ -138,7 +138,7 @@ def _run_case(rank: int, case: Case, group: dist.ProcessGroup) -> dict[str, torc
     return engine.state()
 
 
-def _rank(rank: int, world: int, cases: list[Case]) -> dict[str, dict[str, torch.Tensor]]:
+def _rank(rank: int, world: int, cases: list[Case]) -> dict[str, list[Piece]]:
     sizes = sorted({c.world_size for c in cases})
     groups = {k: dist.new_group(list(range(k))) for k in sizes}
     results = {}
@@ -154,12 +154,8 @@ def distributed() -> dict[str, dict[str, torch.Tensor]]:
     """Merged parameters of every case, by case key."""
     cases = NO_BN_CASES + BN_CASES
     per_rank = spawn_function(_rank, max(c.world_size for c in cases), (cases,))
-    merged: dict[str, dict[str, torch.Tensor]] = {c.key: {} for c in cases}
-    for results in per_rank:
-        for key, state in results.items():
-            assert not merged[key].keys() & state.keys(), f"{key}: two ranks claim the same parameter"
-            merged[key].update(state)
-    return merged
+    # assemble refuses an element held by two ranks or by none
+    return {c.key: assemble([piece for results in per_rank for piece in results.get(c.key, [])]) for c in cases}
 
 
 def _initial(model: str) -> dict[str, torch.Tensor]:

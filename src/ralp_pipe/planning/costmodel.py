@@ -212,7 +212,9 @@ class SharedCpu:
 def ps_direction_bytes(model_bytes: float, workers: int, num_ps: int, colocated: bool) -> float:
     """Bytes the busiest host link of a `ps` step carries in each direction (pushes in, pulls out).
 
-    Each PS holds model/num_ps. Dedicated: a PS link moves W shards, a worker link one model.
+    Each PS holds model/num_ps, as the engine's buckets spread it (balanced within one bucket;
+    with ``bucket_mb=0`` whole parameters go to servers and a large one can unbalance them,
+    which this does not price). Dedicated: a PS link moves W shards, a worker link one model.
     Colocated (m = ceil(num_ps / W) PS ranks on the busiest worker host, each with one local
     worker): model x (1 - m/num_ps) for its worker's non-local shards plus (W-1) x m shards for
     its PS ranks' remote workers.

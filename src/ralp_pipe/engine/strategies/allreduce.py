@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ralp_pipe.engine.strategies.base import Batch, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.strategies.base import Batch, Piece, StepSetup, Strategy, loss_fn
 
 
 class AllReduceStrategy(Strategy):
@@ -54,8 +54,8 @@ class AllReduceStrategy(Strategy):
             self.setup.comm.add_wait(time.perf_counter() - self.last_bucket_at)
         self.optimizer.step()
 
-    def state(self) -> dict[str, torch.Tensor]:
+    def state(self) -> list[Piece]:
         """Every worker holds the whole model; rank 0 reports it."""
         if self.setup.rank != self.setup.topology.workers[0]:
-            return {}
-        return {name: p.detach().clone() for name, p in self.net.named_parameters()}
+            return []
+        return [Piece.whole(name, p) for name, p in self.net.named_parameters()]

@@ -80,6 +80,42 @@ class StepSetup:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp and self.device.type == "cuda")
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Elements ``[offset, offset + values.numel())`` of the flattened parameter `name` of shape `shape`."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    values: torch.Tensor
+
+    @classmethod
+    def whole(cls, name: str, tensor: torch.Tensor) -> "Piece":
+        """All of `tensor`, as one piece."""
+        return cls(name, tuple(tensor.shape), 0, tensor.detach().reshape(-1).clone())
+
+
+def assemble(pieces: list[Piece]) -> dict[str, torch.Tensor]:
+    """Whole parameters from the pieces the ranks hold; a gap or an element claimed twice is an error."""
+    by_name: dict[str, list[Piece]] = {}
+    for piece in pieces:
+        by_name.setdefault(piece.name, []).append(piece)
+    out = {}
+    for name, parts in by_name.items():
+        parts.sort(key=lambda piece: piece.offset)
+        numel, end = int(torch.Size(parts[0].shape).numel()), 0
+        for piece in parts:
+            if piece.offset != end:
+                raise ValueError(
+                    f"{name}: elements {min(end, piece.offset)}..{max(end, piece.offset)} held by no rank or twice"
+                )
+            end += piece.values.numel()
+        if end != numel:
+            raise ValueError(f"{name}: the ranks hold {end} of its {numel} elements")
+        out[name] = torch.cat([piece.values for piece in parts]).reshape(parts[0].shape)
+    return out
+
+
 class Strategy(ABC):
     """One synchronous SGD step of the global batch, as seen from one rank."""
 
@@ -88,8 +124,8 @@ class Strategy(ABC):
         """Run one training step; workers get their (images, labels), server ranks get None."""
 
     @abstractmethod
-    def state(self) -> dict[str, torch.Tensor]:
-        """Parameters this rank holds authoritatively, by their name in the whole model."""
+    def state(self) -> list[Piece]:
+        """The parameter elements this rank holds authoritatively (:func:`assemble` joins all ranks')."""
 
     def finish(self) -> None:  # noqa: B027  (a hook with nothing to do for most strategies, not abstract)
         """Complete the transfers a step left in flight (called before a window edge and at the end)."""
@@ -169,35 +205,26 @@ class FlatLayout:
 def plan_buckets(sizes: list[int], servers: list[int], bucket_elems: int | None) -> list[Bucket]:
     """The buckets parameters of `sizes` elements travel in between workers and `servers`, in sending order.
 
-    Each parameter belongs whole to one server (:func:`assign_to_ps`, as Distributed TensorFlow
-    places variables on PS tasks). Walking the flat layout (reverse model order), a bucket ends
-    where the server changes or where it reaches `bucket_elems` elements, so a large tensor is
-    split into partitions of that size as BytePS does (0: one bucket per parameter, None: no
-    size limit, the sequential layout).
+    The flat layout (reverse model order, the order backward produces gradients) is cut into
+    buckets of `bucket_elems` elements across parameter boundaries, as BytePS partitions tensors,
+    and the buckets are spread over `servers` balanced by size (each to the least-loaded server,
+    so consecutive buckets go to different servers and travel in parallel); no bucket exceeds a
+    server's fair share, so a model smaller than a bucket per server still reaches all. 0: one bucket per
+    parameter, each whole on one server (Distributed TensorFlow's variable placement,
+    :func:`assign_to_ps`); None: the sequential layout, one contiguous near-equal range per server.
     """
-    owner = assign_to_ps(sizes, len(servers))
-    layout = FlatLayout(tuple(sizes))
-    buckets: list[Bucket] = []
-    offset = 0
-    for index in layout.order:
-        server, end = servers[owner[index]], offset + sizes[index]
-        while offset < end:
-            last = buckets[-1] if buckets else None
-            joinable = (
-                last is not None
-                and last.server == server
-                and last.stop == offset
-                and bucket_elems != 0
-                and (bucket_elems is None or len(last) < bucket_elems)
-            )
-            start = last.start if joinable and last is not None else offset
-            stop = end if bucket_elems in (None, 0) else min(end, start + bucket_elems)
-            if joinable:
-                buckets[-1] = Bucket(start, stop, server)
-            else:
-                buckets.append(Bucket(offset, stop, server))
-            offset = stop
-    return buckets
+    layout, total = FlatLayout(tuple(sizes)), sum(sizes)
+    if bucket_elems == 0:
+        owner, offsets = assign_to_ps(sizes, len(servers)), layout.offsets()
+        return [Bucket(offsets[i], offsets[i] + sizes[i], servers[owner[i]]) for i in layout.order if sizes[i]]
+    if bucket_elems is None:
+        bounds = [total * k // len(servers) for k in range(len(servers) + 1)]
+        return [Bucket(a, b, server) for a, b, server in zip(bounds, bounds[1:], servers) if b > a]
+    size = max(1, min(bucket_elems, -(-total // len(servers))))
+    cuts = [*range(0, total, size), total]
+    spans = list(zip(cuts, cuts[1:]))
+    owner = assign_to_ps([stop - start for start, stop in spans], len(servers))
+    return [Bucket(start, stop, servers[o]) for (start, stop), o in zip(spans, owner)]
 
 
 def bucket_elements(bucket_mb: float, element_size: int) -> int:
@@ -267,18 +294,17 @@ class PushPullServer:
             sends = [self.comm.isend(b.flat.data, w, "parameters") for b in self.buckets for w in self.workers]
         self.comm.wait(sends)
 
-    def state(self) -> dict[str, torch.Tensor]:
-        """The held parameters by name, in their own shapes (each parameter lies whole on one server)."""
-        pieces = sorted(zip(self.mine, self.buckets), key=lambda item: item[0].start)
-        out = {}
-        for name, shape, offset in self.params:
-            numel = int(torch.Size(shape).numel())
-            parts = [
-                sgd.flat.detach()[max(offset, b.start) - b.start : min(offset + numel, b.stop) - b.start]
-                for b, sgd in pieces
-                if b.start < offset + numel and b.stop > offset
-            ]
-            out[name] = torch.cat(parts).reshape(shape).clone()
+    def state(self) -> list[Piece]:
+        """The elements of the held buckets, as pieces of the parameters they belong to."""
+        out = []
+        for bucket, sgd in zip(self.mine, self.buckets):
+            values = sgd.flat.detach()
+            for name, shape, offset in self.params:
+                numel = int(torch.Size(shape).numel())
+                start, stop = max(offset, bucket.start), min(offset + numel, bucket.stop)
+                if start < stop:
+                    piece = values[start - bucket.start : stop - bucket.start].clone()
+                    out.append(Piece(name, shape, start - offset, piece))
         return out
 
 

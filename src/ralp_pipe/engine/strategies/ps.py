@@ -10,9 +10,15 @@ ablation: push everything after backward, the PS waits for all of it, pull every
 
 from __future__ import annotations
 
-import torch
-
-from ralp_pipe.engine.strategies.base import Batch, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.strategies.base import (
+    Batch,
+    Piece,
+    PushPullClient,
+    PushPullServer,
+    StepSetup,
+    Strategy,
+    loss_fn,
+)
 from ralp_pipe.engine.topology import PS
 
 
@@ -55,6 +61,6 @@ class ParameterServerStrategy(Strategy):
         if self.client is not None:
             self.client.finish()
 
-    def state(self) -> dict[str, torch.Tensor]:
+    def state(self) -> list[Piece]:
         """A PS's buckets; workers hold only copies."""
-        return self.server.state() if self.server is not None else {}
+        return self.server.state() if self.server is not None else []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ralp_pipe.engine.models import activation_shapes, check_split
-from ralp_pipe.engine.strategies.base import Batch, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
+from ralp_pipe.engine.strategies.base import Batch, Piece, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
 from ralp_pipe.engine.topology import PS_DEVICE
 
 
@@ -97,9 +97,8 @@ class LayerPlacementStrategy(Strategy):
         if self.setup.role != PS_DEVICE:
             self.client.finish()
 
-    def state(self) -> dict[str, torch.Tensor]:
+    def state(self) -> list[Piece]:
         """The PS device holds every parameter (lower as a PS, upper as its own layers)."""
         if self.setup.role != PS_DEVICE:
-            return {}
-        upper = {name: p.detach().clone() for name, p in self.upper.named_parameters()}
-        return {**self.server.state(), **upper}
+            return []
+        return [*self.server.state(), *(Piece.whole(name, p) for name, p in self.upper.named_parameters())]

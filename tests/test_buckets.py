@@ -1,0 +1,47 @@
+"""How parameters are cut into push/pull buckets and spread over the PS ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from ralp_pipe.engine.strategies.base import FlatLayout, plan_buckets
+
+SIZES = [300, 50, 1000, 20, 4000]  # a model's parameters in model order (elements)
+
+
+def _covers_once(buckets, total: int) -> None:
+    cuts = sorted((b.start, b.stop) for b in buckets)
+    assert cuts[0][0] == 0 and cuts[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:])), "buckets overlap or leave a gap"
+
+
+def test_buckets_cut_across_parameters_and_balance_the_servers_by_bytes() -> None:
+    buckets = plan_buckets(SIZES, [5, 6, 7], 500)
+    _covers_once(buckets, sum(SIZES))
+    assert [b.start for b in buckets] == sorted(b.start for b in buckets)  # sending order = flat order
+    assert all(len(b) <= 500 for b in buckets) and len(buckets) == 11  # 5370 elements in 500s
+    loads = {s: sum(len(b) for b in buckets if b.server == s) for s in (5, 6, 7)}
+    assert max(loads.values()) - min(loads.values()) <= 500  # within one bucket
+    assert [b.server for b in buckets[:3]] == [5, 6, 7]  # consecutive buckets travel in parallel
+
+
+def test_a_model_smaller_than_a_bucket_per_server_still_reaches_every_server() -> None:
+    buckets = plan_buckets(SIZES, [5, 6], 10**6)
+    assert sorted(len(b) for b in buckets) == [2685, 2685] and {b.server for b in buckets} == {5, 6}
+
+
+def test_zero_keeps_each_parameter_whole_on_one_server() -> None:
+    buckets = plan_buckets(SIZES, [5, 6], 0)
+    offsets = FlatLayout(tuple(SIZES)).offsets()
+    assert sorted((b.start, b.stop) for b in buckets) == sorted(
+        (offsets[i], offsets[i] + n) for i, n in enumerate(SIZES)
+    )
+    assert {b.server for b in buckets if len(b) == 4000} != {b.server for b in buckets if len(b) == 1000}
+
+
+@pytest.mark.parametrize("servers", [[3], [3, 4, 5]])
+def test_the_sequential_layout_is_one_contiguous_near_equal_range_per_server(servers: list[int]) -> None:
+    buckets = plan_buckets(SIZES, servers, None)
+    _covers_once(buckets, sum(SIZES))
+    assert [b.server for b in buckets] == servers
+    assert max(len(b) for b in buckets) - min(len(b) for b in buckets) <= 1
