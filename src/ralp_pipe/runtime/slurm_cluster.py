@@ -130,6 +130,15 @@ def _link_exists(name: str) -> bool:
     return _ip("link", "show", "dev", name, check=False).returncode == 0
 
 
+def _refuse_second_cluster() -> None:
+    """One cluster per machine: its control link and route have fixed names."""
+    if _link_exists(ROOT_LINK):
+        raise ConfigError(
+            f"network link {ROOT_LINK} already exists: another ralp-pipe cluster is up on this machine; "
+            f"`ralp-pipe cluster status --dir FOLDER` shows it, `ralp-pipe cluster down --dir FOLDER` stops it"
+        )
+
+
 def _remove_network_leftovers() -> None:
     """Delete the control link and the guard route of this machine's namespace, where present."""
     if _link_exists(ROOT_LINK):
@@ -181,17 +190,15 @@ class SlurmCluster:
         self.memory_mb = max(500, int(total_mb * 0.8) // nodes)  # the nodes' sum stays below the machine's
         self.munge_socket = munge_folder(self.folder) / "munge.socket"
         self.daemons: dict[str, Process] = {}
+        self._owns_network = False  # the control link and the guard route are this cluster's to remove
 
     # -- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Build the network, write the config, start munged, slurmctld and every slurmd; wait for idle nodes."""
         for name in PROGRAMS:
             _program(name)
-        if _link_exists(ROOT_LINK):
-            raise ConfigError(
-                f"network link {ROOT_LINK} already exists: another ralp-pipe cluster is up on this machine; "
-                f"run `ralp-pipe cluster down --dir FOLDER` for it first"
-            )
+        _refuse_second_cluster()
+        self._owns_network = True
         for sub in ("etc", "state", "log", *(f"spool/{node_name(i)}" for i in range(self.nodes))):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         _ip("route", "replace", "unreachable", GUARD_ROUTE)
@@ -215,7 +222,8 @@ class SlurmCluster:
         _kill_pids([pid for pid in _pids_in_namespaces(set(self.namespaces())) if pid not in holders])  # job steps
         stop([proc for name, proc in self.daemons.items() if not name.startswith("n")])
         self.daemons = {}
-        _remove_network_leftovers()
+        if self._owns_network:  # never another cluster's (a start refused because one is up)
+            _remove_network_leftovers()
         self.network.close()
         shutil.rmtree(self.munge_socket.parent, ignore_errors=True)
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -314,8 +322,8 @@ class SlurmCluster:
     def _client_env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def _client(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, env=self._client_env())
+    def _client(self, *argv: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env=self._client_env())
 
     def _wait(self, ready: Any, what: str, log: str, timeout_s: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -341,10 +349,14 @@ class SlurmCluster:
         )
 
     def _cancel_jobs(self) -> None:
-        self._client("scancel", "--full", "--quiet", f"--partition={PARTITION}")
+        """Cancel the jobs and wait up to 20 s for them to end; give up where slurmctld does not answer."""
         deadline = time.monotonic() + 20
-        while self._client("squeue", "-h", "-o", "%i").stdout.strip() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        try:
+            self._client("scancel", "--full", "--quiet", f"--partition={PARTITION}", timeout_s=10)
+            while self._client("squeue", "-h", "-o", "%i", timeout_s=10).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        except subprocess.SubprocessError:
+            pass  # the daemons are stopped next and the job steps with the node namespaces
 
 
 # -- the keeper --------------------------------------------------------------------------------------
@@ -399,9 +411,10 @@ def clean_stale(folder: Path) -> list[str]:
             if running(pid) and _started_here(pid, folder):
                 _kill_pids([pid])
                 removed.append(name)
-        if _link_exists(ROOT_LINK):
-            removed.append(ROOT_LINK)
-        _remove_network_leftovers()
+        if not _live_keepers():  # the link and route are another cluster's while one is up
+            if _link_exists(ROOT_LINK):
+                removed.append(ROOT_LINK)
+            _remove_network_leftovers()
     shutil.rmtree(munge_folder(folder), ignore_errors=True)
     if folder.exists():
         if state is None and not (folder / "etc" / "slurm.conf").exists() and any(folder.iterdir()):
@@ -409,6 +422,19 @@ def clean_stale(folder: Path) -> list[str]:
         shutil.rmtree(folder)
         removed.append(str(folder))
     return removed
+
+
+def _live_keepers() -> list[int]:
+    """PIDs of the cluster keepers running on this machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.isdigit() and MODULE.encode() in argv and b"--serve" in argv and running(int(entry)):
+            found.append(int(entry))
+    return found
 
 
 def _started_here(pid: int, folder: Path) -> bool:
@@ -431,6 +457,7 @@ def up(folder: Path, nodes: int, rate: str, burst: str) -> ClusterState:
         print(f"removed leftovers of an earlier cluster: {', '.join(removed)}", file=sys.stderr)
     if not folder.parent.is_dir():
         raise ConfigError(f"--dir {folder}: its parent folder does not exist")
+    _refuse_second_cluster()
     log = Path(tempfile.mkstemp(prefix="ralp-pipe-cluster-", suffix=".log")[1])
     argv = [sys.executable, "-m", MODULE, "--serve", str(folder), str(nodes), rate, burst]
     with open(log, "wb") as out:  # not tied to this process: the cluster outlives the command
