@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +15,7 @@ from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.train import resolve_split, split_and_bytes
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
+from support.train import run_train, train_metrics
 
 pytestmark = pytest.mark.slow  # train subprocesses and model builds of several seconds each
 
@@ -63,13 +62,9 @@ def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(t
         "train.warmup_steps=1",
         "train.measure_steps=2",
         "dataset.num_classes=10",
+        "train.loader=synthetic",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_train(out, overrides)
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert KEYS <= metrics.keys()
@@ -144,15 +139,12 @@ def test_single_device_run_has_no_communication_and_rank_0_logs_its_progress(tmp
     overrides += ["train.image_size=32", "train.warmup_steps=1", "train.measure_steps=3", "dataset.num_classes=10"]
     overrides += ["train.loader=synthetic"]  # no shards needed: the run is about communication and progress
     env = {**os.environ, "RALP_PIPE_FAIL_RANK": "0", "RALP_PIPE_FAIL_STEP": "3"}  # keeps the log: a failed run
-    command = [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides]
-    failed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    failed = run_train(out, overrides, env=env)
     assert failed.returncode == 4, failed.stderr
     log = failed.stdout.split("rank 0 logs its progress to ", 1)[1].split(" ", 1)[0]
     assert f"Last lines of {log}:" in failed.stderr  # the log the driver named is rank 0's
     assert "step 1/4 (warmup): " in failed.stderr  # the first step always gets a line
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = train_metrics(out, overrides)
     assert (metrics["workers"], metrics["world_size"], metrics["gb_per_step"]["total"]) == (1, 1, 0.0)
     steps = pd.read_parquet(out / "steps.parquet")
     assert (steps["comm_wait_s"] == 0).all()  # no DDP, no reduction: nothing to wait for
