@@ -5,17 +5,27 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 from ralp_pipe.cli import main as cli
+from ralp_pipe.results.aggregate import build_tables, load_records, write_tables
 from ralp_pipe.results.compare import REGRESSED, WITHIN, compare, read_runs
-from workflow_records import write_aggregated
+from workflow_records import write_results
 
 
-def _results(root: Path, **results: object) -> Path:
-    return write_aggregated(root, models=("vgg11",), gpus=(2,), repeats=3, **results)
+def _aggregate(root: Path) -> Path:
+    """Tables (no plots: compare reads runs.parquet) of the records below `root`."""
+    shutil.rmtree(root / "tables", ignore_errors=True)
+    write_tables(build_tables(load_records([root / "runs"], root / "plans")), root / "tables")
+    return root
+
+
+def _results(root: Path, repeats: int = 3, **results: Any) -> Path:
+    write_results(root, models=("vgg11",), gpus=(2,), repeats=repeats, **results)
+    return _aggregate(root)
 
 
 def _scale(root: Path, strategy: str, factor: float) -> None:
@@ -25,9 +35,7 @@ def _scale(root: Path, strategy: str, factor: float) -> None:
             doc = json.loads(path.read_text())
             doc["images_per_sec"] *= factor
             path.write_text(json.dumps(doc))
-    shutil.rmtree(root / "tables")
-    argv = ["aggregate", "--runs", str(root / "runs"), "--plans", str(root / "plans"), "--out", str(root / "tables")]
-    assert cli(argv) == 0
+    _aggregate(root)
 
 
 def test_identical_input_reports_no_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,8 +62,7 @@ def test_a_regression_beyond_noise_exits_1_and_a_change_within_noise_does_not(
 
 
 def test_one_repeat_gives_no_interval_and_no_verdict(tmp_path: Path) -> None:
-    a = write_aggregated(tmp_path / "a", models=("vgg11",), gpus=(2,))
-    b = write_aggregated(tmp_path / "b", models=("vgg11",), gpus=(2,))
+    a, b = _results(tmp_path / "a", repeats=1), _results(tmp_path / "b", repeats=1)
     _scale(b, "ralp_n", 0.5)
     assert cli(["compare", str(a), str(b)]) == 0
     assert set(compare(read_runs(a), read_runs(b)).table["verdict"]) == {"no interval (1 repeat)"}
