@@ -137,3 +137,13 @@ def test_plan_predictions_lists_every_strategy_and_gpu_count(tmp_path) -> None:
     }
     frame = plan_predictions(plan)
     assert sorted(frame.strategy) == sorted(STRATEGIES) and set(frame.gpus) == {2}
+
+
+def test_a_link_probe_latency_is_paid_per_ring_message(vgg11) -> None:
+    """allreduce at N: 2(N-1) latency-bound ring steps, so 0.01 s a message adds 2 x 15 x 0.01 s at N=16."""
+    profile, units = vgg11
+    rows = [
+        simulate(profile, units, 4, gpus=[16], link_gbit=[10], latency_s=latency).set_index("strategy")
+        for latency in (None, 0.01)
+    ]
+    assert rows[1].step_time_s["allreduce"] - rows[0].step_time_s["allreduce"] == pytest.approx(0.3)

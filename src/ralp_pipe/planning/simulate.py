@@ -24,7 +24,7 @@ from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, load
 from ralp_pipe.engine import models
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
 from ralp_pipe.planning.planner import best_prediction, check_profile_matches, pipelining_of, volume_function
-from ralp_pipe.results.records import Profile
+from ralp_pipe.results.records import LinkProbe, Profile
 
 GPUS = tuple(2**i for i in range(1, 11))
 LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)
@@ -40,19 +40,22 @@ def simulate(
     pipelining: Pipelining | None = None,
     colocated: bool = False,
     ps_per_host: bool = True,
+    latency_s: float | None = None,
 ) -> pd.DataFrame:
     """One row per strategy x N x link speed with the best configuration's predictions.
 
     `ps_per_host` prices `ps` at N with N PS ranks colocated on the worker hosts; otherwise with
-    `num_ps` PS ranks placed as `colocated` says.
+    `num_ps` PS ranks placed as `colocated` says. `latency_s` per message: the profile's own probe's
+    where None (0 for a compute-only profile).
     """
     costs = compute_costs(profile)
     names = [u.name for u in units]
     volume = volume_function(units, batch_size, int(profile["image_size"]), num_ps)
-    latency = float((profile["link"].get("measured") or {}).get("latency_s", 0.0))
+    if latency_s is None:
+        latency_s = float(((profile.get("link") or {}).get("measured") or {}).get("latency_s", 0.0))
     rows = []
     for gbit in link_gbit:
-        link = Link(gbit * 1e9 / 8 * TCP_PAYLOAD_PER_WIRE_BYTE, latency, f"{gbit} Gbit/s")
+        link = Link(gbit * 1e9 / 8 * TCP_PAYLOAD_PER_WIRE_BYTE, latency_s, f"{gbit} Gbit/s")
         for n in gpus:
             baseline = None
             for strategy in STRATEGIES:
@@ -147,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, nargs="+", default=list(GPUS), help="GPU counts (default 2..1024)")
     parser.add_argument("--link-gbit", type=float, nargs="+", default=list(LINK_GBIT), help="link speeds in Gbit/s")
     parser.add_argument(
+        "--link", type=Path, help="link record from `ralp-pipe profile --link-only`: its measured latency per message"
+    )
+    parser.add_argument(
         "--ps-per-host",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -173,6 +179,7 @@ def main(args: argparse.Namespace) -> int:
         pipelining_of(cfg),
         colocated=cfg.strategy.ps_placement == "colocated",
         ps_per_host=args.ps_per_host,
+        latency_s=float((LinkProbe.read(args.link).measured or {}).get("latency_s", 0.0)) if args.link else None,
     )
     paths = write_outputs(frame, args.out)
     print(summary(frame))
