@@ -411,7 +411,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
             accuracy,
             "",
         ]
-    return "\n".join(parts)
+    return "\n".join(parts) + "\n"  # a blank line before the sections that follow
 
 
 def build_tables(records: Records, workloads: Sequence[tuple[str, dict[str, Any]]] = ()) -> Tables:
