@@ -166,6 +166,16 @@ def _link_share(metrics: dict[str, Any]) -> float:
     return busiest * 1e9 / rate_bytes_per_s(RATE) / metrics["step_time_s"]
 
 
+@pytest.mark.slurm
+@pytest.mark.netns
+def test_a_second_cluster_is_refused_and_leaves_the_running_one_alone(cluster: ClusterState, tmp_path: Path) -> None:
+    refused = _cli("cluster", "up", "--nodes", "2", "--dir", str(tmp_path / "second"))
+    routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True).stdout
+    assert GUARD_ROUTE in routes and ROOT_LINK in routes  # the running cluster's link and guard route are still there
+    assert _cli("cluster", "status", "--dir", str(Path(cluster.slurm_conf).parents[1])).returncode == 0
+    assert refused.returncode == 2 and ROOT_LINK in refused.stderr, refused.stderr
+
+
 def _emulated_run(out: Path, slurm: dict[str, Any]) -> dict[str, Any]:
     """The training run of record `slurm` again on cluster=emulated at the cluster's rate (with its split)."""
     split = [] if slurm["split"] is None else [f"strategy.split={slurm['split']}"]
