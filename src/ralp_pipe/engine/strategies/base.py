@@ -232,6 +232,17 @@ def bucket_elements(bucket_mb: float, element_size: int) -> int:
     return int(bucket_mb * 1e6) // element_size
 
 
+def _bucket_values(
+    named: list[tuple[str, torch.Tensor]], layout: FlatLayout, offsets: dict[int, int], bucket: Bucket
+) -> list[torch.Tensor]:
+    """Views of the parameter elements `bucket` covers, in flat order (no copy of the whole model)."""
+    views = []
+    for i in layout.overlapping(bucket):
+        values, offset = named[i][1].detach().reshape(-1), offsets[i]
+        views.append(values[max(bucket.start - offset, 0) : min(bucket.stop - offset, values.numel())])
+    return views
+
+
 class PushPullServer:
     """A parameter server for the buckets sent to it: reduce each bucket's gradients, SGD, send it back.
 
@@ -254,9 +265,10 @@ class PushPullServer:
         self.comm, self.workers, self.overlap = comm, workers, overlap
         layout = FlatLayout(tuple(p.numel() for _, p in named))
         offsets = layout.offsets()
-        flat = torch.cat([named[i][1].detach().reshape(-1) for i in layout.order])
         self.mine = [b for b in buckets if b.server == comm.rank]
-        self.buckets = [FlatSgd([flat[b.start : b.stop]], len(workers), optim, mean) for b in self.mine]
+        self.buckets = [
+            FlatSgd(_bucket_values(named, layout, offsets, b), len(workers), optim, mean) for b in self.mine
+        ]
         held = {i for b in self.mine for i in layout.overlapping(b)}
         self.params = [(named[i][0], tuple(named[i][1].shape), offsets[i]) for i in sorted(held)]
         # NCCL runs the operations between two ranks in posting order: a worker pushes g_b then
