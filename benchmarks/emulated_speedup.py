@@ -41,6 +41,7 @@ def main() -> int:
         "train.image_size=32",
         "train.warmup_steps=1",
         f"train.measure_steps={args.steps}",
+        "train.loader=synthetic",  # the step's compute and communication, not the input pipeline
     ]
     ok = True
     with tempfile.TemporaryDirectory(prefix="ralp-speedup-") as tmp:

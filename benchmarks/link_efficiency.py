@@ -89,6 +89,7 @@ def main() -> int:
         "train.image_size=32",
         "train.warmup_steps=1",
         f"train.measure_steps={args.steps}",
+        "train.loader=synthetic",  # the step's compute and communication, not the input pipeline
     ]
     payload, wire_rate = probe_wire_bytes_per_s()
     print(f"probe at {RATE}: {payload * 8 / 1e6:.1f} Mbit/s payload, {wire_rate * 8 / 1e6:.1f} Mbit/s on the wire")
