@@ -110,8 +110,8 @@ class RunMetrics(Record):
     wire_per_host: dict[str, Any] | None = None
     world_size: int | None = None
     roles: list[str] | None = None
-    device: str | None = None
     hosts: list[str] | None = None  # host name of every rank (the SLURM node it ran on)
+    device: str | None = None
     backend: str | None = None
     loader: str | None = None
     hardware: dict[str, Any]
