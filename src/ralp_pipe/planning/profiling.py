@@ -474,15 +474,16 @@ def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
 
 def _probe_fabric(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
     """The probe between srun tasks of this job: nodes 0 and 1 where it has two, else both on its node."""
-    from ralp_pipe.runtime.launch import first_host
+    from ralp_pipe.runtime.launch import allocation_nodes
 
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not os.environ.get("SLURM_JOB_ID") or not nodelist:
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
         raise RunFailure(
-            "cluster=slurm link probe outside a SLURM allocation (no SLURM_JOB_ID/SLURM_JOB_NODELIST): "
+            "cluster=slurm link probe outside a SLURM allocation (no SLURM_JOB_ID): "
             "submit it with sbatch/salloc or profile with cluster=local"
         )
-    nodes = min(2, int(os.environ.get("SLURM_JOB_NUM_NODES", "1")))
+    names = allocation_nodes(job)  # snakemake's jobstep executor strips SLURM_JOB_NODELIST
+    nodes = min(2, len(names))
     srun = ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--export=ALL"]
     interface = cfg.network.interface
     env = {"GLOO_SOCKET_IFNAME": interface} if interface else {}
@@ -491,7 +492,7 @@ def _probe_fabric(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
         message_bytes,
         repeats,
         argv_prefixes=tuple([*srun, f"--relative={rank % nodes}"] for rank in (0, 1)),
-        master_addr=first_host(nodelist),
+        master_addr=names[0],
         rank_env=(env, env),
     )
     return {**result, "network": f"fabric ({interface or 'interface routing to rank 0'}) across {nodes} node(s)"}
