@@ -37,4 +37,6 @@ def test_colocated_ps_ranks_share_their_workers_hosts_and_only_remote_shards_cro
     crossing = counted / 2
     assert crossing <= metrics["wire_gb_per_step"] <= 1.05 * crossing, (counted, metrics["wire_gb_per_step"])
     for link in metrics["wire_per_host"].values():  # both links carry the same half, each direction
-        assert link["tx"] == pytest.approx(crossing / 2, rel=0.05) and link["rx"] == pytest.approx(crossing / 2, rel=0.05)
+        assert link["tx"] == pytest.approx(crossing / 2, rel=0.05) and link["rx"] == pytest.approx(
+            crossing / 2, rel=0.05
+        )

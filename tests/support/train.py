@@ -19,7 +19,11 @@ def run_train(
 ) -> subprocess.CompletedProcess[str]:
     """Run one training run into `out` and return the finished process (output captured)."""
     return subprocess.run(
-        train_command(out, overrides), capture_output=True, text=True, timeout=timeout, env=None if env is None else dict(env)
+        train_command(out, overrides),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else dict(env),
     )
 
 
