@@ -24,6 +24,7 @@ COMMON = [
     "train.image_size=32",
     "train.warmup_steps=0",
     "train.measure_steps=1",
+    "train.loader=synthetic",  # the stage is about sharing links, not input
 ]
 
 

@@ -99,6 +99,7 @@ def test_a_100mbit_training_run_stays_under_the_rate_on_every_shaped_link(
         "train.image_size=32",
         "train.warmup_steps=0",
         "train.measure_steps=1",
+        "train.loader=synthetic",
     ]
     metrics = run(load(overrides), tmp_path / "run")
     assert metrics is not None and metrics.roles == ["worker", "ps"]

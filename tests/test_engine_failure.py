@@ -26,6 +26,7 @@ OVERRIDES = [
     "train.measure_steps=3",
     f"cluster.timeout_s={TIMEOUT_S}",
     f"cluster.init_timeout_s={INIT_TIMEOUT_S}",
+    "train.loader=synthetic",
 ]
 
 

@@ -30,6 +30,7 @@ SMALL = [
     "train.batch_size=2",
     "train.image_size=32",
     "train.warmup_steps=1",
+    "train.loader=synthetic",
 ]
 
 
