@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import train as train_run  # noqa: E402
+from runs import emulated_recipe  # noqa: E402
+from runs import train as train_run
 
 
 def train(out: Path, overrides: list[str]) -> tuple[float, float, float]:
@@ -33,16 +34,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2, help="measured steps per run (after 1 warm-up)")
     parser.add_argument("--out", type=Path, default=None, help="keep run folders here (default: temporary)")
     args = parser.parse_args()
-    common = [
-        "cluster=emulated",
-        "network=1gbit",
-        "cluster.gpus=4",
-        "train.batch_size=4",
-        "train.image_size=32",
-        "train.warmup_steps=1",
-        f"train.measure_steps={args.steps}",
-        "train.loader=synthetic",  # the step's compute and communication, not the input pipeline
-    ]
+    common = emulated_recipe("1gbit", args.steps)
     ok = True
     with tempfile.TemporaryDirectory(prefix="ralp-speedup-") as tmp:
         root = args.out or Path(tmp)

@@ -34,7 +34,7 @@ from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
-from runs import measured_steps, train  # noqa: E402
+from runs import emulated_recipe, measured_steps, train  # noqa: E402
 from support.emulated_hosts import measure_link_rate  # noqa: E402
 
 RATE = "1gbit"
@@ -81,16 +81,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="keep run folders here (default: temporary)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args()
-    common = [
-        "cluster=emulated",
-        f"network={RATE}",
-        "cluster.gpus=4",
-        "train.batch_size=4",
-        "train.image_size=32",
-        "train.warmup_steps=1",
-        f"train.measure_steps={args.steps}",
-        "train.loader=synthetic",  # the step's compute and communication, not the input pipeline
-    ]
+    common = emulated_recipe(RATE, args.steps)
     payload, wire_rate = probe_wire_bytes_per_s()
     print(f"probe at {RATE}: {payload * 8 / 1e6:.1f} Mbit/s payload, {wire_rate * 8 / 1e6:.1f} Mbit/s on the wire")
     print(f"1 warm-up + {args.steps} measured steps per run")

@@ -11,6 +11,21 @@ from typing import Any
 import pandas as pd
 
 
+def emulated_recipe(rate: str, steps: int) -> list[str]:
+    """Overrides of the benchmarks' runs: N=4 on the emulated cluster at `rate`, 1 warm-up + `steps` measured,
+    synthetic input (the step's compute and communication, not the input pipeline)."""
+    return [
+        "cluster=emulated",
+        f"network={rate}",
+        "cluster.gpus=4",
+        "train.batch_size=4",
+        "train.image_size=32",
+        "train.warmup_steps=1",
+        f"train.measure_steps={steps}",
+        "train.loader=synthetic",
+    ]
+
+
 def train(out: Path, overrides: list[str]) -> dict[str, Any]:
     """Run `ralp-pipe train` into `out` unless it already holds a finished run; return its metrics.json."""
     if not (out / "metrics.json").exists():
