@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from ralp_pipe.results.accuracy import prediction_error
+from ralp_pipe.results.accuracy import prediction_error, relative_error
 from support.prediction import measure_against_plan
 
 pytestmark = pytest.mark.slow  # profiles, plans and trains three strategies in subprocesses
@@ -31,17 +32,28 @@ STRATEGIES = ("ps", "allreduce", "ralp_n")
 
 
 def test_predictions_of_runs_measured_here_are_joined_and_near_the_measurement(tmp_path: Path) -> None:
-    """Every strategy's prediction is joined to its run, the median and each row near the measurement."""
+    """Every strategy's prediction is joined to its run; each row and each speedup over ps near the measurement."""
     measured, predicted = measure_against_plan(tmp_path, COMMON, STRATEGIES, ["--repeats", "3", "--message-mb", "16"])
-    joined, median = prediction_error(measured, predicted)
+    joined, _ = prediction_error(measured, predicted)
     assert sorted(joined.strategy) == sorted(STRATEGIES)
     assert (joined.images_per_sec_predicted > 0).all() and joined.relative_error.map(math.isfinite).all()
-    # benchmarks/prediction.py holds the 20% target; this bound catches a model off by a factor
-    # (the PS's gradient reduction, unpriced, once made VGG-11's ps prediction 2.9x the measurement)
     figures = joined[["strategy", "images_per_sec_measured", "images_per_sec_predicted", "relative_error"]]
-    assert median < 0.5, figures
-    # The median of 3 rows hides one row off by any factor. |error| < 1 bounds every row: a prediction
-    # at 2x the measurement or more (the 2.9x above) fails. An under-prediction has error > -1 anyway, so
-    # the bound only limits over-prediction; it is 2x the median's bound because a single run on this
-    # shared 2-core machine is noisier than the median of three.
+    # |error| < 1 bounds every row: a prediction at 2x the measurement or more fails (the PS's gradient
+    # reduction, unpriced, once made VGG-11's ps prediction 2.9x the measurement). An under-prediction
+    # has error > -1 anyway, so this only limits over-prediction. benchmarks/prediction.py holds the
+    # 20% target on a quiet machine; absolute images/sec here follow the shared host's speed, which
+    # drifted 1.8x between a profile and the runs after it (a CI run: link 3.47 GB/s and the ps
+    # server 0.058 s/step, against 1.9 GB/s and 0.103 s/step a session later; measured throughput
+    # the same), so no tighter absolute bound holds here.
     assert (joined.relative_error.abs() < 1.0).all(), figures
+    # Speedups over ps, the planner's decision, cancel the host's speed: measured and predicted
+    # ratios of runs minutes apart. Runs here drift up to 20% between each other; a strategy priced
+    # 2x off, in either direction, moves its speedup's error to -0.5 or +1.
+    by_strategy = joined.set_index("strategy")
+    speedups = by_strategy.drop(index="ps")
+    measured_speedup = speedups.images_per_sec_measured / by_strategy.at["ps", "images_per_sec_measured"]
+    predicted_speedup = speedups.images_per_sec_predicted / by_strategy.at["ps", "images_per_sec_predicted"]
+    speedup_error = relative_error(predicted_speedup, measured_speedup)
+    assert (speedup_error.abs() < 0.4).all(), pd.DataFrame(
+        {"measured": measured_speedup, "predicted": predicted_speedup, "error": speedup_error}
+    )
