@@ -15,6 +15,7 @@ from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.train import resolve_split, split_and_bytes
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
+from ralp_pipe.runtime import hardware
 from support.train import run_train, train_metrics
 
 pytestmark = pytest.mark.slow  # train subprocesses and model builds of several seconds each
@@ -144,7 +145,9 @@ def test_single_device_run_has_no_communication_and_rank_0_logs_its_progress(tmp
     log = failed.stdout.split("rank 0 logs its progress to ", 1)[1].split(" ", 1)[0]
     assert f"Last lines of {log}:" in failed.stderr  # the log the driver named is rank 0's
     assert "step 1/4 (warmup): " in failed.stderr  # the first step always gets a line
-    metrics = train_metrics(out, overrides)
+    metrics = train_metrics(out, [*overrides, "train.cpu_share=2"])
     assert (metrics["workers"], metrics["world_size"], metrics["gb_per_step"]["total"]) == (1, 1, 0.0)
+    # the rank's own torch threads (not the driver's): this host's CPUs split over train.cpu_share ranks
+    assert metrics["hardware"]["torch_threads"] == hardware.threads_per_rank(2)
     steps = pd.read_parquet(out / "steps.parquet")
     assert (steps["comm_wait_s"] == 0).all()  # no DDP, no reduction: nothing to wait for

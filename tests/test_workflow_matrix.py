@@ -22,12 +22,12 @@ def local() -> Matrix:
     return Matrix(parse_settings({"experiment": "local", "overrides": ["train.measure_steps=7"]}))
 
 
-@pytest.mark.slow  # the 60-run local matrix (~2.4 s fixture) against full compositions
+@pytest.mark.slow  # the 72-run local matrix (~2.4 s fixture) against full compositions
 def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
     e = local.base.experiment
-    rows = len(e.strategies) + len(e.sequential)
+    rows = len(e.strategies) + len(e.sequential) + e.reference  # + the N=1 reference row
     assert len(local.runs) == 2 * 2 * rows * e.repeats  # datasets x models x strategy rows x repeats
-    for run in local.runs[::7]:
+    for run in [*local.runs[::7], local.runs[-1]]:  # the last: a reference run
         full = load(
             [
                 "experiment=local",
@@ -40,6 +40,7 @@ def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
                 f"strategy.plan=results/plans/{run.dataset}/{run.model}/n{run.gpus}-{run.network}.json",
                 f"strategy.overlap={str(run.overlap).lower()}",
                 f"train.repeat={run.repeat}",
+                *(["train.cpu_share=5"] if run.gpus == 1 else []),  # ps at N=4: the largest run, 5 ranks
             ]
         )
         assert to_dict(local.config(run)) == to_dict(full)
@@ -69,7 +70,28 @@ def test_repeats_and_the_sequential_ablation_are_runs_of_their_own_with_their_ow
         Matrix(parse_settings({"experiment": "smoke", "overrides": ["experiment.repeats=0"]}))
 
 
-@pytest.mark.slow  # uses the 16-run local matrix (~2.4 s fixture)
+def test_the_reference_is_one_single_device_run_per_dataset_model_and_repeat_with_a_rank_share_of_threads() -> None:
+    """experiment.reference adds allreduce at N=1 on the first network; its rank computes with the CPU share of
+    one rank of the largest run (ps at N=2: 2 workers + 1 PS), so the ideal line is N x what one such rank does."""
+    overrides = ["experiment.reference=true", "experiment.repeats=2", "experiment.networks=[loopback,1gbit]"]
+    matrix = Matrix(parse_settings({"experiment": "smoke", "overrides": [*overrides, "cluster=emulated"]}))
+    references = [run for run in matrix.runs if run.gpus == 1]
+    assert [(r.strategy, r.network, r.repeat) for r in references] == [
+        ("allreduce", "loopback", 0),
+        ("allreduce", "loopback", 1),
+    ]
+    assert all(matrix.config(r).train.cpu_share == 3 for r in references)
+    assert matrix.stage_args("train", references[1])[-2:] == ["train.repeat=1", "train.cpu_share=3"]
+    assert matrix.path("plan", references[0]) == "results/plans/synthetic1k/resnet18/n1-loopback.json"
+    assert {matrix.config(r).train.cpu_share for r in matrix.runs if r.gpus != 1} == {None}
+    explicit = Matrix(parse_settings({"experiment": "smoke", "overrides": [*overrides, "train.cpu_share=7"]}))
+    assert {explicit.config(r).train.cpu_share for r in explicit.runs} == {7}  # the user's share wins
+    assert not [r for r in Matrix(parse_settings({"experiment": "smoke"})).runs if r.gpus == 1]
+    with pytest.raises(ConfigError, match="train.cpu_share=0 must be at least 1"):
+        Matrix(parse_settings({"experiment": "smoke", "overrides": ["train.cpu_share=0"]}))
+
+
+@pytest.mark.slow  # uses the 72-run local matrix (~2.4 s fixture)
 def test_each_stage_composes_the_params_it_is_keyed_by(local: Matrix) -> None:
     run = local.runs[-1]
     for stage, keys in STAGE_KEYS.items():

@@ -167,6 +167,8 @@ def validate(cfg: Config) -> None:
     _at_least("train.warmup_steps", t.warmup_steps, 0)
     _at_least("train.measure_steps", t.measure_steps, 1)
     _at_least("train.loader_threads", t.loader_threads, 1)
+    if t.cpu_share is not None:
+        _at_least("train.cpu_share", t.cpu_share, 1)
     _choice("train.loader", t.loader, LOADERS)
     _in_range("train.lr", t.lr, 0.0, math.inf, "(0, inf)", low_open=True)
     _in_range("train.momentum", t.momentum, 0.0, 1.0, "[0, 1)", high_open=True)

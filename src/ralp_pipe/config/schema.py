@@ -28,6 +28,7 @@ MODELS = (
 )
 STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
 RALP_STRATEGIES = ("ralp_h", "ralp_n")  # layer placement: workers run units[:split], one PS device the rest
+REFERENCE = ("allreduce", 1)  # (strategy, N) of the single-device reference run: no communication
 PS_PLACEMENTS = ("dedicated", "colocated")  # where `ps` PS ranks run: hosts of their own, or beside workers
 LAYOUTS = ("folders", "tars", "synthetic")
 LOADERS = ("synthetic", "dali", "torchvision")
@@ -144,6 +145,9 @@ class TrainConfig:
     seed: int = 0
     loader: str = "synthetic"
     loader_threads: int = 2
+    # torch threads: this host's CPUs split over this many ranks (None: the ranks of the run on the
+    # host); the N=1 reference sets the largest run's count, so its one rank computes as one of those
+    cpu_share: int | None = None
     amp: bool = False
     repeat: int = 0  # which of experiment.repeats this run is (set by the workflow; changes nothing it computes)
 
@@ -161,6 +165,7 @@ class ExperimentConfig:
     concurrent: list[list[str]] = field(default_factory=list)
     repeats: int = 1  # independent runs of every training configuration (fresh ranks each)
     sequential: list[str] = field(default_factory=list)  # strategies also run with strategy.overlap=false
+    reference: bool = False  # also run the single-device reference (allreduce at N=1: no communication)
 
 
 @dataclass

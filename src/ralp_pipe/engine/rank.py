@@ -52,6 +52,7 @@ class RankResult(TypedDict):
     rows: list[dict[str, Any]]  # steps.parquet rows of every rank
     wire: dict[str, Any] | None  # per-host link counters over the window (emulated cluster, SLURM nodes)
     hosts: list[str]  # host name of every rank's machine or node
+    threads: list[int]  # torch threads of every rank
 
 
 def rank_command(result_file: Path, cfg: Config, split: int | None) -> list[str]:
@@ -116,7 +117,8 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
 
 def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: int | None) -> RankResult | None:
     """Train with the driver's `split`; rank 0 returns every rank's records and the window, the others None."""
-    torch.set_num_threads(hardware.threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))))
+    sharing = cfg.train.cpu_share or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+    torch.set_num_threads(hardware.threads_per_rank(sharing))
     device = torch.device("cpu")
     if device_type == "cuda":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
@@ -170,7 +172,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
                 progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()
         gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
-        dist.gather_object((rows, wire_start, wire_end, socket.gethostname()), gathered, dst=0)
+        dist.gather_object((rows, wire_start, wire_end, socket.gethostname(), torch.get_num_threads()), gathered, dst=0)
     finally:
         dist.destroy_process_group()
     if gathered is None:
@@ -182,6 +184,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         rows=[row for rank_rows, *_ in gathered for row in rank_rows],
         wire=_wire_gb([g[1] for g in gathered], [g[2] for g in gathered], t.measure_steps),
         hosts=[g[3] for g in gathered],
+        threads=[g[4] for g in gathered],
     )
 
 

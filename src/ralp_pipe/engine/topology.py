@@ -101,6 +101,11 @@ def of_strategy(strategy: StrategyConfig, gpus: int) -> Topology:
     return topology(strategy.name, gpus, strategy.num_ps, strategy.ps_placement)
 
 
+def largest_world(gpus: int, num_ps: int = 1) -> int:
+    """Ranks of the largest run any strategy makes at `gpus` (with `num_ps` servers): what a profile stands for."""
+    return max(topology(s, gpus, num_ps).world_size for s in STRATEGIES)
+
+
 def assign_to_ps(sizes: list[int], num_ps: int) -> list[int]:
     """PS index (0..num_ps-1) of each tensor: greedy, largest tensor first onto the least-loaded PS."""
     loads = [0] * num_ps

@@ -148,7 +148,7 @@ def build_metrics(
         device=result["device"],
         backend=result["backend"],
         loader=t.loader,
-        hardware=hardware.describe(),
+        hardware={**hardware.describe(), "torch_threads": min(result["threads"])},  # the ranks', not this driver's
         versions=hardware.versions(),
         git_revision=hardware.git_revision(),
         config_hash=digest(config),
@@ -313,7 +313,7 @@ def _launch(
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
     progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)
     print(
-        f"ralp-pipe train: {topo.world_size} ranks of {topo.strategy} {cfg.model.name} N={topo.gpus}; "
+        f"ralp-pipe train: {topo.world_size} rank{'s' * (topo.world_size > 1)} of {topo.strategy} {cfg.model.name} N={topo.gpus}; "
         f"rank 0 logs its progress to {progress} until the run ends",
         flush=True,
     )

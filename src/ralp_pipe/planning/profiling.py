@@ -34,11 +34,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, cluster_kind, load, workload
+from ralp_pipe.config import RALP_STRATEGIES, ConfigError, cluster_kind, load, workload
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
-from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.topology import largest_world, topology
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.results.records import LinkProbe, Profile
 from ralp_pipe.runtime import devices, hardware
@@ -402,12 +402,6 @@ def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
     return batches
 
 
-def largest_world(cfg: Any, gpus: int | None = None) -> int:
-    """Ranks of the largest run any strategy makes at `gpus` (default `cluster.gpus`): what a profile stands for."""
-    n = gpus or cfg.cluster.gpus
-    return max(topology(s, n, cfg.strategy.num_ps).world_size for s in STRATEGIES)
-
-
 def rank_threads(cfg: Any, gpus: int | None = None) -> int | None:
     """Torch threads of a CPU training rank of `cfg` on this host, the fewest any strategy's rank gets.
 
@@ -418,7 +412,7 @@ def rank_threads(cfg: Any, gpus: int | None = None) -> int | None:
     if devices.resolve_device(cfg.cluster.device) != "cpu":
         return None
     shares = cluster_kind(cfg.cluster.kind).shares_host_cpus
-    return hardware.threads_per_rank(largest_world(cfg, gpus) if shares else 1)
+    return hardware.threads_per_rank(largest_world(gpus or cfg.cluster.gpus, cfg.strategy.num_ps) if shares else 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -529,7 +523,7 @@ def build_profile(
     counts = sorted(set(gpus or [cfg.cluster.gpus]))
     if counts[0] < 1:
         raise ConfigError(f"--gpus {' '.join(map(str, counts))}: every device count must be at least 1")
-    device_type, backend = devices.resolve(cfg.cluster, largest_world(cfg, counts[-1]))
+    device_type, backend = devices.resolve(cfg.cluster, largest_world(counts[-1], cfg.strategy.num_ps))
     device = torch.device(device_type)
     batches = profile_batches(cfg.train.batch_size, counts)
     started = time.perf_counter()

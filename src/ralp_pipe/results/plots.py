@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ralp_pipe.atomic import atomic_path  # noqa: E402
-from ralp_pipe.config import STRATEGIES  # noqa: E402
+from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration  # noqa: E402
 from ralp_pipe.results.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 
@@ -38,7 +38,6 @@ CATEGORY_LABELS = {
     "gb_labels": "labels",
 }
 PART_LABELS = {"compute_s": "compute", "comm_wait_s": "communication wait", "data_wait_s": "data wait"}
-REFERENCE = ("allreduce", 1)  # (strategy, N) of the single-device reference run
 COLOURS = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))
 NO_REFERENCE = "no single-device reference run (allreduce at N=1) in this experiment"
 

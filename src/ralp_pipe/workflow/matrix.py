@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
-from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, digest, load, to_dict, validate
+from ralp_pipe.config import CONFIG_DIR, REFERENCE, Config, ConfigError, cluster_kind, digest, load, to_dict, validate
+from ralp_pipe.engine.topology import largest_world
 from ralp_pipe.results.layout import PATHS, RUN_ID, arm
 from ralp_pipe.workflow.slurm import job_resources, ranks_per_node
 
@@ -213,7 +214,7 @@ class Matrix:
         for group, options in (
             ("dataset", e.datasets),
             ("model", e.models),
-            ("strategy", e.strategies),
+            ("strategy", list(dict.fromkeys([*e.strategies, *([REFERENCE[0]] if e.reference else [])]))),
             ("network", e.networks),
         ):
             for option in options:
@@ -234,6 +235,7 @@ class Matrix:
             for n in e.networks
             for r in range(e.repeats)
         ]
+        self.runs += [run for run in self._reference_runs() if run not in self.runs]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
         self._profile_runs: dict[str, Run] | None = None
@@ -252,6 +254,31 @@ class Matrix:
                 f"already run with strategy.overlap=false: drop experiment.sequential or the overlap override"
             )
         return arms + [(s, False) for s in pipelined]
+
+    def _reference_runs(self) -> list[Run]:
+        """The single-device reference of every dataset x model and repeat (experiment.reference), on the
+        first network: one rank has no link to shape."""
+        e = self.base.experiment
+        if not e.reference:
+            return []
+        strategy, gpus = REFERENCE
+        overlap = self._sections["strategy", strategy].overlap
+        return [
+            Run(d, m, strategy, gpus, e.networks[0], overlap, r)
+            for d in e.datasets
+            for m in e.models
+            for r in range(e.repeats)
+        ]
+
+    def _train_section(self, run: Run) -> Any:
+        """The train section of `run`: its repeat, and for the reference on a cluster whose ranks share this
+        host's CPUs, the torch threads of one rank of the experiment's largest run (what the profile times)."""
+        train = dataclasses.replace(self.base.train, repeat=run.repeat)
+        shares = cluster_kind(self.base.cluster.kind).shares_host_cpus
+        if (run.strategy, run.gpus) == REFERENCE and shares and train.cpu_share is None:
+            largest = largest_world(max(self.base.experiment.gpus), self.base.strategy.num_ps)
+            train = dataclasses.replace(train, cpu_share=largest)
+        return train
 
     def launcher_args(self) -> list[str]:
         """``cluster=slurm`` when the workflow runs under the slurm profile: every stage runs in SLURM jobs."""
@@ -281,7 +308,7 @@ class Matrix:
                 sections["strategy"], plan=self.path("plan", run), overlap=overlap
             )
         if "repeat" in dims:
-            sections["train"] = dataclasses.replace(self.base.train, repeat=run.repeat)
+            sections["train"] = self._train_section(run)
         cluster = self.base.cluster
         if "gpus" in dims:
             cluster = dataclasses.replace(cluster, gpus=run.gpus)
@@ -396,6 +423,9 @@ class Matrix:
         if "repeat" in dims:  # after the user's overrides: the matrix decides the arm and the repeat
             args += [] if run.overlap else ["strategy.overlap=false"]
             args.append(f"train.repeat={run.repeat}")
+            share = self.config(run).train.cpu_share
+            if share != self.base.train.cpu_share:
+                args.append(f"train.cpu_share={share}")
         return args
 
     def stage_params(self, stage: str, run: Run) -> str:
