@@ -128,6 +128,34 @@ def test_colocated_parameter_servers_share_their_workers_nodes(tmp_path: Path) -
     assert found[8]["slurm_extra"] == "--ntasks-per-node=5"  # no --exclusive where it is switched off
 
 
+def test_a_concurrent_workload_asks_one_node_for_all_its_ranks_at_once(tmp_path: Path) -> None:
+    """Its jobs run together on an emulated network inside one node: every rank's CPUs and memory, and time
+    for each job alone plus the run together (not the submit host's cores, which its threads would ask)."""
+    workload = "experiment.concurrent=[['strategy=ps cluster.gpus=2','strategy=ralp_n cluster.gpus=2']]"
+    overrides = ["experiment.networks=[fabric]", "cluster.slurm.mem_mb=3000", "cluster.slurm.cpus_per_task=2"]
+    status, jobs, log = dry_run(tmp_path, [*overrides, workload])
+    assert status == 0, log[-4000:]
+    (job,) = [j["resources"] for j in jobs if j["rule"] == "concurrent"]
+    # ps at N=2 (2 workers + 1 PS) and ralp_n at N=2 (1 worker + the PS device): 5 ranks; each job's bound is
+    # the emulated cluster's init_timeout_s 60 + timeout_s 1800, 3 of them (two alone, then together) + 10 margin
+    assert (job["nodes"], job["tasks"], job["cpus_per_task"], job["mem_mb"]) == (1, 1, 10, 15000), job
+    assert job["runtime"] == 3 * 31 + 10 and job["slurm_extra"] == "--exclusive", job
+    line = sbatch_line(job).split()
+    assert "--cpus-per-task=10" in line and "--nodes=1" in line and "--ntasks=1" in line, line
+    with pytest.raises(
+        ConfigError, match=r"concurrent workload of 2 jobs .* 5 x cluster.slurm.cpus_per_task=2 = 10 CPUs"
+    ):
+        Matrix(
+            parse_settings(
+                {
+                    "experiment": "smoke",
+                    "launcher": "slurm",
+                    "overrides": [*overrides, workload, "cluster.slurm.cpus_per_node=8"],
+                }
+            )
+        )
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -26,6 +26,13 @@ def slurm_resource(stage, name, default=None):
     ).get(name, default)
 
 
+def concurrent_resource(name, default=None):
+    """One SLURM resource of a concurrent-workload job, or `default` where it asks none."""
+    return lambda wildcards: MATRIX.concurrent_resources(int(wildcards.index)).get(
+        name, default
+    )
+
+
 def plans_folder(plans):
     """The folder holding every plan of the experiment (plans/{dataset}/{model}/n{gpus}-{network}.json)."""
     return os.path.dirname(os.path.dirname(os.path.dirname(plans[0])))

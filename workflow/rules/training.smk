@@ -47,6 +47,14 @@ rule concurrent:
     conda:
         ENV
     threads: workflow.cores  # throughput measurements run alone
+    resources:
+        mem_mb=concurrent_resource("mem_mb"),
+        runtime=concurrent_resource("runtime"),
+        slurm_partition=concurrent_resource("slurm_partition", ""),
+        nodes=concurrent_resource("nodes"),
+        tasks=concurrent_resource("tasks"),
+        cpus_per_task=concurrent_resource("cpus_per_task"),
+        slurm_extra=concurrent_resource("slurm_extra", ""),
     params:
         key=lambda wildcards: MATRIX.concurrent_params(int(wildcards.index)),
         args=lambda wildcards: shlex.join(MATRIX.concurrent_args(int(wildcards.index))),

@@ -33,7 +33,7 @@ from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import CONFIG_DIR, REFERENCE, Config, ConfigError, cluster_kind, digest, load, to_dict, validate
 from ralp_pipe.engine.topology import largest_world
 from ralp_pipe.results.layout import PATHS, RUN_ID, arm
-from ralp_pipe.workflow.slurm import job_resources, ranks_per_node
+from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
 STAGE_DIMS: dict[str, tuple[str, ...]] = {
@@ -392,12 +392,19 @@ class Matrix:
         return json.dumps(data, sort_keys=True)
 
     def _check_workloads(self) -> None:
+        """Compose every job of every concurrent workload (each on the emulated network), refusing bad ones."""
         head = [f"experiment={self.settings.experiment}", *self.settings.overrides, "cluster=emulated"]
+        self._workload_configs: list[list[Config]] = []
         for index, workload in enumerate(self.workloads):
             if len(workload) < 2:
                 raise ConfigError(f"experiment.concurrent[{index}]={workload!r} needs at least 2 jobs")
-            for job in workload:
-                self._compose(head + shlex.split(job), "concurrent job", job)
+            self._workload_configs.append(
+                [self._compose(head + shlex.split(job), "concurrent job", job) for job in workload]
+            )
+
+    def concurrent_resources(self, index: int) -> dict[str, Any]:
+        """SLURM resources of concurrent workload `index` (:func:`ralp_pipe.workflow.slurm.concurrent_resources`)."""
+        return concurrent_resources(self.base, self._workload_configs[index])
 
     def stage_config(self, stage: str, run: Run) -> Config:
         """The config `stage` composes for `run` (equal to the run's config on every key it reads)."""
@@ -456,6 +463,8 @@ class Matrix:
             self.slurm_resources(self.first(network=network), "probe")
         for run in self.runs:
             self.slurm_resources(run, "train")
+        for index in range(len(self.workloads)):
+            self.concurrent_resources(index)
 
     def resolved(self) -> dict[str, Any]:
         """Every run's resolved config, keyed by its run id (for bundles)."""

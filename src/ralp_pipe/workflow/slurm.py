@@ -8,9 +8,11 @@ the workflow parses when a node or the partition cannot hold it, naming the numb
 | ``train`` | those :func:`~ralp_pipe.runtime.nodes.node_of_ranks` places ranks on | one per rank (``mpi``: the launcher runs ``srun``) | ``gres=gpu:G`` (G: ranks on the fullest node, at most ``gpus_per_node``), ``mem_mb`` x ranks | ``init_timeout_s + timeout_s`` + ``margin_min`` |
 | ``probe`` (link) | 2 (1 where every training run fits on one) | 2 | ``mem_mb``, ``cpus_per_task`` | ``time_min`` |
 | ``profile`` | 1 | 1 | ``cpus_per_task`` CPUs and ``gres=gpu:1`` on GPU nodes: the compute of one rank | ``time_min`` |
+| ``concurrent`` | 1 | 1 | every rank of the workload's jobs at once: ``cpus_per_task`` and ``mem_mb`` x those ranks | each job's bound alone, then the longest again for the run together, + ``margin_min`` |
 | ``prepare_shards``, ``plan`` | 1 | 1 | ``mem_mb`` (CPUs: the rule's threads, ``dataset.shards.workers`` or 1) | ``time_min`` |
 
-The rules of training, profile and probe jobs pass ``cpus_per_task``: else the plugin would ask
+A concurrent workload runs its jobs on an emulated network inside its one node (network
+namespaces: the job needs root there). The rules of training, profile, probe and concurrent jobs pass ``cpus_per_task``: else the plugin would ask
 for their threads, every core of the submit host. Measurement jobs (:data:`MEASUREMENTS`) add ``--exclusive`` through
 ``slurm_extra`` when ``cluster.slurm.exclusive`` is set, so nothing else shares their nodes.
 """
@@ -19,21 +21,25 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 from ralp_pipe.config import Config
 from ralp_pipe.engine.topology import of_strategy
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime.nodes import node_of_ranks
 
-MEASUREMENTS = ("train", "profile", "probe")  # jobs whose timings must not share a node
+MEASUREMENTS = ("train", "profile", "probe", "concurrent")  # jobs whose timings must not share a node
 PROBE_NODES = 2  # the link probe's two ranks, one per node, so its bytes cross the fabric
 
 
+def training_seconds(cfg: Config) -> float:
+    """A training run's own bound: rank start plus the run."""
+    return cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
+
+
 def training_minutes(cfg: Config) -> int:
-    """SLURM time limit of a training job: its own bound (rank start + run) plus the margin, in whole minutes."""
-    c = cfg.cluster
-    return math.ceil((c.init_timeout_s + c.timeout_s) / 60) + c.slurm.margin_min
+    """SLURM time limit of a training job: its own bound plus the margin, in whole minutes."""
+    return math.ceil(training_seconds(cfg) / 60) + cfg.cluster.slurm.margin_min
 
 
 def ranks_per_node(cfg: Config) -> list[int]:
@@ -103,3 +109,24 @@ def check_fits(cfg: Config, job: str, nodes: int, fullest: int) -> None:
                 f"{what} asks one node for {fullest} x cluster.slurm.{key}={each} = {fullest * each} {unit} "
                 f"but cluster.slurm.{node_key}={node_has}"
             )
+
+
+def concurrent_resources(cfg: Config, jobs: Sequence[Config]) -> dict[str, Any]:
+    """The resources of a concurrent-workload job of the experiment `cfg` (``cluster.slurm.*``) running `jobs`:
+    one node for every rank of them at once, for each job alone and then all together."""
+    s = cfg.cluster.slurm
+    ranks = sum(of_strategy(job.strategy, job.cluster.gpus).world_size for job in jobs)
+    bounds = [training_seconds(job) for job in jobs]
+    resources: dict[str, Any] = {
+        "nodes": 1,
+        "tasks": 1,
+        "cpus_per_task": ranks * s.cpus_per_task,
+        "mem_mb": ranks * s.mem_mb,
+        "runtime": math.ceil((sum(bounds) + max(bounds)) / 60) + s.margin_min,
+    }
+    if s.partition:
+        resources["slurm_partition"] = s.partition
+    if s.exclusive:
+        resources["slurm_extra"] = "--exclusive"
+    check_fits(cfg, f"a concurrent workload of {len(jobs)} jobs", 1, ranks)
+    return resources
