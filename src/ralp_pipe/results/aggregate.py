@@ -350,7 +350,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
         "# Results",
         "",
         f"{len(runs)} configurations, {int(runs['repeats'].sum())} runs "
-        f"({' or '.join(map(str, repeats))} repeats each). Figures are means over the repeats "
+        f"({' or '.join(map(str, repeats))} repeat{'s' * (repeats != [1])} each). Figures are means over the repeats "
         f"± the half-width of a {LEVEL:.0%} t-interval (no ± with one repeat). Throughput is "
         "images/sec of all workers; per device divides it by the devices the strategy runs "
         "(workers plus parameter servers or the PS device). The per-worker batch is the same for "
