@@ -30,7 +30,18 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
-from ralp_pipe.config import CONFIG_DIR, REFERENCE, Config, ConfigError, cluster_kind, digest, load, to_dict, validate
+from ralp_pipe.config import (
+    CONFIG_DIR,
+    REFERENCE,
+    Config,
+    ConfigError,
+    TrainConfig,
+    cluster_kind,
+    digest,
+    load,
+    to_dict,
+    validate,
+)
 from ralp_pipe.engine.topology import largest_world
 from ralp_pipe.results.layout import PATHS, RUN_ID, arm
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
@@ -235,7 +246,8 @@ class Matrix:
             for n in e.networks
             for r in range(e.repeats)
         ]
-        self.runs += [run for run in self._reference_runs() if run not in self.runs]
+        matrix_runs = set(self.runs)
+        self.runs += [run for run in self._reference_runs() if run not in matrix_runs]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
         self._profile_runs: dict[str, Run] | None = None
@@ -270,7 +282,7 @@ class Matrix:
             for r in range(e.repeats)
         ]
 
-    def _train_section(self, run: Run) -> Any:
+    def _train_section(self, run: Run) -> TrainConfig:
         """The train section of `run`: its repeat, and for the reference on a cluster whose ranks share this
         host's CPUs, the torch threads of one rank of the experiment's largest run (what the profile times)."""
         train = dataclasses.replace(self.base.train, repeat=run.repeat)
