@@ -123,9 +123,10 @@ def test_colocated_parameter_servers_share_their_workers_nodes(tmp_path: Path) -
     )
     assert status == 0, log[-4000:]
     found = {j["wildcards"]["gpus"]: j["resources"] for j in jobs if j["rule"] == "train"}
-    # N=8: workers fill 2 nodes, the PS rank joins worker 0's node (5 ranks there, 4 GPUs)
-    assert (found[8]["tasks"], found[8]["nodes"], found[8]["gres"]) == (9, 2, "gpu:4")
-    assert found[8]["slurm_extra"] == "--ntasks-per-node=5"  # no --exclusive where it is switched off
+    # N=8: every rank holds a GPU; worker 0 and its PS rank share node 0 with workers 1 and 2, so the 9
+    # ranks fill nodes of 4 and the PS still shares worker 0's node and link (dedicated puts it on a node of its own)
+    assert (found[8]["tasks"], found[8]["nodes"], found[8]["gres"]) == (9, 3, "gpu:4")
+    assert found[8]["slurm_extra"] == "--ntasks-per-node=4"  # no --exclusive where it is switched off
 
 
 def test_a_concurrent_workload_asks_one_node_for_all_its_ranks_at_once(tmp_path: Path) -> None:

@@ -31,3 +31,21 @@ def test_placement_leaves_strategies_without_ps_processes_alone(strategy: str) -
 def test_unknown_placement_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="ps_placement 'shared'"):
         topology("ps", 2, ps_placement="shared")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "gpus", "workers", "world"),
+    [
+        ("ps", 3, 3, 4),
+        ("allreduce", 3, 3, 3),
+        ("ralp_h", 2, 1, 2),
+        ("ralp_h", 3, 2, 3),  # half of 3 devices rounds up: no device left idle
+        ("ralp_h", 4, 2, 3),
+        ("ralp_h", 8, 4, 5),
+        ("ralp_n", 3, 2, 3),
+        ("ralp_n", 4, 3, 4),
+    ],
+)
+def test_worker_counts_follow_the_strategy_table(strategy: str, gpus: int, workers: int, world: int) -> None:
+    topo = topology(strategy, gpus)
+    assert (topo.num_workers, topo.world_size) == (workers, world)

@@ -133,7 +133,7 @@ def validate(cfg: Config) -> None:
     _at_least("cluster.gpus", c.gpus, 1)
     if s.name == "ralp_h" and c.gpus < 2:
         raise ConfigError(
-            f"cluster.gpus={c.gpus} is too few for ralp_h: it needs at least 2 (N/2 workers + 1 PS device)"
+            f"cluster.gpus={c.gpus} is too few for ralp_h: it needs at least 2 (⌈N/2⌉ workers + 1 PS device)"
         )
     if s.name == "ralp_n" and c.gpus < 2:
         raise ConfigError(

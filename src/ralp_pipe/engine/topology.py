@@ -4,8 +4,11 @@
 |-------------|---------|-----------------------|---------------|
 | `ps`        | N       | `num_ps` PS processes | N + num_ps    |
 | `allreduce` | N       | none                  | N             |
-| `ralp_h`    | N // 2  | 1 PS device           | N // 2 + 1    |
+| `ralp_h`    | ⌈N / 2⌉ | 1 PS device           | ⌈N / 2⌉ + 1   |
 | `ralp_n`    | N - 1   | 1 PS device           | N             |
+
+RALP-H's half of the devices rounds up: at odd N (N=3: 2 workers + the PS device) it uses every
+device rather than leaving one idle, as RALP-N does; at even N, the paper's, the two readings agree.
 
 A "ps" rank only holds parameters and applies SGD; a "ps_device" rank (RALP) also runs the
 upper layers of the model on the global batch.
@@ -79,7 +82,7 @@ def topology(strategy: str, gpus: int, num_ps: int = 1, ps_placement: str = "ded
     else:
         if gpus < 2:
             raise ValueError(f"gpus={gpus} is too few for {strategy}: it needs at least 2 (workers + 1 PS device)")
-        n_workers = gpus // 2 if strategy == "ralp_h" else gpus - 1
+        n_workers = (gpus + 1) // 2 if strategy == "ralp_h" else gpus - 1
         server_roles = [PS_DEVICE]
     roles = [WORKER] * n_workers + server_roles
     colocated = strategy == "ps" and ps_placement == "colocated"
