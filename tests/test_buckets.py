@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
 
-from ralp_pipe.engine.strategies.base import FlatLayout, plan_buckets
+from ralp_pipe.engine.strategies.base import FlatLayout, PushPullClient, plan_buckets
 
 SIZES = [300, 50, 1000, 20, 4000]  # a model's parameters in model order (elements)
 
@@ -45,3 +47,46 @@ def test_the_sequential_layout_is_one_contiguous_near_equal_range_per_server(ser
     _covers_once(buckets, sum(SIZES))
     assert [b.server for b in buckets] == servers
     assert max(len(b) for b in buckets) - min(len(b) for b in buckets) <= 1
+
+
+class LedgerComm:
+    """A communicator whose transfers complete when waited on; it logs every push, pull and wait, in order."""
+
+    ordered_p2p = False
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int]] = []
+        self.starts: dict[int, int] = {}  # a bucket's first element -> its index
+
+    def isend(self, tensor: torch.Tensor, dst: int, category: str) -> tuple[str, int]:
+        self.log.append(("push", self._bucket(tensor)))
+        return ("push", self._bucket(tensor))
+
+    def irecv(self, tensor: torch.Tensor, src: int) -> tuple[str, int]:
+        return ("pull", self._bucket(tensor))
+
+    def wait(self, handles: list[tuple[str, int]]) -> None:
+        self.log += [("waited", b) for kind, b in handles if kind == "pull"]
+
+    def _bucket(self, tensor: torch.Tensor) -> int:
+        return self.starts[tensor.storage_offset()]
+
+
+@pytest.mark.parametrize("credit", [0, 1, 2])
+def test_a_worker_pushes_at_most_credit_buckets_ahead_of_its_pulls(credit: int) -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))  # 60 elements: 6 buckets of 10
+    params = list(net.parameters())
+    buckets = plan_buckets([p.numel() for p in params], [9], 10)
+    comm = LedgerComm()
+    comm.starts = {b.start: index for index, b in enumerate(buckets)}
+    client = PushPullClient(comm, params, buckets, overlap=True, credit=credit)  # type: ignore[arg-type]
+    client.begin()
+    net(torch.randn(2, 4)).sum().backward()  # every bucket's gradients are ready by the end
+    during_backward = sum(kind == "push" for kind, _ in comm.log)
+    client.end_backward()
+    assert during_backward == (len(buckets) if credit == 0 else credit)
+    assert [b for kind, b in comm.log if kind == "push"] == list(range(len(buckets)))  # always in bucket order
+    for position, (kind, b) in enumerate(comm.log):
+        if kind == "push" and credit and b >= credit:  # the oldest pull landed first
+            assert ("waited", b - credit) in comm.log[:position], comm.log

@@ -76,6 +76,8 @@ def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(t
     assert metrics["gb_per_step"]["activations"] > 0 and metrics["wire_gb_per_step"] is None
     assert metrics["images_per_sec"] == pytest.approx(4 * 2 / (metrics["step_time_s"] * 2))
     assert metrics["config"]["strategy"]["name"] == "ralp_h" and len(metrics["config_hash"]) == 12
+    # every rank's own high-water mark: at least the interpreter with torch and the model it built
+    assert len(metrics["peak_rss_mb"]) == 3 and all(100 < mb < 4096 for mb in metrics["peak_rss_mb"])
     steps = pd.read_parquet(out / "steps.parquet")
     assert len(steps) == 3 * 3  # 3 ranks x (1 warm-up + 2 measured) steps
     assert set(steps["role"]) == {"worker", "ps_device"} and set(steps["phase"]) == {"warmup", "measure"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ralp_pipe.engine.strategies import holds_model
 from ralp_pipe.engine.topology import PS, PS_DEVICE, WORKER, topology
 
 
@@ -49,3 +50,12 @@ def test_unknown_placement_is_refused_by_name() -> None:
 def test_worker_counts_follow_the_strategy_table(strategy: str, gpus: int, workers: int, world: int) -> None:
     topo = topology(strategy, gpus)
     assert (topo.num_workers, topo.world_size) == (workers, world)
+
+
+@pytest.mark.parametrize("placement", ["dedicated", "colocated"])
+def test_only_ps_server_ranks_build_no_model(placement: str) -> None:
+    """A `ps` PS rank holds only its buckets (initialised from worker 0); RALP's PS device computes, so it builds one."""
+    ps = topology("ps", 2, num_ps=2, ps_placement=placement)
+    assert [holds_model(ps, rank) for rank in range(ps.world_size)] == [True, True, False, False]
+    ralp = topology("ralp_n", 3)
+    assert all(holds_model(ralp, rank) for rank in range(ralp.world_size))

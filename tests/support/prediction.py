@@ -14,24 +14,33 @@ from ralp_pipe.results.records import Plan, RunMetrics
 
 
 def measure_against_plan(
-    out: Path, overrides: Sequence[str], strategies: Sequence[str], profile_args: Sequence[str] = ()
+    out: Path,
+    overrides: Sequence[str],
+    strategies: Sequence[str],
+    profile_args: Sequence[str] = (),
+    repeats: int = 1,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Profile, plan and train each of `strategies` here with `overrides`, writing below `out`.
+    """Profile, plan and train each of `strategies` `repeats` times here with `overrides`, writing below `out`.
 
-    Returns the measured runs (`MEASURED` columns) and the plan's predictions; a stage that
-    fails raises, naming it.
+    Returns the measured runs (`MEASURED` columns and `repeat`, one row per run; the repeats of a
+    strategy follow each other round by round, so slow drift of the host spreads over all of them)
+    and the plan's predictions; a stage that fails raises, naming it.
     """
     profile, plan = out / "profile.json", out / "plan.json"
     stages = [
         ["profile", "--out", str(profile), *profile_args, *overrides],
         ["plan", "--profile", str(profile), "--out", str(plan), *overrides],
     ]
+    runs = [(s, r, out / s if repeats == 1 else out / s / f"r{r}") for r in range(repeats) for s in strategies]
     stages += [
-        ["train", "--out", str(out / s), *overrides, f"strategy={s}", f"strategy.plan={plan}"] for s in strategies
+        ["train", "--out", str(folder), *overrides, f"strategy={s}", f"strategy.plan={plan}", f"train.repeat={r}"]
+        for s, r, folder in runs
     ]
     for argv in stages:
         if cli.main(argv) != 0:
             raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed")
-    records = [RunMetrics.read(out / s / METRICS_FILE) for s in strategies]
-    measured = pd.DataFrame([{k: getattr(record, k) for k in MEASURED} for record in records])
-    return measured, plan_predictions(Plan.read(plan).to_dict())
+    rows = []
+    for _, r, folder in runs:
+        record = RunMetrics.read(folder / METRICS_FILE)
+        rows.append({**{k: getattr(record, k) for k in MEASURED}, "repeat": r})
+    return pd.DataFrame(rows), plan_predictions(Plan.read(plan).to_dict())

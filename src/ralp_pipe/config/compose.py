@@ -125,6 +125,7 @@ def validate(cfg: Config) -> None:
     if s.split is not None:
         _at_least("strategy.split", s.split, 1)
     _in_range("strategy.bucket_mb", s.bucket_mb, 0.0, math.inf, "[0, inf)")
+    _at_least("strategy.credit", s.credit, 0)
     _choice("strategy.ps_placement", s.ps_placement, PS_PLACEMENTS)
 
     _choice("cluster.kind", c.kind, CLUSTERS)

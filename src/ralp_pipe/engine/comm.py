@@ -5,7 +5,8 @@ Counting happens where tensors are sent: :meth:`Comm.isend` counts the tensor it
 (:func:`ralp_pipe.engine.volume.ring_send_elements`). Ranks are numbered 0..world_size-1 in
 `group` (None: the default group), which must hold the first world_size global ranks.
 Bytes are kept per category and per peer until
-:meth:`Comm.take` hands them over (once per training step). Time spent blocked in
+:meth:`Comm.take` hands them over (once per training step); traffic sent under :data:`SETUP`
+(a parameter server's initial buckets, once per run) belongs to no step and is not counted. Time spent blocked in
 :meth:`Comm.wait` is the step's communication wait.
 
 With gloo, point-to-point traffic of CUDA tensors is staged through host memory (gloo sends
@@ -23,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from ralp_pipe.engine.volume import CATEGORIES, ring_send_elements
+
+SETUP = "setup"  # the category of traffic before the first step: sent, never counted
 
 
 @dataclass
@@ -62,6 +65,8 @@ class Comm:
     _wait_s: float = 0.0
 
     def _count(self, category: str, peer: int, nbytes: int) -> None:
+        if category == SETUP:
+            return
         if category not in CATEGORIES:
             raise ValueError(f"unknown traffic category {category!r}; use one of {', '.join(CATEGORIES)}")
         self._bytes[category] += nbytes

@@ -40,6 +40,12 @@ def build(name: str, num_classes: int, dropout: float = 0.5) -> nn.Module:
     return factory(weights=None, num_classes=num_classes)
 
 
+def model_units(name: str, num_classes: int, dropout: float, device: str = "cpu") -> list[Unit]:
+    """The placement units of a freshly built model `name`, initialised on `device` (meta: shapes only, no memory)."""
+    with torch.device(device):
+        return placement_units(build(name, num_classes, dropout))
+
+
 def _group_sequential(prefix: str, seq: nn.Sequential) -> list[Unit]:
     """Split a feature/classifier Sequential into units that end at each pooling layer, ReLU or dropout run."""
     units: list[Unit] = []

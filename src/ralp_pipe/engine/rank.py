@@ -33,7 +33,7 @@ from ralp_pipe.config import Config, from_dict, to_dict
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, step_record, synchronize, window_edge
-from ralp_pipe.engine.strategies import Optim, StepSetup, build
+from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import hardware
@@ -53,6 +53,7 @@ class RankResult(TypedDict):
     wire: dict[str, Any] | None  # per-host link counters over the window (emulated cluster, SLURM nodes)
     hosts: list[str]  # host name of every rank's machine or node
     threads: list[int]  # torch threads of every rank
+    peak_rss_mb: list[float]  # peak resident memory of every rank's process
 
 
 def rank_command(result_file: Path, cfg: Config, split: int | None) -> list[str]:
@@ -131,12 +132,14 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
                 f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}"
             )
         torch.manual_seed(cfg.train.seed)
-        t = cfg.train
+        t, m = cfg.train, cfg.model
         comm = Comm(env.rank, env.world_size, backend)
         setup = StepSetup(
             topo,
             comm,
-            models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout)),
+            models.model_units(
+                m.name, cfg.dataset.num_classes, m.dropout, "cpu" if holds_model(topo, env.rank) else "meta"
+            ),
             split,
             Optim(t.lr, t.momentum, t.weight_decay),
             device,
@@ -145,6 +148,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
             t.amp,
             cfg.strategy.overlap,
             cfg.strategy.bucket_mb,
+            cfg.strategy.credit,
         )
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device)
@@ -172,7 +176,8 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
                 progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()
         gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
-        dist.gather_object((rows, wire_start, wire_end, socket.gethostname(), torch.get_num_threads()), gathered, dst=0)
+        mine = (rows, wire_start, wire_end, socket.gethostname(), torch.get_num_threads(), hardware.peak_rss_mb())
+        dist.gather_object(mine, gathered, dst=0)
     finally:
         dist.destroy_process_group()
     if gathered is None:
@@ -185,6 +190,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         wire=_wire_gb([g[1] for g in gathered], [g[2] for g in gathered], t.measure_steps),
         hosts=[g[3] for g in gathered],
         threads=[g[4] for g in gathered],
+        peak_rss_mb=[g[5] for g in gathered],
     )
 
 

@@ -95,8 +95,7 @@ def _plan_split(path: Path, strategy: str) -> int:
 
 def meta_units(cfg: Config) -> list[models.Unit]:
     """The model's placement units on the meta device: shapes and parameter counts only, no memory, no initialisation."""
-    with torch.device("meta"):
-        return models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    return models.model_units(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout, "meta")
 
 
 def split_and_bytes(
@@ -145,6 +144,7 @@ def build_metrics(
         world_size=topo.world_size,
         roles=topo.roles,
         hosts=result["hosts"],
+        peak_rss_mb=result["peak_rss_mb"],
         device=result["device"],
         backend=result["backend"],
         loader=t.loader,

@@ -111,6 +111,7 @@ class RunMetrics(Record):
     world_size: int | None = None
     roles: list[str] | None = None
     hosts: list[str] | None = None  # host name of every rank (the SLURM node it ran on)
+    peak_rss_mb: list[float] | None = None  # peak resident memory of every rank's process, MiB
     device: str | None = None
     backend: str | None = None
     loader: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import socket
 import subprocess
 import sys
@@ -60,6 +61,11 @@ def usable_memory_bytes() -> int:
         if limit.isdigit():
             total = min(total, int(limit))
     return total
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MiB (the kernel's high-water mark)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def threads_per_rank(ranks_on_host: int) -> int:

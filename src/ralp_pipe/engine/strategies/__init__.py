@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ralp_pipe.engine.strategies.allreduce import AllReduceStrategy
 from ralp_pipe.engine.strategies.base import Batch, Optim, StepSetup, Strategy
-from ralp_pipe.engine.strategies.ps import ParameterServerStrategy
+from ralp_pipe.engine.strategies.ps import ParameterServerStrategy, holds_model
 from ralp_pipe.engine.strategies.ralp import LayerPlacementStrategy
 
-__all__ = ["Batch", "Optim", "StepSetup", "Strategy", "build"]
+__all__ = ["Batch", "Optim", "StepSetup", "Strategy", "build", "holds_model"]
 
 
 def build(setup: StepSetup) -> Strategy:

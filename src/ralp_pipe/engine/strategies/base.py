@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ralp_pipe.engine.comm import Comm, Handle
+from ralp_pipe.engine.comm import SETUP, Comm, Handle
 from ralp_pipe.engine.models import Unit
 from ralp_pipe.engine.topology import Topology, assign_to_ps
 
@@ -52,6 +52,7 @@ class StepSetup:
     amp: bool = False
     overlap: bool = True
     bucket_mb: float = 4.0
+    credit: int = 4
 
     def buckets(self, sizes: list[int], servers: list[int], element_size: int) -> list[Bucket]:
         """The push/pull buckets of parameters of `sizes` elements (one per server when not overlapping)."""
@@ -71,9 +72,9 @@ class StepSetup:
         """The whole model as a Sequential of its units, on this rank's device."""
         return nn.Sequential(*(u.module for u in self.units)).to(self.device)
 
-    def release_model(self) -> None:
-        """Drop the model: a PS rank keeps only its buckets (VGG-11/22K: 872 MB a copy otherwise)."""
-        self.units = []
+    def layout(self) -> list[tuple[str, torch.Tensor]]:
+        """The model's named parameters where they are (on the meta device for a rank without a model)."""
+        return list(nn.Sequential(*(u.module for u in self.units)).named_parameters())
 
     def autocast(self) -> torch.autocast:
         """Mixed precision (bfloat16) for forward passes when `amp` is set on a CUDA device."""
@@ -250,6 +251,10 @@ class PushPullServer:
     it has arrived, so pulls leave while later pushes still arrive; without it the server waits
     for everything first (the sequential ablation). Receives are posted in bucket order, the
     order workers send in.
+
+    With `initial_from` (a rank), `named` may be meta tensors: the server allocates only its
+    buckets on `device` and receives their initial values from that worker
+    (:meth:`PushPullClient.send_initial`), so it never holds the whole model.
     """
 
     def __init__(
@@ -261,14 +266,27 @@ class PushPullServer:
         optim: Optim,
         mean: bool,
         overlap: bool,
+        initial_from: int | None = None,
+        device: torch.device | None = None,
     ):
         self.comm, self.workers, self.overlap = comm, workers, overlap
         layout = FlatLayout(tuple(p.numel() for _, p in named))
         offsets = layout.offsets()
         self.mine = [b for b in buckets if b.server == comm.rank]
+        dtype = named[0][1].dtype
         self.buckets = [
-            FlatSgd(_bucket_values(named, layout, offsets, b), len(workers), optim, mean) for b in self.mine
+            FlatSgd(
+                [torch.empty(len(b), dtype=dtype, device=device)]
+                if initial_from is not None
+                else _bucket_values(named, layout, offsets, b),
+                len(workers),
+                optim,
+                mean,
+            )
+            for b in self.mine
         ]
+        if initial_from is not None:
+            self.comm.wait([self.comm.irecv(sgd.flat.data, initial_from) for sgd in self.buckets])
         held = {i for b in self.mine for i in layout.overlapping(b)}
         self.params = [(named[i][0], tuple(named[i][1].shape), offsets[i]) for i in sorted(held)]
         # NCCL runs the operations between two ranks in posting order: a worker pushes g_b then
@@ -329,10 +347,17 @@ class PushPullClient:
     pull is posted right behind it, and the next forward waits, layer by layer, only for the
     buckets holding the parameters it is about to use (:meth:`attach`). Without it, everything
     is pushed after backward, then pulled before the step returns.
+
+    `credit` (BytePS's scheduling credit) caps the buckets pushed and not yet pulled back; the
+    next waits for the oldest pull. It keeps the workers within a few buckets of each other:
+    unlimited, TCP lets one worker's pushes take the PS link while the server, needing every
+    worker's copy of a bucket, has nothing to send back (measured: the PS's upload idle for a
+    third of the step).
     """
 
-    def __init__(self, comm: Comm, params: list[torch.Tensor], buckets: list[Bucket], overlap: bool):
+    def __init__(self, comm: Comm, params: list[torch.Tensor], buckets: list[Bucket], overlap: bool, credit: int = 0):
         self.comm, self.buckets, self.overlap = comm, buckets, overlap
+        self.credit = credit
         layout = FlatLayout(tuple(p.numel() for p in params))
         offsets = layout.offsets()
         self.flat_params = torch.empty(sum(layout.sizes), dtype=params[0].dtype, device=params[0].device)
@@ -355,6 +380,10 @@ class PushPullClient:
             for p in params:
                 p.register_post_accumulate_grad_hook(self._on_gradient)
 
+    def send_initial(self) -> None:
+        """Send every bucket's initial parameters to its server (for servers built with `initial_from`)."""
+        self.comm.wait([self.comm.isend(self.flat_params[b.start : b.stop], b.server, SETUP) for b in self.buckets])
+
     def attach(self, modules: list[nn.Module]) -> None:
         """Make each module's forward wait first for the pulls of the buckets holding its own parameters."""
         for module in modules:
@@ -373,8 +402,12 @@ class PushPullClient:
     def _on_gradient(self, param: torch.Tensor) -> None:
         for bucket in self.buckets_of[id(param)]:
             self._left[bucket] -= 1
-        while self._next < len(self.buckets) and self._left[self._next] == 0:
+        while self._next < len(self.buckets) and self._left[self._next] == 0 and self._has_credit():
             self._push(self._next)
+
+    def _has_credit(self) -> bool:
+        """Whether another bucket may leave: fewer than `credit` pushed and not yet pulled back (0: no limit)."""
+        return not self.credit or len(self._pulls) < self.credit
 
     def _push(self, b: int) -> None:
         bucket = self.buckets[b]
@@ -391,6 +424,8 @@ class PushPullClient:
     def end_backward(self) -> None:
         """Push what is left; without overlap that is every bucket, then every pull, waited for here."""
         while self._next < len(self.buckets):
+            if self.overlap and not self._has_credit():
+                self.wait_pulls([min(self._pulls)])
             self._push(self._next)
         if not self.overlap:
             for b in range(len(self.buckets)):

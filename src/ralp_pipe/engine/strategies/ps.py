@@ -19,7 +19,13 @@ from ralp_pipe.engine.strategies.base import (
     Strategy,
     loss_fn,
 )
-from ralp_pipe.engine.topology import PS
+from ralp_pipe.engine.topology import PS, Topology
+
+
+def holds_model(topo: Topology, rank: int) -> bool:
+    """Whether `rank` builds the whole model: every rank but a `ps` PS rank, which holds only its buckets,
+    initialised from the first worker (VGG-11/21841: 872 MB a copy, 4 extra copies with 4 colocated PSes)."""
+    return not (topo.strategy == "ps" and topo.role(rank) == PS)
 
 
 class ParameterServerStrategy(Strategy):
@@ -27,20 +33,29 @@ class ParameterServerStrategy(Strategy):
 
     def __init__(self, setup: StepSetup):
         self.setup = setup
-        self.net = setup.network()
-        named = list(self.net.named_parameters())
-        servers = setup.topology.ps
+        named = setup.layout()  # meta tensors on a PS rank (see holds_model)
+        workers, servers = setup.topology.workers, setup.topology.ps
         buckets = setup.buckets([p.numel() for _, p in named], servers, named[0][1].element_size())
         self.server: PushPullServer | None = None
         self.client: PushPullClient | None = None
         if setup.role == PS:
             self.server = PushPullServer(
-                setup.comm, named, buckets, setup.topology.workers, setup.optim, mean=True, overlap=setup.overlap
+                setup.comm,
+                named,
+                buckets,
+                workers,
+                setup.optim,
+                mean=True,
+                overlap=setup.overlap,
+                initial_from=workers[0],
+                device=setup.device,
             )
-            del self.net, named
-            setup.release_model()
         else:
-            self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap)
+            self.net = setup.network()
+            params = [p for _, p in self.net.named_parameters()]
+            self.client = PushPullClient(setup.comm, params, buckets, setup.overlap, setup.credit)
+            if setup.rank == workers[0]:
+                self.client.send_initial()
             self.client.attach(list(self.net.modules()))
 
     def step(self, batch: Batch | None) -> None:

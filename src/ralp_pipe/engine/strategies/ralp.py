@@ -44,7 +44,7 @@ class LayerPlacementStrategy(Strategy):
             self.upper_optimizer = setup.optim.sgd(list(self.upper.parameters()))
             del self.lower
         else:
-            self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap)
+            self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap, setup.credit)
             self.client.attach(list(self.lower.modules()))
             del self.upper
 
