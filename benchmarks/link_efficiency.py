@@ -95,8 +95,9 @@ def main() -> int:
         default=RATE,
         help=f"emulated network (a config/network group: 100mbit, 1gbit, 10gbit...; default {RATE}, where the targets hold)",
     )
+    parser.add_argument("--overrides", nargs="*", default=[], help="more overrides for every run (strategy.credit=8)")
     args = parser.parse_args()
-    common = emulated_recipe(args.rate, args.steps)
+    common = [*emulated_recipe(args.rate, args.steps), *args.overrides]
     payload, wire_rate = probe_wire_bytes_per_s(args.rate)
     print(f"probe at {args.rate}: {payload * 8 / 1e6:.1f} Mbit/s payload, {wire_rate * 8 / 1e6:.1f} Mbit/s on the wire")
     print(f"1 warm-up + {args.steps} measured steps per run")

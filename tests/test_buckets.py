@@ -72,12 +72,13 @@ class LedgerComm:
         return self.starts[tensor.storage_offset()]
 
 
+@pytest.mark.parametrize("servers", [[9], [8, 9]])
 @pytest.mark.parametrize("credit", [0, 1, 2])
-def test_a_worker_pushes_at_most_credit_buckets_ahead_of_its_pulls(credit: int) -> None:
+def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls(credit: int, servers: list[int]) -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))  # 60 elements: 6 buckets of 10
     params = list(net.parameters())
-    buckets = plan_buckets([p.numel() for p in params], [9], 10)
+    buckets = plan_buckets([p.numel() for p in params], servers, 10)
     comm = LedgerComm()
     comm.starts = {b.start: index for index, b in enumerate(buckets)}
     client = PushPullClient(comm, params, buckets, overlap=True, credit=credit)  # type: ignore[arg-type]
@@ -85,8 +86,13 @@ def test_a_worker_pushes_at_most_credit_buckets_ahead_of_its_pulls(credit: int) 
     net(torch.randn(2, 4)).sum().backward()  # every bucket's gradients are ready by the end
     during_backward = sum(kind == "push" for kind, _ in comm.log)
     client.end_backward()
-    assert during_backward == (len(buckets) if credit == 0 else credit)
+    assert during_backward == (len(buckets) if credit == 0 else min(len(buckets), credit * len(servers)))
     assert [b for kind, b in comm.log if kind == "push"] == list(range(len(buckets)))  # always in bucket order
-    for position, (kind, b) in enumerate(comm.log):
-        if kind == "push" and credit and b >= credit:  # the oldest pull landed first
-            assert ("waited", b - credit) in comm.log[:position], comm.log
+    pending: dict[int, set[int]] = {server: set() for server in servers}  # pushed, pull not yet waited for
+    for kind, b in comm.log:
+        server = buckets[b].server
+        if kind == "push":
+            assert not credit or len(pending[server]) < credit, comm.log
+            pending[server].add(b)
+        else:
+            pending[server].discard(b)

@@ -348,8 +348,9 @@ class PushPullClient:
     buckets holding the parameters it is about to use (:meth:`attach`). Without it, everything
     is pushed after backward, then pulled before the step returns.
 
-    `credit` (BytePS's scheduling credit) caps the buckets pushed and not yet pulled back; the
-    next waits for the oldest pull. It keeps the workers within a few buckets of each other:
+    `credit` (BytePS's scheduling credit) caps, per server, the buckets pushed and not yet
+    pulled back; the next for that server waits for its oldest pull. It keeps the workers within
+    a few buckets of each other:
     unlimited, TCP lets one worker's pushes take the PS link while the server, needing every
     worker's copy of a bucket, has nothing to send back (measured: the PS's upload idle for a
     third of the step).
@@ -402,12 +403,17 @@ class PushPullClient:
     def _on_gradient(self, param: torch.Tensor) -> None:
         for bucket in self.buckets_of[id(param)]:
             self._left[bucket] -= 1
-        while self._next < len(self.buckets) and self._left[self._next] == 0 and self._has_credit():
+        while self._next < len(self.buckets) and self._left[self._next] == 0 and not self._in_flight(self._next):
             self._push(self._next)
 
-    def _has_credit(self) -> bool:
-        """Whether another bucket may leave: fewer than `credit` pushed and not yet pulled back (0: no limit)."""
-        return not self.credit or len(self._pulls) < self.credit
+    def _in_flight(self, b: int) -> list[int]:
+        """The pulls from bucket `b`'s server to wait for before `b` may leave: none while fewer than
+        `credit` of its buckets are pushed and not yet pulled back (0: no limit), else the oldest."""
+        if not self.credit:
+            return []
+        server = self.buckets[b].server
+        pending = [p for p in self._pulls if self.buckets[p].server == server]
+        return [] if len(pending) < self.credit else [min(pending)]
 
     def _push(self, b: int) -> None:
         bucket = self.buckets[b]
@@ -424,8 +430,8 @@ class PushPullClient:
     def end_backward(self) -> None:
         """Push what is left; without overlap that is every bucket, then every pull, waited for here."""
         while self._next < len(self.buckets):
-            if self.overlap and not self._has_credit():
-                self.wait_pulls([min(self._pulls)])
+            if self.overlap:
+                self.wait_pulls(self._in_flight(self._next))
             self._push(self._next)
         if not self.overlap:
             for b in range(len(self.buckets)):

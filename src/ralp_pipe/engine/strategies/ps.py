@@ -4,8 +4,11 @@ Every worker pushes all gradients and pulls all parameters every step, in bucket
 ``strategy.bucket_mb`` (:func:`ralp_pipe.engine.strategies.base.plan_buckets`) spread over the
 PS ranks by size. A bucket leaves as soon as backward has produced it; each PS reduces,
 updates and returns it as soon as every worker's copy has arrived; the next forward waits only
-for the buckets of the layer it is about to run. ``strategy.overlap=false`` is the sequential
+for the buckets of the layer it is about to run; a worker has at most ``strategy.credit``
+buckets pushed and not yet pulled back. ``strategy.overlap=false`` is the sequential
 ablation: push everything after backward, the PS waits for all of it, pull everything.
+A PS rank never builds the model: it allocates its buckets and receives their initial values
+from worker 0 before the first step, as Distributed TensorFlow's variables live on their PS.
 """
 
 from __future__ import annotations
