@@ -89,7 +89,9 @@ class StrategyConfig:
     plan: str | None = None
     overlap: bool = True  # pipelined push/pull (Distributed TensorFlow, BytePS); false: the sequential ablation
     bucket_mb: float = 4.0  # push/pull bucket size (BytePS partitions ~4 MB); 0: one bucket per parameter
-    credit: int = 4  # buckets per server a worker may have pushed and not yet pulled back (BytePS scheduling credit); 0: no cap
+    credit: int = (
+        4  # buckets per server a worker may have pushed and not yet pulled back (BytePS scheduling credit); 0: no cap
+    )
     ps_placement: str = "dedicated"  # ps only: PS ranks on hosts of their own, or colocated with workers
 
 
