@@ -65,7 +65,7 @@ class LedgerComm:
     def irecv(self, tensor: torch.Tensor, src: int) -> tuple[str, int]:
         return ("pull", self._bucket(tensor))
 
-    def wait(self, handles: list[tuple[str, int]]) -> None:
+    def wait(self, handles: list[tuple[str, int]], setup: bool = False) -> None:
         self.log += [("waited", b) for kind, b in handles if kind == "pull"]
 
     def _bucket(self, tensor: torch.Tensor) -> int:

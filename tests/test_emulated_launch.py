@@ -125,6 +125,8 @@ def test_a_100mbit_training_run_stays_under_the_rate_on_every_shaped_link(
     # bucket (the burst tc reports) that passes unshaped.
     payload_rate = rate * TCP_PAYLOAD_PER_WIRE_BYTE
     comm, compute = float(steps.loc[0, "comm_wait_s"]), float(steps.loc[0, "compute_s"])
+    # the PS's initial buckets (sent before the first step) are in no step's bytes or wait
+    assert 0 < compute and int(steps.loc[0, "bytes_parameters"]) == 0, steps
     bursts = 2 * qdiscs["h0"]["burst"]
     achieved = (push + pull - bursts) * 8 / (comm + compute)
     assert achieved <= payload_rate * 8, f"{achieved / 1e6:.1f} Mbit/s ({comm=:.2f} s, {compute=:.2f} s) on 100mbit"

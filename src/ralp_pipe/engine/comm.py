@@ -95,12 +95,13 @@ class Comm:
             return Handle(dist.irecv(staging, src, group=self.group), target=tensor, staging=staging)
         return Handle(dist.irecv(tensor, src, group=self.group))
 
-    def wait(self, handles: Sequence[Handle]) -> None:
-        """Block until every handle completes; the time blocked counts as communication wait."""
+    def wait(self, handles: Sequence[Handle], setup: bool = False) -> None:
+        """Block until every handle completes; the time blocked counts as communication wait (not in `setup`)."""
         start = time.perf_counter()
         for handle in handles:
             handle.finish()
-        self._wait_s += time.perf_counter() - start
+        if not setup:
+            self._wait_s += time.perf_counter() - start
 
     def all_reduce(self, tensor: torch.Tensor, category: str) -> torch.futures.Future[list[torch.Tensor]]:
         """Start a sum all-reduce of `tensor` over all ranks; count what this rank sends in a ring."""

@@ -286,7 +286,7 @@ class PushPullServer:
             for b in self.mine
         ]
         if initial_from is not None:
-            self.comm.wait([self.comm.irecv(sgd.flat.data, initial_from) for sgd in self.buckets])
+            self.comm.wait([self.comm.irecv(sgd.flat.data, initial_from) for sgd in self.buckets], setup=True)
         held = {i for b in self.mine for i in layout.overlapping(b)}
         self.params = [(named[i][0], tuple(named[i][1].shape), offsets[i]) for i in sorted(held)]
         # NCCL runs the operations between two ranks in posting order: a worker pushes g_b then
@@ -383,7 +383,8 @@ class PushPullClient:
 
     def send_initial(self) -> None:
         """Send every bucket's initial parameters to its server (for servers built with `initial_from`)."""
-        self.comm.wait([self.comm.isend(self.flat_params[b.start : b.stop], b.server, SETUP) for b in self.buckets])
+        sends = [self.comm.isend(self.flat_params[b.start : b.stop], b.server, SETUP) for b in self.buckets]
+        self.comm.wait(sends, setup=True)
 
     def attach(self, modules: list[nn.Module]) -> None:
         """Make each module's forward wait first for the pulls of the buckets holding its own parameters."""
