@@ -350,10 +350,9 @@ class PushPullClient:
 
     `credit` (BytePS's scheduling credit) caps, per server, the buckets pushed and not yet
     pulled back; the next for that server waits for its oldest pull. It keeps the workers within
-    a few buckets of each other:
-    unlimited, TCP lets one worker's pushes take the PS link while the server, needing every
-    worker's copy of a bucket, has nothing to send back (measured: the PS's upload idle for a
-    third of the step).
+    a few buckets of each other. Without it TCP lets one worker's pushes take the PS link while
+    the server, needing every worker's copy of a bucket, has nothing to send back (measured: the
+    PS's upload idle for a third of the step).
     """
 
     def __init__(self, comm: Comm, params: list[torch.Tensor], buckets: list[Bucket], overlap: bool, credit: int = 0):
