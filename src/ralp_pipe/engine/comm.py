@@ -4,10 +4,11 @@ Counting happens where tensors are sent: :meth:`Comm.isend` counts the tensor it
 :meth:`Comm.all_reduce` counts what this rank sends in a ring all-reduce
 (:func:`ralp_pipe.engine.volume.ring_send_elements`). Ranks are numbered 0..world_size-1 in
 `group` (None: the default group), which must hold the first world_size global ranks.
-Bytes are kept per category and per peer until
-:meth:`Comm.take` hands them over (once per training step); traffic sent under :data:`SETUP`
-(a parameter server's initial buckets, once per run) belongs to no step and is not counted. Time spent blocked in
-:meth:`Comm.wait` is the step's communication wait.
+Bytes are kept per category and per peer until :meth:`Comm.take` hands them over (once per
+training step). Time spent blocked in :meth:`Comm.wait` is the step's communication wait.
+Setup traffic (a parameter server's initial buckets, once per run) belongs to no step: it is
+sent under :data:`SETUP` and waited for with ``setup=True``, so neither its bytes nor its wait
+are counted.
 
 With gloo, point-to-point traffic of CUDA tensors is staged through host memory (gloo sends
 host buffers only); NCCL sends device tensors directly.
