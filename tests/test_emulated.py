@@ -89,7 +89,7 @@ def test_an_exception_inside_the_cluster_removes_its_namespaces() -> None:
     with pytest.raises(ZeroDivisionError):
         with EmulatedCluster(2, "1gbit") as cluster:
             namespaces = {cluster.run(i, ["readlink", "/proc/self/ns/net"]).stdout.strip() for i in range(2)}
-            holders = [int(cluster.prefix(i)[1].split("=")[1]) for i in range(2)]
+            holders = cluster.namespace_pids()
             raise ZeroDivisionError("an exception inside the cluster's block")
     _wait_gone(namespaces, holders)
 

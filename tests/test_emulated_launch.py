@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +16,12 @@ from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.results.layout import STEPS_FILE
 from ralp_pipe.runtime import emulated
 from ralp_pipe.runtime.emulated import SHARED_HOSTS_ENV, EmulatedCluster, emulated_sites
-from ralp_pipe.runtime.launch import launch_local
+from ralp_pipe.runtime.launch import PythonMain, launch_local
 from support.emulated_hosts import qdisc_stats
 
 pytestmark = pytest.mark.netns
 
-RANK = textwrap.dedent(
-    """
-    import datetime, os, sys, torch, torch.distributed as dist
-    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
-    total = torch.ones(1)
-    dist.all_reduce(total)
-    netns = os.readlink("/proc/self/ns/net")
-    with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as out:
-        out.write(f"{os.environ['RALP_PIPE_HOST']} {os.environ['MASTER_ADDR']} {int(total)} {netns}")
-    dist.destroy_process_group()
-    """
-)
+RANK = "support.netns_rank"  # a module whose main(argv) every rank runs
 
 
 def _ranks(folder: Path, world_size: int) -> list[list[str]]:
@@ -44,7 +31,7 @@ def _ranks(folder: Path, world_size: int) -> list[list[str]]:
 @pytest.mark.slow  # builds a cluster and runs ranks (~9 s)
 def test_a_run_gets_a_host_per_rank_on_its_own_cluster(tmp_path: Path) -> None:
     with emulated_sites([0, 1, 2], "1gbit", "1mb") as sites:
-        launch_local([sys.executable, "-c", RANK, str(tmp_path)], 3, 120, tmp_path, sites=sites)
+        launch_local(PythonMain(RANK, (str(tmp_path),)), 3, 120, tmp_path, sites=sites)
     ranks = _ranks(tmp_path, 3)
     assert [r[:3] for r in ranks] == [["0", "10.213.0.1", "3"], ["1", "10.213.0.1", "3"], ["2", "10.213.0.1", "3"]]
     assert len({r[3] for r in ranks}) == 3 and os.readlink("/proc/self/ns/net") not in {r[3] for r in ranks}
@@ -55,7 +42,7 @@ def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path, m
     with EmulatedCluster(3, "1gbit") as cluster:
         monkeypatch.setenv(SHARED_HOSTS_ENV, cluster.share([2, 0], master_host=2)[SHARED_HOSTS_ENV])
         with emulated_sites([0, 1], "unlimited", "1mb") as sites:
-            launch_local([sys.executable, "-c", RANK, str(tmp_path)], 2, 120, tmp_path, sites=sites)
+            launch_local(PythonMain(RANK, (str(tmp_path),)), 2, 120, tmp_path, sites=sites)
         host_namespaces = [cluster.run(h, ["readlink", "/proc/self/ns/net"]).stdout.strip() for h in (2, 0)]
     ranks = _ranks(tmp_path, 2)
     assert [r[:3] for r in ranks] == [["2", "10.213.0.3", "2"], ["0", "10.213.0.3", "2"]]

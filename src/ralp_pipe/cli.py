@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -19,6 +20,7 @@ from types import FrameType
 from typing import Any, Callable, Iterator, Sequence
 
 from ralp_pipe.errors import Interrupted, RalpError
+from ralp_pipe.runtime.process import start_fork_server
 
 STAGES: dict[str, tuple[str, str]] = {
     "prepare-shards": ("ralp_pipe.data.shards", "turn an image collection into webdataset shards"),
@@ -34,6 +36,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "cluster": ("ralp_pipe.runtime.slurm_cluster", "start, stop or show a multi-node SLURM cluster on this machine"),
 }
 
+# stage -> the module its ranks run where it starts them on this machine (forked from a preloaded server)
+LOCAL_RANKS = {"train": "ralp_pipe.engine.rank"}
 REDELIVER_S = 0.01  # delay before a swallowed SIGINT/SIGTERM is sent again
 
 
@@ -64,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage = next((a for a in argv if a in STAGES), None)
     with _interrupts_raised():  # before the stage module's (seconds long) import, so no signal finds a traceback
         try:
+            _start_rank_server(stage, argv)
             parser, stage_parsers = _parser(stage)
             if stage is None or argv.index(stage) > 0:
                 parser.parse_args(argv)  # no stage, or options before it: argparse answers (help/usage) and exits
@@ -78,6 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report(stage, Interrupted(stopped.signum))
         except RalpError as exc:
             return _report(stage, exc)
+
+
+def _start_rank_server(stage: str | None, argv: list[str]) -> None:
+    """For a stage that may start ranks here, let the server they fork from import them while the stage imports.
+
+    Not inside a SLURM job, whose ranks srun starts, nor for ``--help``.
+    """
+    if stage in LOCAL_RANKS and not {"-h", "--help"} & set(argv) and "SLURM_JOB_ID" not in os.environ:
+        start_fork_server([LOCAL_RANKS[stage]])
 
 
 @contextmanager

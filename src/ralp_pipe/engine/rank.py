@@ -37,7 +37,7 @@ from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import hardware
-from ralp_pipe.runtime.launch import RankEnv, init_group, python_module_command
+from ralp_pipe.runtime.launch import PythonMain, RankEnv, init_group
 
 BACKEND_ENV, DEVICE_ENV = "RALP_PIPE_BACKEND", "RALP_PIPE_DEVICE"
 FAIL_RANK, FAIL_STEP, FAIL_MODE = "RALP_PIPE_FAIL_RANK", "RALP_PIPE_FAIL_STEP", "RALP_PIPE_FAIL_MODE"
@@ -56,10 +56,10 @@ class RankResult(TypedDict):
     peak_rss_mb: list[float]  # peak resident memory of every rank's process
 
 
-def rank_command(result_file: Path, cfg: Config, split: int | None) -> list[str]:
-    """The command line every rank of `cfg`'s run is started with."""
-    split_args = [] if split is None else ["--split", str(split)]
-    return python_module_command(__name__, "--rank-result", str(result_file), *split_args, json.dumps(to_dict(cfg)))
+def rank_command(result_file: Path, cfg: Config, split: int | None) -> PythonMain:
+    """What every rank of `cfg`'s run runs: this module's :func:`main` with these arguments."""
+    split_args = () if split is None else ("--split", str(split))
+    return PythonMain(__name__, ("--rank-result", str(result_file), *split_args, json.dumps(to_dict(cfg))))
 
 
 def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device) -> Iterator[Any] | None:

@@ -308,7 +308,7 @@ def _launch(
     """Start and supervise the ranks; return rank 0's result. A full disk under the ranks' logs is named."""
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
-    command = rank_command(result_file, cfg, split)
+    entry = rank_command(result_file, cfg, split)
     env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
     progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)
@@ -322,14 +322,14 @@ def _launch(
             os.environ.update(env)
             gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
             nodes = node_of_ranks(topo, cfg.cluster.slurm.gpus_per_node)
-            launch_slurm(command, nodes, timeout, staging, gpus_per_task, cfg.network.interface)
+            launch_slurm(entry, nodes, timeout, staging, gpus_per_task, cfg.network.interface)
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
             with emulated_sites(topo.hosts, cfg.network.rate, cfg.network.burst) as emulated:
-                launch_local(command, topo.world_size, timeout, staging, emulated, env)
+                launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:
-            launch_local(command, topo.world_size, timeout, staging, None, env)
+            launch_local(entry, topo.world_size, timeout, staging, None, env)
     except RunFailure as exc:
         if shutil.disk_usage(staging).free >= FULL_BYTES:
             raise

@@ -13,12 +13,14 @@ mounted or created in the machine's own namespaces, so runs never collide or lea
 As root the namespaces are plain network namespaces; without root (where unprivileged user
 namespaces exist) they live in a user namespace created by ``unshare --user --map-root-user``.
 Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.prefix`
-(``nsenter``) with the environment :meth:`EmulatedCluster.env` (``GLOO_SOCKET_IFNAME=eth0``,
-``MASTER_ADDR`` = host 0).
+(``nsenter``); ranks, forked rather than executed, enter the same namespace files
+(:meth:`EmulatedCluster.namespaces`) with :func:`enter_namespaces`. Both get the environment
+:meth:`EmulatedCluster.env` (``GLOO_SOCKET_IFNAME=eth0``, ``MASTER_ADDR`` = host 0).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -41,6 +43,7 @@ LINK_ENV = "RALP_PIPE_LINK"  # the interface whose counters such a rank reads (d
 SHARED_HOSTS_ENV = "RALP_PIPE_SHARED_HOSTS"  # JSON: where a child launcher puts its ranks on a shared cluster
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
+_CLONE = {"user": 0x10000000, "net": 0x40000000}  # setns(2) namespace types: CLONE_NEWUSER, CLONE_NEWNET
 
 
 class EmulationUnavailable(ConfigError):
@@ -160,9 +163,11 @@ class EmulatedCluster:
         return ["nsenter", f"--target={pid}", "--user", "--preserve-credentials"] if self.mode == "rootless" else []
 
     def _enter(self, pid: int) -> list[str]:
-        if self.mode == "rootless":
-            return ["nsenter", f"--target={pid}", "--user", "--net", "--preserve-credentials", "--"]
-        return ["nsenter", f"--target={pid}", "--net", "--"]
+        return nsenter_argv(self._namespace_files(pid))
+
+    def _namespace_files(self, pid: int) -> tuple[str, ...]:
+        kinds = ("user", "net") if self.mode == "rootless" else ("net",)
+        return tuple(f"/proc/{pid}/ns/{kind}" for kind in kinds)
 
     def _batch(self, pid: int, tool: str, lines: Sequence[str]) -> None:
         result = subprocess.run(
@@ -211,8 +216,12 @@ class EmulatedCluster:
 
     def prefix(self, host: int) -> list[str]:
         """Argv prefix that runs a command inside `host`'s network namespace."""
+        return nsenter_argv(self.namespaces(host))
+
+    def namespaces(self, host: int) -> tuple[str, ...]:
+        """The namespace files a process enters, in order, to be on `host` (see :func:`enter_namespaces`)."""
         self._check_host(host)
-        return self._enter(self._holders[host].pid)
+        return self._namespace_files(self._holders[host].pid)
 
     def env(self, host: int, master_host: int = 0) -> dict[str, str]:
         """Environment for a rank on `host`: gloo bound to ``eth0``, rendezvous at `master_host`."""
@@ -222,7 +231,11 @@ class EmulatedCluster:
     def share(self, hosts_of_ranks: Sequence[int], master_host: int) -> dict[str, str]:
         """Environment that makes a child launcher put rank r on host ``hosts_of_ranks[r]`` of this cluster."""
         ranks = [
-            {"prefix": self.prefix(host), "env": self.env(host, master_host), "master_addr": self.address(master_host)}
+            {
+                "namespaces": list(self.namespaces(host)),
+                "env": self.env(host, master_host),
+                "master_addr": self.address(master_host),
+            }
             for host in hosts_of_ranks
         ]
         return {SHARED_HOSTS_ENV: json.dumps({"ranks": ranks})}
@@ -256,6 +269,26 @@ class EmulatedCluster:
             raise IndexError(f"host {host} does not exist: the emulated cluster has hosts 0..{self.hosts - 1}")
         if self._holders[host].poll() is not None:
             raise RuntimeError(f"the namespace holder of host {host} exited ({self._holders[host].returncode})")
+
+
+def nsenter_argv(namespaces: Sequence[str]) -> list[str]:
+    """Argv prefix that runs a command inside `namespaces` (files such as ``/proc/PID/ns/net``, in order)."""
+    flags = [f"--{os.path.basename(path)}={path}" for path in namespaces]
+    user = any(os.path.basename(path) == "user" for path in namespaces)
+    return ["nsenter", *flags, *(["--preserve-credentials"] if user else []), "--"]
+
+
+def enter_namespaces(namespaces: Sequence[str]) -> None:
+    """Move this (single-threaded) process into `namespaces` with setns(2), as ``nsenter`` does before exec."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for path in namespaces:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if libc.setns(fd, _CLONE[os.path.basename(path)]) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into {path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
 
 
 def interface_counters(path: str, interface: str = INTERFACE) -> LinkCounters:
@@ -320,7 +353,11 @@ def emulated_sites(hosts: Sequence[int], rate: str, burst: str) -> Iterator[Call
                 f"{SHARED_HOSTS_ENV} places {len(ranks)} ranks but this run has {len(hosts)}; "
                 f"the job's strategy or cluster.gpus differ from what the shared cluster was laid out for"
             )
-        yield lambda rank: RankSite(list(ranks[rank]["prefix"]), dict(ranks[rank]["env"]), ranks[rank]["master_addr"])
+        yield lambda rank: RankSite(
+            tuple(ranks[rank]["namespaces"]), dict(ranks[rank]["env"]), ranks[rank]["master_addr"]
+        )
         return
     with EmulatedCluster(max(hosts) + 1, rate, burst) as cluster:
-        yield lambda rank: RankSite(cluster.prefix(hosts[rank]), cluster.env(hosts[rank]), cluster.address(hosts[0]))
+        yield lambda rank: RankSite(
+            cluster.namespaces(hosts[rank]), cluster.env(hosts[rank]), cluster.address(hosts[0])
+        )

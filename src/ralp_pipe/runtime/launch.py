@@ -1,10 +1,11 @@
-"""Starting the ranks of one run: locally as subprocesses, under SLURM, or as spawned functions.
+"""Starting the ranks of one run: locally as forked processes, under SLURM, or as spawned functions.
 
-- :func:`launch_local` starts one subprocess per rank on this machine, each in its own
-  process group and killed with its parent. A `sites` function gives each rank a :class:`RankSite`: an
-  argv prefix, extra environment and the master address, e.g.
-  ``RankSite(["ip", "netns", "exec", "h1"], {"GLOO_SOCKET_IFNAME": "eth0"}, "10.0.0.1")``
-  to run rank 1 inside network namespace `h1`.
+- :func:`launch_local` runs a :class:`PythonMain` once per rank on this machine: each rank is
+  forked from a server that imported the module once (:func:`ralp_pipe.runtime.process.start_forked`),
+  in its own process group and killed with its parent. A `sites` function gives each rank a
+  :class:`RankSite`: the namespaces it enters, extra environment and the master address, e.g.
+  ``RankSite(("/proc/4242/ns/net",), {"GLOO_SOCKET_IFNAME": "eth0"}, "10.213.0.1")`` to run
+  rank 1 inside the network namespace held by process 4242.
 - :func:`launch_slurm` runs the ranks with ``srun`` inside an allocation, one task per rank on
   the node :func:`ralp_pipe.runtime.nodes.node_of_ranks` chose (an srun host file,
   ``--distribution=arbitrary``), one GPU per task where the job has GPUs; rank 0 meets the
@@ -24,6 +25,7 @@ cause with the tail of its log (:mod:`ralp_pipe.runtime.process`).
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 import socket
 import struct
@@ -41,19 +43,31 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ralp_pipe.errors import RunFailure
-from ralp_pipe.runtime.emulated import HOST_ENV, LINK_ENV
-from ralp_pipe.runtime.process import free_port, start_logged, stop, supervise
+from ralp_pipe.runtime.emulated import HOST_ENV, LINK_ENV, enter_namespaces
+from ralp_pipe.runtime.process import Forked, free_port, start_forked, start_logged, stop, supervise
 
 SIOCGIFADDR = 0x8915  # ioctl: an interface's IPv4 address
 
 
 @dataclass(frozen=True)
 class RankSite:
-    """How to start one rank: argv prefix, extra environment and the address of rank 0."""
+    """Where one rank runs: the namespace files it enters (in order), extra environment and rank 0's address."""
 
-    prefix: list[str] = field(default_factory=list)
+    namespaces: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     master_addr: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class PythonMain:
+    """What every rank runs: ``module.main(argv)``, whose return value is the rank's exit status."""
+
+    module: str
+    argv: tuple[str, ...]
+
+    def command(self) -> list[str]:
+        """The same as a command line (``python -m module argv``), for srun."""
+        return [sys.executable, "-m", self.module, *self.argv]
 
 
 Sites = Callable[[int], RankSite]
@@ -166,16 +180,16 @@ def srun_log(log_dir: Path) -> Path:
 
 
 def launch_local(
-    command: list[str],
+    main: PythonMain,
     world_size: int,
     timeout_s: float,
     log_dir: Path,
     sites: Sites | None = None,
     env: dict[str, str] | None = None,
 ) -> None:
-    """Run `command` once per rank on this machine (torchrun-style environment) and supervise the ranks."""
+    """Run `main` once per rank on this machine (torchrun-style environment) and supervise the ranks."""
     port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Forked] = []
     logs: list[Path] = []
     try:
         for rank in range(world_size):
@@ -192,11 +206,19 @@ def launch_local(
                 **where.env,
             }
             logs.append(rank_log(log_dir, rank))
-            procs.append(start_logged([*where.prefix, *command], logs[-1], rank_env))
+            procs.append(start_forked(_run_main, (main, rank_env, where.namespaces), logs[-1], [main.module]))
     except BaseException:
         stop(procs)
         raise
     supervise(procs, logs, timeout_s, "rank")
+
+
+def _run_main(main: PythonMain, env: dict[str, str], namespaces: tuple[str, ...]) -> None:
+    """A forked rank: enter its host's namespaces, take its environment, run `main` and exit with its status."""
+    enter_namespaces(namespaces)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.exit(importlib.import_module(main.module).main(list(main.argv)))
 
 
 def in_slurm_step(world_size: int, environ: dict[str, str] | None = None) -> bool:
@@ -206,14 +228,14 @@ def in_slurm_step(world_size: int, environ: dict[str, str] | None = None) -> boo
 
 
 def launch_slurm(
-    command: list[str],
+    main: PythonMain,
     node_of_rank: Sequence[int],
     timeout_s: float,
     log_dir: Path,
     gpus_per_task: int = 0,
     interface: str | None = None,
 ) -> None:
-    """Run `command` as one srun task per rank, rank r on node ``node_of_rank[r]`` of the allocation; supervise srun.
+    """Run `main` as one srun task per rank, rank r on node ``node_of_rank[r]`` of the allocation; supervise srun.
 
     `interface` (``network.interface``) is the one gloo and NCCL bind to; None lets every task
     find the interface that routes to rank 0's node.
@@ -244,7 +266,7 @@ def launch_slurm(
     if interface:
         env.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
     log = srun_log(log_dir)
-    supervise([start_logged([*srun, *command], log, env)], [log], timeout_s, "srun of all ranks")
+    supervise([start_logged([*srun, *main.command()], log, env)], [log], timeout_s, "srun of all ranks")
 
 
 def bind_task_link(env: RankEnv) -> None:
@@ -319,8 +341,3 @@ def spawn_function(
                     proc.kill()
                 raise RunFailure(f"spawned ranks still running after {timeout_s:.0f} s")
         return [torch.load(Path(out) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]
-
-
-def python_module_command(module: str, *args: str) -> list[str]:
-    """argv running `module` with this interpreter."""
-    return [sys.executable, "-m", module, *args]

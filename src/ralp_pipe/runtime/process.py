@@ -2,7 +2,11 @@
 
 Every child starts in a session (process group) of its own, with stdin closed, and receives
 SIGKILL when the process that started it dies (``PR_SET_PDEATHSIG``), so a killed driver never
-leaves ranks, probes or shard workers running. :func:`stop` ends a child's whole group
+leaves ranks, probes or shard workers running. A child is either a command (:func:`start`) or a
+Python function forked from a server that imported the modules it needs once
+(:func:`start_forked`; the ranks of a run: importing torch and torchvision costs each
+interpreter seconds of CPU, paid once instead of once per rank). A forked child dies with the
+server, which exits when the process that started it does. :func:`stop` ends a child's whole group
 (SIGTERM, then SIGKILL after a grace period); :func:`supervise` waits for a set of children and
 stops all of them at the first failure or at the deadline, naming the child that failed first.
 Only processes started here are ever signalled, by PID.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -19,7 +24,7 @@ import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import IO, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from ralp_pipe.errors import RunFailure
 
@@ -29,6 +34,7 @@ POLL_S = 0.02
 _PR_SET_PDEATHSIG = 1
 
 Process = subprocess.Popen[bytes]
+_FORKSERVER = multiprocessing.get_context("forkserver")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -74,15 +80,77 @@ def start_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None =
         return start(argv, env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def stop(procs: Sequence[Process], grace: float = GRACE_S) -> None:
+class Forked:
+    """A child forked by :func:`start_forked`, seen through the part of Popen's interface used here."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None  # started
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        """The exit status (negative: killed by that signal), None while it runs."""
+        return self._process.exitcode
+
+
+Child = Process | Forked
+
+
+def start_fork_server(preload: Sequence[str]) -> None:
+    """Start the server :func:`start_forked` forks from, importing `preload`, now: beside this process's own imports."""
+    _FORKSERVER.set_forkserver_preload(list(preload))
+    multiprocessing.forkserver.ensure_running()
+
+
+def start_forked(target: Callable[..., None], args: tuple[Any, ...], log: Path, preload: Sequence[str]) -> Forked:
+    """Run ``target(*args)`` in a child forked from the server that imported `preload`; its output goes to `log`.
+
+    The server starts, importing `preload`, on the first call of this process; `target` and
+    `args` must be picklable. The child's exit status is `target`'s ``SystemExit`` code (1 on an
+    exception, whose traceback lands in `log`).
+    """
+    _FORKSERVER.set_forkserver_preload(list(preload))
+    process = _FORKSERVER.Process(target=_forked_child, args=(target, args, str(log)))
+    process.start()
+    return Forked(process)
+
+
+def _forked_child(target: Callable[..., None], args: tuple[Any, ...], log: str) -> None:
+    """In the forked child: the session, parent-death signal and output a started command gets, then `target`."""
+    os.setsid()
+    die_with_parent()
+    # The server hands each child its clients' "alive" pipe. Closed here, the pipe's last writer
+    # is the process that started the server: when that dies the server exits, and so does this child.
+    server = multiprocessing.forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    os.close(fd)
+    target(*args)
+
+
+def stop(procs: Sequence[Child], grace: float = GRACE_S) -> None:
     """SIGTERM the process group of every still-running child, SIGKILL whatever is left after `grace`."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [p for p in procs if p.poll() is None]
         for proc in alive:
             try:
                 os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
+            except ProcessLookupError:  # a forked child that has not made its session yet
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
         deadline = time.monotonic() + grace
         while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
             time.sleep(POLL_S)
@@ -139,7 +207,7 @@ def describe_status(code: int | None) -> str:
     return "raised an error" if code else "ok"
 
 
-def _exit_order(procs: Sequence[Process], logs: Sequence[Path], seen: dict[int, int]) -> list[int]:
+def _exit_order(procs: Sequence[Child], logs: Sequence[Path], seen: dict[int, int]) -> list[int]:
     """Failed children, first to fail first: by the poll that saw them end, then by their log's last write."""
 
     def written(i: int) -> int:
@@ -152,7 +220,7 @@ def _exit_order(procs: Sequence[Process], logs: Sequence[Path], seen: dict[int, 
     return sorted(failed, key=lambda i: (seen.get(i, 1 << 62), written(i), i))
 
 
-def supervise(procs: Sequence[Process], logs: Sequence[Path], timeout_s: float, what: str) -> None:
+def supervise(procs: Sequence[Child], logs: Sequence[Path], timeout_s: float, what: str) -> None:
     """Wait for all `procs`; stop them all and raise :class:`RunFailure` at the first failure or the deadline.
 
     The message names the child that failed first (by time), every failed child's cause, the
