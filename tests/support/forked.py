@@ -1,0 +1,17 @@
+"""Targets for children forked by :func:`ralp_pipe.runtime.process.start_forked` (picklable by name)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def report(code: int) -> None:
+    """Print this child's pid, session and parent, then exit with `code`."""
+    print(f"pid {os.getpid()} session {os.getsid(0)} parent {os.getppid()}", flush=True)
+    sys.exit(code)
+
+
+def fail() -> None:
+    """Raise: the child's exit status is 1 and the traceback lands in its log."""
+    raise ValueError("a bad value in the forked child")
