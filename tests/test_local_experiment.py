@@ -59,6 +59,10 @@ def test_local_is_the_representative_default() -> None:
 
 # ResNet-18's ralp_n split moves from avgpool (10) at 224 px to layer3.1 (7) at every size from 128
 # to 192 px on this link and batch (at 25 Gbit/s too), so no affordable size keeps it; ralp_h keeps it.
+# Why no size can keep every split: a unit's compute and its activations grow with batch x pixels,
+# its parameters do not. A smaller image at the same batch and link therefore makes parameters
+# dearer next to compute and activations, which favours an earlier split; only batch x pixels held
+# constant (batch 12 at 128 px for batch 4 at 224 px) keeps all three ratios, at the 224 px step's cost.
 KNOWN_DIFFERENT = {("resnet18", "ralp_n")}
 
 
