@@ -38,6 +38,30 @@ def _scale(root: Path, strategy: str, factor: float) -> None:
     _aggregate(root)
 
 
+def _set_split(root: Path, strategy: str, split: int) -> None:
+    """Give every repeat of one RALP strategy another split point and aggregate again."""
+    for path in (root / "runs").rglob("metrics.json"):
+        if path.parent.parent.name == strategy:
+            doc = json.loads(path.read_text())
+            doc["split"] = split
+            path.write_text(json.dumps(doc))
+    _aggregate(root)
+
+
+def test_a_configuration_placed_differently_is_joined_and_its_two_splits_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
+    _set_split(b, "ralp_n", 6)
+    assert cli(["compare", str(a), str(b)]) == 0  # a placement change is reported, not a regression
+    out = capsys.readouterr().out
+    [ralp_n] = [line for line in out.splitlines() if "| ralp_n |" in line]
+    assert ralp_n.endswith("| within noise | layer4.0 (8) -> 6 |"), ralp_n
+    [ralp_h] = [line for line in out.splitlines() if "| ralp_h |" in line]
+    assert ralp_h.endswith("| within noise | same |"), ralp_h
+    assert "1 configuration ran with another split in B" in out
+
+
 def test_identical_input_reports_no_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _results(tmp_path / "a")
     assert cli(["compare", str(root), str(root / "tables")]) == 0

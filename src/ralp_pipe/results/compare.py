@@ -8,7 +8,9 @@ interval over both sets of repeats (:func:`~ralp_pipe.results.intervals.ratio_in
 is *beyond noise* when each mean lies outside the other's 95% t-interval, i.e. the difference is
 larger than the noise of A and larger than the noise of B; with a single repeat on either side
 there is no interval and no change is called beyond noise. The exit status is 1 when any
-configuration slowed down beyond noise, else 0.
+configuration slowed down beyond noise, else 0. A RALP configuration whose split differs between
+A and B (each side's planner chose from its own profile) is still joined, and the table names
+both splits: its change includes the other placement.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ralp_pipe.results.intervals import Estimate, ratio_interval
 from ralp_pipe.results.layout import PATHS, RUNS_TABLE
 
 NEEDED = ("repeats", "images_per_sec", "images_per_sec_std", "images_per_sec_ci_low", "images_per_sec_ci_high")
+PLACEMENT = ("split", "split_unit")  # RALP's split point and its unit's name (null for ps and allreduce)
 MAX_TABLE_BYTES = 256 << 20  # a runs table larger than this in a bundle is refused unread
 REGRESSED, IMPROVED, WITHIN, NO_INTERVAL, ONLY_A, ONLY_B = (
     "REGRESSION",
@@ -106,8 +109,10 @@ def verdict(a: Estimate, b: Estimate) -> str:
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
     """Join two runs tables by configuration; per row A's and B's images/sec, the change and its verdict."""
-    columns = [*CONFIGURATION, *NEEDED]
-    joined = a[columns].merge(b[columns], on=CONFIGURATION, how="outer", suffixes=("_a", "_b"), indicator="side")
+    columns = [*CONFIGURATION, *NEEDED, *PLACEMENT]
+    joined = _placed(a)[columns].merge(
+        _placed(b)[columns], on=CONFIGURATION, how="outer", suffixes=("_a", "_b"), indicator="side"
+    )
     rows = []
     for row in joined.itertuples(index=False):
         cells = {key: getattr(row, key) for key in CONFIGURATION}
@@ -129,10 +134,30 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
                 "change": change.mean - 1.0,
                 "change_half_width": change.half_width,
                 "verdict": verdict(pick["a"], pick["b"]),
+                "split_change": _split_change(row),
             }
         )
     table = pd.DataFrame(rows).sort_values(CONFIGURATION).reset_index(drop=True)
     return Comparison(table, int((table["verdict"] == REGRESSED).sum()))
+
+
+def _placed(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with the placement columns (empty where a table from before them lacks them)."""
+    return frame.assign(**{c: frame[c] if c in frame.columns else pd.NA for c in PLACEMENT})
+
+
+def _split_name(row: Any, side: str) -> str:
+    """One side's split as its unit's name and index ("-" without a split)."""
+    index, unit = getattr(row, f"split_{side}"), getattr(row, f"split_unit_{side}")
+    if pd.isna(index):
+        return "-"
+    return f"{unit} ({int(index)})" if not pd.isna(unit) else str(int(index))
+
+
+def _split_change(row: Any) -> str | None:
+    """ "A's split -> B's" where the two sides placed the layers differently, else None."""
+    before, after = _split_name(row, "a"), _split_name(row, "b")
+    return None if before == after else f"{before} -> {after}"
 
 
 def _side(row: Any, side: str) -> Estimate:
@@ -159,7 +184,7 @@ def _pm(mean: float, half: float, digits: int = 1, scale: float = 1.0, suffix: s
 def render(comparison: Comparison, a: str, b: str) -> str:
     """The comparison as a text table, one line per configuration, and a closing verdict."""
     table = comparison.table
-    header = ["model", "dataset", "N", "network", "strategy", "A img/s", "B img/s", "change", "verdict"]
+    header = ["model", "dataset", "N", "network", "strategy", "A img/s", "B img/s", "change", "verdict", "split A -> B"]
     lines = [f"A: {a}", f"B: {b}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in table.itertuples(index=False):
         present = r.verdict not in (ONLY_A, ONLY_B)
@@ -173,7 +198,8 @@ def render(comparison: Comparison, a: str, b: str) -> str:
             if present
             else ["-", "-", "-"]
         )
-        lines.append("| " + " | ".join([*cells, r.verdict]) + " |")
+        moved = getattr(r, "split_change", None)
+        lines.append("| " + " | ".join([*cells, r.verdict, "same" if not isinstance(moved, str) else moved]) + " |")
     counts = table["verdict"].value_counts()
     summary = ", ".join(f"{int(n)} {name}" for name, n in counts.items())
     lines += [
@@ -181,6 +207,12 @@ def render(comparison: Comparison, a: str, b: str) -> str:
         f"{len(table)} configurations: {summary}. Intervals: 95% (t over repeats; the change by the delta method);"
         " beyond noise = each mean outside the other's interval.",
     ]
+    moved = int(table["split_change"].notna().sum()) if "split_change" in table.columns else 0
+    if moved:
+        lines.append(
+            f"{moved} configuration{'s' * (moved > 1)} ran with another split in B (each side's planner chose "
+            f"from its own profile): {'their changes include' if moved > 1 else 'its change includes'} the other placement."
+        )
     return "\n".join(lines)
 
 
