@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from support.procs import processes_mentioning
+from support.procs import processes_using
 
 # each case runs a `ralp-pipe train` subprocess with 2 ranks until one fails (15-32 s)
 pytestmark = pytest.mark.slow
@@ -73,4 +73,4 @@ def test_failing_rank_stops_the_run_without_output(
     assert elapsed < INIT_TIMEOUT_S + TIMEOUT_S + 20  # the run's deadline, SIGTERM/SIGKILL grace, start-up
     assert not out.exists(), "a failed run left its output folder"
     assert list((tmp_path / "runs").iterdir()) == [], "a failed run left staging files"
-    assert processes_mentioning(str(tmp_path)) == [], "ranks outlived the failed run"
+    assert processes_using(str(tmp_path)) == [], "ranks outlived the failed run"

@@ -20,7 +20,7 @@ from ralp_pipe.config import load
 from ralp_pipe.engine import train
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime import hardware
-from support.procs import processes_mentioning
+from support.procs import processes_using
 
 SMALL = [
     "cluster=local",
@@ -260,7 +260,7 @@ def test_interrupted_train_exits_128_plus_signal_with_one_line_and_leaves_nothin
         proc.kill()
     assert proc.returncode == 128 + signum, stderr
     assert _one_line(stderr, "stopped") == f"ralp-pipe train: stopped: interrupted by {signal.Signals(signum).name}"
-    assert processes_mentioning(str(tmp_path)) == [], "ranks outlived the interrupted run"
+    assert processes_using(str(tmp_path)) == [], "ranks outlived the interrupted run"
     assert list(runs.iterdir()) == [], "the interrupted run left its staging folder or output"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -18,9 +19,30 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains `text`."""
-    return [pid for pid in pids() if text in cmdline(pid)]
+def _open_paths(pid: int) -> list[str]:
+    """Where `pid`'s open files and working folder point ([] once it is gone or unreadable)."""
+    links = [Path(f"/proc/{pid}/cwd")]
+    try:
+        links += list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return []
+    paths = []
+    for link in links:
+        try:
+            paths.append(str(link.readlink()))
+        except OSError:
+            continue
+    return paths
+
+
+def processes_using(path: str) -> list[int]:
+    """Live processes that mention `path` on their command line or hold a file below it open (a forked
+    rank's command line is its server's, but it holds its rank log)."""
+    return [
+        pid
+        for pid in pids()
+        if pid != os.getpid() and (path in cmdline(pid) or any(p.startswith(path) for p in _open_paths(pid)))
+    ]
 
 
 def _stat(pid: int) -> list[str]:

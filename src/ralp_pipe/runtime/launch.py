@@ -44,7 +44,15 @@ import torch.multiprocessing as mp
 
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime.emulated import HOST_ENV, LINK_ENV, enter_namespaces
-from ralp_pipe.runtime.process import Forked, free_port, start_forked, start_logged, stop, supervise
+from ralp_pipe.runtime.process import (
+    Forked,
+    free_port,
+    signals_deferred,
+    start_forked,
+    start_logged,
+    stop,
+    supervise,
+)
 
 SIOCGIFADDR = 0x8915  # ioctl: an interface's IPv4 address
 
@@ -192,21 +200,22 @@ def launch_local(
     procs: list[Forked] = []
     logs: list[Path] = []
     try:
-        for rank in range(world_size):
-            where = sites(rank) if sites else RankSite()
-            rank_env = {
-                **os.environ,
-                **(env or {}),
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world_size),
-                "MASTER_ADDR": where.master_addr,
-                "MASTER_PORT": str(port),
-                **where.env,
-            }
-            logs.append(rank_log(log_dir, rank))
-            procs.append(start_forked(_run_main, (main, rank_env, where.namespaces), logs[-1], [main.module]))
+        with signals_deferred():  # a Ctrl-C while the ranks start is handled once every started rank is in procs
+            for rank in range(world_size):
+                where = sites(rank) if sites else RankSite()
+                rank_env = {
+                    **os.environ,
+                    **(env or {}),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(world_size),
+                    "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(world_size),
+                    "MASTER_ADDR": where.master_addr,
+                    "MASTER_PORT": str(port),
+                    **where.env,
+                }
+                logs.append(rank_log(log_dir, rank))
+                procs.append(start_forked(_run_main, (main, rank_env, where.namespaces), logs[-1], [main.module]))
     except BaseException:
         stop(procs)
         raise

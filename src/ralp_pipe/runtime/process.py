@@ -21,10 +21,12 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping, Sequence
 
 from ralp_pipe.errors import RunFailure
 
@@ -35,6 +37,7 @@ _PR_SET_PDEATHSIG = 1
 
 Process = subprocess.Popen[bytes]
 _FORKSERVER = multiprocessing.get_context("forkserver")
+DEFERRED = (signal.SIGINT, signal.SIGTERM)  # noted by signals_deferred while children are started
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -122,17 +125,38 @@ def start_forked(target: Callable[..., None], args: tuple[Any, ...], log: Path, 
     return Forked(process)
 
 
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Note SIGINT and SIGTERM during the block and act on the first at its end, so a stop cannot fall between
+    starting a child and recording it (Python-level: a signal mask would not hold, another thread may take it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: caught.append(signum)) for signum in DEFERRED}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
 def _forked_child(target: Callable[..., None], args: tuple[Any, ...], log: str) -> None:
     """In the forked child: the session, parent-death signal and output a started command gets, then `target`."""
     os.setsid()
     die_with_parent()
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError:  # the run was stopped and its log folder removed before this child got going
+        os._exit(1)
     # The server hands each child its clients' "alive" pipe. Closed here, the pipe's last writer
     # is the process that started the server: when that dies the server exits, and so does this child.
     server = multiprocessing.forkserver._forkserver
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for std in (1, 2):
         os.dup2(fd, std)
     os.close(fd)
