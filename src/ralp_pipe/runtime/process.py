@@ -119,7 +119,7 @@ def start_forked(target: Callable[..., None], args: tuple[Any, ...], log: Path, 
     `args` must be picklable. The child's exit status is `target`'s ``SystemExit`` code (1 on an
     exception, whose traceback lands in `log`).
     """
-    _FORKSERVER.set_forkserver_preload(list(preload))
+    start_fork_server(preload)  # a no-op once the server runs
     process = _FORKSERVER.Process(target=_forked_child, args=(target, args, str(log)))
     process.start()
     return Forked(process)
