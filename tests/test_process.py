@@ -36,3 +36,11 @@ def test_an_exception_in_a_forked_child_is_status_1_with_its_traceback_in_the_lo
     assert _wait(start_forked(forked.fail, (), log, PRELOAD)) == 1
     text = log.read_text()
     assert "Traceback" in text and "ValueError: a bad value in the forked child" in text
+
+
+def test_a_forked_child_never_collects_the_objects_it_inherited_from_the_server(tmp_path: Path) -> None:
+    """A full collection over the inherited heap would copy it page by page (copy-on-write) in every rank."""
+    log = tmp_path / "child.log"
+    assert _wait(start_forked(forked.frozen, (), log, PRELOAD)) == 0
+    frozen = int(log.read_text().split()[1])
+    assert frozen > 100_000, log.read_text()  # torch's and the engine's objects, imported once by the server

@@ -15,6 +15,7 @@ Only processes started here are ever signalled, by PID.
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -160,6 +161,11 @@ def _forked_child(target: Callable[..., None], args: tuple[Any, ...], log: str) 
     for std in (1, 2):
         os.dup2(fd, std)
     os.close(fd)
+    # The objects inherited from the server (torch's import: most of the heap) go to the permanent
+    # generation, so the child's collections never walk them. Otherwise the first full collection
+    # writes to every inherited object's header, copying the whole heap page by page: a ResNet-18
+    # allreduce rank spent 0.7 s of CPU in its second step (N=3 at 1 Gbit/s: 5.9 images/s, 9.8 frozen).
+    gc.freeze()
     target(*args)
 
 
