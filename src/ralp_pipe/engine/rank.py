@@ -208,5 +208,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # an srun task; a forked rank ends in multiprocessing's os._exit
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Ended as a forked rank ends, without the interpreter's teardown: its C++ destructors (gloo's
+    # threads, DDP's reducer after its group was destroyed) aborted a finished srun rank once
+    # ("terminate called without an active exception"), failing a run whose records were complete.
+    os._exit(status)
