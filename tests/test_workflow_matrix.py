@@ -22,11 +22,12 @@ def local() -> Matrix:
     return Matrix(parse_settings({"experiment": "local", "overrides": ["train.measure_steps=7"]}))
 
 
-@pytest.mark.slow  # the 72-run local matrix (~2.4 s fixture) against full compositions
+@pytest.mark.slow  # the 36-run local matrix (~2.4 s fixture) against full compositions
 def test_every_run_config_equals_a_full_composition(local: Matrix) -> None:
     e = local.base.experiment
     rows = len(e.strategies) + len(e.sequential) + e.reference  # + the N=1 reference row
-    assert len(local.runs) == 2 * 2 * rows * e.repeats  # datasets x models x strategy rows x repeats
+    assert len(local.runs) == len(e.pairs) * rows * e.repeats  # (dataset, model) pairs x strategy rows x repeats
+    assert {(r.dataset, r.model) for r in local.runs} == {tuple(pair) for pair in e.pairs}
     for run in [*local.runs[::7], local.runs[-1]]:  # the last: a reference run
         full = load(
             [
@@ -91,7 +92,7 @@ def test_the_reference_is_one_single_device_run_per_dataset_model_and_repeat_wit
         Matrix(parse_settings({"experiment": "smoke", "overrides": ["train.cpu_share=0"]}))
 
 
-@pytest.mark.slow  # uses the 72-run local matrix (~2.4 s fixture)
+@pytest.mark.slow  # uses the 36-run local matrix (~2.4 s fixture)
 def test_each_stage_composes_the_params_it_is_keyed_by(local: Matrix) -> None:
     run = local.runs[-1]
     for stage, keys in STAGE_KEYS.items():
@@ -153,6 +154,8 @@ def test_slurm_launcher_trains_with_cluster_slurm_and_asks_one_task_per_rank() -
         ({"dataset_overrides": {"imagenet1k": ["dataset.source=/x"]}}, "not in experiment.datasets"),
         ({"stage_options": {"train": "rm -rf x"}}, "must start with an option"),
         ({"stage_options": {"shell": "--x"}}, "'shell' is not one of"),
+        ({"overrides": ["experiment.pairs=[[synthetic1k,vgg11]]"]}, r"pairs has \['synthetic1k', 'vgg11'\]"),
+        ({"overrides": ["experiment.pairs=[[synthetic1k]]"]}, "each pair is \\[dataset, model\\]"),
     ],
 )
 def test_bad_workflow_settings_are_refused(config: dict, message: str) -> None:
@@ -265,3 +268,15 @@ def test_one_compute_profile_per_compute_key_and_one_link_probe_per_network(tmp_
     assert "dataset.synthetic.seed=5" in matrix.stage_args("prepare_shards", synthetic)
     assert "dataset.synthetic.seed=5" not in matrix.stage_args("profile", synthetic)  # images it never reads
     assert f"dataset.source={tmp_path}" in matrix.stage_args("profile", imagenet)  # needed to compose
+
+
+def test_pairs_run_only_their_datasets_and_models_and_none_is_every_combination() -> None:
+    cross = ["experiment.datasets=[synthetic1k,synthetic22k]", "experiment.models=[resnet18,vgg11]"]
+    every = Matrix(parse_settings({"experiment": "smoke", "overrides": cross}))
+    assert {(r.dataset, r.model) for r in every.runs} == {
+        (d, m) for d in ("synthetic1k", "synthetic22k") for m in ("resnet18", "vgg11")
+    }
+    pairs = "experiment.pairs=[[synthetic22k,resnet18],[synthetic1k,vgg11]]"
+    paired = Matrix(parse_settings({"experiment": "smoke", "overrides": [*cross, pairs]}))
+    assert {(r.dataset, r.model) for r in paired.runs} == {("synthetic22k", "resnet18"), ("synthetic1k", "vgg11")}
+    assert len(paired.runs) == len(every.runs) // 2

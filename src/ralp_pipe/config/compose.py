@@ -189,6 +189,12 @@ def validate(cfg: Config) -> None:
         _choice("experiment.sequential[]", strategy, e.strategies)
     for name in (*e.datasets, *e.networks):
         _safe_name("experiment.datasets/networks[]", name)
+    for pair in e.pairs:
+        if len(pair) != 2 or pair[0] not in e.datasets or pair[1] not in e.models:
+            raise ConfigError(
+                f"experiment.pairs has {list(pair)!r}: each pair is [dataset, model] with the dataset in "
+                f"experiment.datasets={e.datasets} and the model in experiment.models={e.models}"
+            )
 
 
 def workload(cfg: Config) -> dict[str, Any]:

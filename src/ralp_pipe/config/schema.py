@@ -162,6 +162,7 @@ class ExperimentConfig:
     name: str = "local"
     datasets: list[str] = field(default_factory=lambda: ["synthetic1k"])
     models: list[str] = field(default_factory=lambda: ["vgg11"])
+    pairs: list[list[str]] = field(default_factory=list)  # [dataset, model] pairs to run; empty: every combination
     strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
     gpus: list[int] = field(default_factory=lambda: [4])
     networks: list[str] = field(default_factory=lambda: ["loopback"])

@@ -1,4 +1,4 @@
-"""The experiment matrix the Snakefile expands: one training run per dataset x model x strategy x N x network.
+"""The experiment matrix the Snakefile expands: one training run per (dataset, model) x strategy x N x network x repeat.
 
 The workflow's own settings come from Snakemake's ``--config`` (see :func:`parse_settings`):
 
@@ -239,8 +239,7 @@ class Matrix:
                 self._sections[group, option] = section
         self.runs = [
             Run(d, m, s, g, n, overlap, r)
-            for d in e.datasets
-            for m in e.models
+            for d, m in self.cells()
             for s, overlap in self._arms()
             for g in e.gpus
             for n in e.networks
@@ -268,19 +267,19 @@ class Matrix:
         return arms + [(s, False) for s in pipelined]
 
     def _reference_runs(self) -> list[Run]:
-        """The single-device reference of every dataset x model and repeat (experiment.reference), on the
+        """The single-device reference of every (dataset, model) and repeat (experiment.reference), on the
         first network: one rank has no link to shape."""
         e = self.base.experiment
         if not e.reference:
             return []
         strategy, gpus = REFERENCE
         overlap = self._sections["strategy", strategy].overlap
-        return [
-            Run(d, m, strategy, gpus, e.networks[0], overlap, r)
-            for d in e.datasets
-            for m in e.models
-            for r in range(e.repeats)
-        ]
+        return [Run(d, m, strategy, gpus, e.networks[0], overlap, r) for d, m in self.cells() for r in range(e.repeats)]
+
+    def cells(self) -> list[tuple[str, str]]:
+        """The (dataset, model) workloads: experiment.pairs where given, else every dataset with every model."""
+        e = self.base.experiment
+        return [(d, m) for d in e.datasets for m in e.models if not e.pairs or [d, m] in e.pairs]
 
     def _train_section(self, run: Run) -> TrainConfig:
         """The train section of `run`: its repeat, and for the reference on a cluster whose ranks share this
