@@ -4,12 +4,13 @@ Target: at most 10 minutes on a 2-core machine, shard generation included. Runs 
 scratch folder (nothing is reused), printing Snakemake's "k of n steps done" lines as they come,
 then the measured time, the budget and their ratio, and the time spent per rule, read from the
 timestamps of Snakemake's log (kept as `workflow.log` in the folder).
-Run: `python benchmarks/workflow_local.py [--experiment local] [--keep DIR]`.
+Run: `python benchmarks/workflow_local.py [--experiment local] [--keep DIR] [--overrides KEY=VALUE ...]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -53,6 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default="local")
     parser.add_argument("--keep", type=Path, help="run in this folder instead of a temporary one")
+    parser.add_argument("--overrides", nargs="+", help="Hydra overrides, e.g. 'experiment.networks=[1gbit]'")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="ralp-workflow-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -68,6 +70,7 @@ def main() -> int:
         "all",
         "--config",
         f"experiment={args.experiment}",
+        *([f"overrides={json.dumps(args.overrides)}"] if args.overrides else []),
     ]
     log = work / "workflow.log"
     print(f"workflow {args.experiment} in {work}; Snakemake's output goes to {log}", flush=True)

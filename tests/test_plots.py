@@ -163,4 +163,24 @@ def test_predictions_are_plotted_against_the_measured_interval(tables: Tables, m
     rows = tables.runs[tables.runs["strategy"] == "ralp_h"]
     assert list(ralp.lines[0].get_ydata()) == pytest.approx(list(rows["predicted_images_per_sec"]))
     assert whiskers(ralp) == pytest.approx(ends(rows, "images_per_sec"))  # horizontal: the measurement's interval
+    low, high = axis.get_xlim()
+    planned = tables.runs.dropna(subset=["predicted_images_per_sec"])
+    assert low < planned["images_per_sec_ci_low"].min() and planned["images_per_sec_ci_high"].max() < high
+    plt.close("all")
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "labels"),
+    [
+        (5.2, 45.6, ["6", "7", "8", "9", "10", "20", "30", "40"]),  # under a decade: every digit
+        (0.01, 5.0, ["0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1", "2", "5"]),  # up to three: 1, 2, 5
+        (1e-7, 2.0, ["1e-07", "1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1", "1"]),  # more: powers of ten
+    ],
+)
+def test_a_log_axis_labels_plain_numbers_however_narrow_its_range(low: float, high: float, labels: list[str]) -> None:
+    figure, axis = plt.subplots()
+    plots._log_scale(axis, "y", low, high)
+    figure.canvas.draw()
+    shown = [t.get_text() for t in axis.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    assert shown == labels
     plt.close("all")

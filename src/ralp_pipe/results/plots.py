@@ -65,11 +65,13 @@ def _empty(axis: Any, text: str) -> None:
 
 
 def _log_scale(axis: Any, which: str, low: float, high: float) -> None:
-    """A log axis from `low` to `high` in plain numbers: at 1, 2 and 5 of each decade over up to
-    three decades, at each power of ten over more (no crowded minor labels)."""
+    """A log axis from `low` to `high` in plain numbers: at every digit of a decade over up to one
+    decade (so a narrow range still has several labels), at 1, 2 and 5 over up to three, at each
+    power of ten over more (no crowded minor labels)."""
     scale = getattr(axis, f"{which}axis")
     axis.set(**{f"{which}scale": "log", f"{which}lim": (low, high)})
-    subs = (1.0, 2.0, 5.0) if math.log10(high / low) <= 3 else (1.0,)
+    decades = math.log10(high / low)
+    subs = tuple(range(1, 10)) if decades <= 1 else (1.0, 2.0, 5.0) if decades <= 3 else (1.0,)
     scale.set_major_locator(ticker.LogLocator(subs=subs))
     scale.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
     scale.set_minor_formatter(ticker.NullFormatter())
@@ -203,7 +205,8 @@ def gb_per_step(tables: Tables, path: Path) -> None:
         shown = volume[volume > 0]
         if shown.notna().any().any():  # the smallest bar a third of a decade tall at least
             _log_scale(axis, "y", shown.min().min() / 3, shown.max().max() * 1.5)
-        axis.set_xticks(range(len(cell)), cell["strategy"], fontsize="small")
+        names = [strategy.replace("-", "-\n") for strategy in cell["strategy"]]  # ps-sequential on two lines
+        axis.set_xticks(range(len(cell)), names, fontsize="small")
         axis.set(ylabel="GB/step (log scale)")
         axis.set_title(f"{model} / {dataset}, N={gpus}, {network}", pad=16)
         axis.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -268,8 +271,8 @@ def predicted_vs_measured(tables: Tables, path: Path) -> None:
             label=strategy,
             color=_style(strategy)["color"],
         )
-    values = known[["images_per_sec", "predicted_images_per_sec"]].to_numpy()
-    low, high = values.min() / 1.5, values.max() * 1.5
+    values = known[["images_per_sec", "predicted_images_per_sec", "images_per_sec_ci_low", "images_per_sec_ci_high"]]
+    low, high = values[values > 0].min().min() / 1.2, values.max().max() * 1.2  # the whiskers inside
     axis.plot([low, high], [low, high], color="black", linewidth=0.8, label="y = x")
     for factor in (0.8, 1.2):
         axis.plot([low, high], [low * factor, high * factor], color="grey", linewidth=0.6, linestyle="--")
