@@ -79,6 +79,9 @@ def test_throughput_has_interval_whiskers_and_the_ideal_line_from_the_single_dev
     [ps] = [c for c in axis.containers if isinstance(c, ErrorbarContainer) and c.get_label() == "ps @ 1gbit"]
     rows = config(tables, "vgg11", "ps")
     assert whiskers(ps) == pytest.approx(ends(rows, "images_per_sec"))
+    [ablation] = [c for c in axis.containers if c.get_label() == "ps-sequential @ 1gbit"]
+    faces = [container.lines[0].get_markerfacecolor() for container in (ps, ablation)]
+    assert faces[1] == "white" != faces[0]  # the ablation's points are hollow, so a lone one is told apart
     plt.close("all")
 
 

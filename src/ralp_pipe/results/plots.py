@@ -78,9 +78,12 @@ def _log_scale(axis: Any, which: str, low: float, high: float) -> None:
 
 
 def _style(strategy: str) -> dict[str, Any]:
-    """One colour per strategy; its sequential ablation dashed in the same colour."""
+    """One colour per strategy; its sequential ablation dashed with hollow markers in the same colour
+    (a point of its own, at one N, is then still told apart)."""
     base = strategy.removesuffix(SEQUENTIAL_SUFFIX)
-    return {"color": COLOURS.get(base, "grey"), "linestyle": "--" if base != strategy else "-"}
+    colour, sequential = COLOURS.get(base, "grey"), base != strategy
+    face = "white" if sequential else colour
+    return {"color": colour, "linestyle": "--" if sequential else "-", "marker": "o", "markerfacecolor": face}
 
 
 def _errors(frame: pd.DataFrame, column: str) -> np.ndarray:
@@ -122,7 +125,6 @@ def throughput_vs_n(tables: Tables, path: Path) -> None:
                 line["gpus"],
                 line["images_per_sec"],
                 yerr=_errors(line, "images_per_sec"),
-                marker="o",
                 capsize=3,
                 label=f"{strategy} @ {network}",
                 **_style(strategy),
@@ -160,7 +162,6 @@ def scaling_efficiency(tables: Tables, path: Path) -> None:
                 line["gpus"],
                 line["efficiency"],
                 yerr=_errors(line, "efficiency"),
-                marker="o",
                 capsize=3,
                 label=f"{strategy} @ {network}",
                 **_style(strategy),
