@@ -203,3 +203,20 @@ def test_a_rate_on_a_slurm_network_is_refused_since_nothing_shapes_a_real_cluste
     with pytest.raises(ConfigError, match="network.rate='1gbit', but nothing shapes a SLURM cluster's network"):
         load(["cluster=slurm", "network=1gbit"])
     assert load(["cluster=emulated", "network=1gbit"]).network.rate == "1gbit"
+
+
+def _reference_images_per_sec(overrides: list[str]) -> float:
+    """Predicted allreduce images/sec at N=1 on a 4-core emulated host, from a CPU profile timed at 1 thread."""
+    profile = analytic_profile("resnet18", 1000, 32, [4], CPU_MACS, 1e9, MEMORY)
+    profile.update(device="cpu", hardware={"cpu_count": 4, "torch_threads": 1})
+    base = ["model=resnet18", "train.image_size=32", "train.batch_size=4", "cluster=emulated", "network=1gbit"]
+    cfg = load([*base, "experiment.gpus=[4]", "cluster.gpus=1", *overrides])
+    plan = build_plan(Profile.from_dict(profile, "analytic"), "analytic", cfg, [1]).to_dict()
+    return plan["strategies"]["allreduce"]["predicted_images_per_sec"]
+
+
+def test_the_single_device_reference_is_priced_at_the_threads_its_rank_gets() -> None:
+    """One rank of the experiment's largest run (ps at N=4: 5 ranks on 4 cores, 1 thread), as the run has it."""
+    own_share = _reference_images_per_sec([])
+    all_cores = _reference_images_per_sec(["train.cpu_share=1"])  # the whole host: 4 threads
+    assert all_cores / own_share == pytest.approx(4.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ralp_pipe.config import PS_PLACEMENTS, STRATEGIES
+from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGIES, Config, cluster_kind
 from ralp_pipe.config.schema import StrategyConfig
 
 WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
@@ -107,6 +107,21 @@ def of_strategy(strategy: StrategyConfig, gpus: int) -> Topology:
 def largest_world(gpus: int, num_ps: int = 1) -> int:
     """Ranks of the largest run any strategy makes at `gpus` (with `num_ps` servers): what a profile stands for."""
     return max(topology(s, gpus, num_ps).world_size for s in STRATEGIES)
+
+
+def cpu_share(cfg: Config, strategy: str, gpus: int) -> int | None:
+    """The ranks by which a rank of `strategy` at `gpus` divides this host's CPUs (``train.cpu_share``).
+
+    As configured; else, for the single-device reference (`allreduce` at N=1) on a cluster whose
+    ranks share this host's CPUs, one rank of the experiment's largest run, which is what the
+    profile times, so N x its throughput is what N such ranks would do with no communication;
+    else None (the run's own ranks on the host).
+    """
+    if cfg.train.cpu_share is not None:
+        return cfg.train.cpu_share
+    if (strategy, gpus) == REFERENCE and cluster_kind(cfg.cluster.kind).shares_host_cpus:
+        return largest_world(max(cfg.experiment.gpus), cfg.strategy.num_ps)
+    return None
 
 
 def assign_to_ps(sizes: list[int], num_ps: int) -> list[int]:

@@ -15,12 +15,13 @@ on SLURM the fabric is what the probe measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, Config, ConfigError, cluster_kind, load, workload
+from ralp_pipe.config import RALP_STRATEGIES, REFERENCE, STRATEGIES, Config, ConfigError, cluster_kind, load, workload
 from ralp_pipe.engine import models
-from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.topology import cpu_share, topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.planning.costmodel import (
@@ -76,17 +77,23 @@ def cluster_link(profile: Profile, cfg: Config, probe: LinkProbe | None = None) 
         raise ConfigError(f"{exc} (profile of {profile.model}, network.rate={cfg.network.rate})") from exc
 
 
-def shared_cpu(cfg: Config, profile: Profile) -> SharedCpu | None:
-    """The CPU every rank shares where a local or emulated run has no GPUs, else None (a device each)."""
+def shared_cpu(cfg: Config, profile: Profile, gpus: int) -> SharedCpu | None:
+    """The CPU every rank shares where a local or emulated run at `gpus` has no GPUs, else None (a device each).
+
+    A rank's threads follow its CPU share where one is set (:func:`ralp_pipe.engine.topology.cpu_share`:
+    the single-device reference gets one rank's of the largest run), else the cores split over the world.
+    """
     if profile.device != "cpu" or not cluster_kind(cfg.cluster.kind).shares_host_cpus:
         return None
     hw = profile.hardware or {}
     try:
-        return SharedCpu(cores=int(hw.get("cpu_affinity") or hw["cpu_count"]), profile_threads=int(hw["torch_threads"]))
+        cores, threads = int(hw.get("cpu_affinity") or hw["cpu_count"]), int(hw["torch_threads"])
     except KeyError as exc:
         raise DataError(
             f"CPU profile of {profile.model} lacks hardware.{exc.args[0]}: re-run `ralp-pipe profile`"
         ) from exc
+    share = cpu_share(cfg, REFERENCE[0], gpus)  # the strategies planned at N=1 run as the reference does
+    return SharedCpu(cores, threads, None if share is None else max(1, cores // share))
 
 
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
@@ -235,13 +242,13 @@ def build_plan(
         raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")
     costs = compute_costs(profile.to_dict())
     link = cluster_link(profile, cfg, probe)
-    shared = shared_cpu(cfg, profile)
     num_ps = cfg.strategy.num_ps
     volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
     pipelining = pipelining_of(cfg)
     colocated = cfg.strategy.ps_placement == "colocated"
+    shared = {n: shared_cpu(cfg, profile, n) for n in gpus}
     by_gpus = {
-        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared, pipelining, colocated)
+        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared[n], pipelining, colocated)
         for n in gpus
     }
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
@@ -254,7 +261,7 @@ def build_plan(
         bandwidth_source=link.source,
         latency_s=link.latency_s,
         allreduce_bytes_per_s=link.ring_bytes_per_s,
-        shared_cpu=None if shared is None else {"cores": shared.cores, "profile_threads": shared.profile_threads},
+        shared_cpu=None if shared[gpus[0]] is None else dataclasses.asdict(shared[gpus[0]]),
         profile=str(profile_path),
         link=None if probe_path is None else str(probe_path),
         recommended=best[0],

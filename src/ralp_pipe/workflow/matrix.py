@@ -36,13 +36,12 @@ from ralp_pipe.config import (
     Config,
     ConfigError,
     TrainConfig,
-    cluster_kind,
     digest,
     load,
     to_dict,
     validate,
 )
-from ralp_pipe.engine.topology import largest_world
+from ralp_pipe.engine.topology import cpu_share
 from ralp_pipe.results.layout import PATHS, RUN_ID, arm
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
@@ -86,9 +85,11 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "cluster.gpus",
         "cluster.device",
         "cluster.backend",
+        "experiment.gpus",  # the single-device reference's CPU share: one rank of the largest run
         "train.batch_size",
         "train.image_size",
         "train.amp",
+        "train.cpu_share",
     ),
     "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
 }
@@ -284,12 +285,9 @@ class Matrix:
     def _train_section(self, run: Run) -> TrainConfig:
         """The train section of `run`: its repeat, and for the reference on a cluster whose ranks share this
         host's CPUs, the torch threads of one rank of the experiment's largest run (what the profile times)."""
-        train = dataclasses.replace(self.base.train, repeat=run.repeat)
-        shares = cluster_kind(self.base.cluster.kind).shares_host_cpus
-        if (run.strategy, run.gpus) == REFERENCE and shares and train.cpu_share is None:
-            largest = largest_world(max(self.base.experiment.gpus), self.base.strategy.num_ps)
-            train = dataclasses.replace(train, cpu_share=largest)
-        return train
+        return dataclasses.replace(
+            self.base.train, repeat=run.repeat, cpu_share=cpu_share(self.base, run.strategy, run.gpus)
+        )
 
     def launcher_args(self) -> list[str]:
         """``cluster=slurm`` when the workflow runs under the slurm profile: every stage runs in SLURM jobs."""
