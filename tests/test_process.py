@@ -43,4 +43,6 @@ def test_a_forked_child_never_collects_the_objects_it_inherited_from_the_server(
     log = tmp_path / "child.log"
     assert _wait(start_forked(forked.frozen, (), log, PRELOAD)) == 0
     frozen = int(log.read_text().split()[1])
-    assert frozen > 100_000, log.read_text()  # torch's and the engine's objects, imported once by the server
+    # every object the server held: its imports (the first server of a process fixes them: the whole suite
+    # shares one) and the interpreter's own, at least thousands; none without the freeze
+    assert frozen > 1000, log.read_text()
