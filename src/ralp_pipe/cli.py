@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any, Callable, Iterator, Sequence
 
 from ralp_pipe.errors import Interrupted, RalpError
-from ralp_pipe.runtime.process import start_fork_server
+from ralp_pipe.runtime.process import exit_now, start_fork_server
 
 STAGES: dict[str, tuple[str, str]] = {
     "prepare-shards": ("ralp_pipe.data.shards", "turn an image collection into webdataset shards"),
@@ -153,16 +153,9 @@ def _report(stage: str, exc: RalpError) -> int:
 
 
 def run() -> None:
-    """The ``ralp-pipe`` command: :func:`main`, then exit without the interpreter's teardown.
-
-    Every stage has closed its files and its children by then; what the teardown would still do is
-    unload torch's and torchvision's modules, 0.8 s of CPU each time (a training job of the default
-    workflow lasts 10-20 s), so the output is flushed and the process ends at once.
-    """
-    status = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    """The ``ralp-pipe`` command: :func:`main`, then :func:`ralp_pipe.runtime.process.exit_now` (a training
+    job of the default workflow lasts 10-20 s, of which the interpreter's teardown would be 0.8 s)."""
+    exit_now(main())
 
 
 if __name__ == "__main__":

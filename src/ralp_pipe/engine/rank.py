@@ -38,6 +38,7 @@ from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import hardware
 from ralp_pipe.runtime.launch import PythonMain, RankEnv, init_group
+from ralp_pipe.runtime.process import exit_now
 
 BACKEND_ENV, DEVICE_ENV = "RALP_PIPE_BACKEND", "RALP_PIPE_DEVICE"
 FAIL_RANK, FAIL_STEP, FAIL_MODE = "RALP_PIPE_FAIL_RANK", "RALP_PIPE_FAIL_STEP", "RALP_PIPE_FAIL_MODE"
@@ -208,11 +209,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # an srun task; a forked rank ends in multiprocessing's os._exit
-    status = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Ended as a forked rank ends, without the interpreter's teardown: its C++ destructors (gloo's
-    # threads, DDP's reducer after its group was destroyed) aborted a finished srun rank once
-    # ("terminate called without an active exception"), failing a run whose records were complete.
-    os._exit(status)
+if __name__ == "__main__":  # an srun task, ended as a forked rank ends
+    exit_now(main(sys.argv[1:]))

@@ -201,11 +201,11 @@ class SharedCpu:
 
     cores: int
     profile_threads: int
-    threads_per_rank: int | None = None  # None: the cores split evenly over the world
+    share: int | None = None  # ranks the cores are divided by (train.cpu_share); None: the world
 
     def slowdown(self, concurrent: int, world_size: int) -> float:
         """Time factor against the profile for `concurrent` ranks computing at once."""
-        per_rank = self.threads_per_rank or max(1, self.cores // world_size)
+        per_rank = max(1, self.cores // (self.share or world_size))
         return self.profile_threads / min(per_rank, self.cores / concurrent)
 
 

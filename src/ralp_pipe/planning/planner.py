@@ -92,8 +92,7 @@ def shared_cpu(cfg: Config, profile: Profile, gpus: int) -> SharedCpu | None:
         raise DataError(
             f"CPU profile of {profile.model} lacks hardware.{exc.args[0]}: re-run `ralp-pipe profile`"
         ) from exc
-    share = cpu_share(cfg, REFERENCE[0], gpus)  # the strategies planned at N=1 run as the reference does
-    return SharedCpu(cores, threads, None if share is None else max(1, cores // share))
+    return SharedCpu(cores, threads, cpu_share(cfg, REFERENCE[0], gpus))  # planned at N=1: as the reference runs
 
 
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:

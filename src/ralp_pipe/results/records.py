@@ -221,7 +221,7 @@ class Plan(Record):
     bandwidth_source: str | None = None
     latency_s: float | None = None
     allreduce_bytes_per_s: float | None = None
-    shared_cpu: dict[str, int | None] | None = None  # cores, profile_threads, threads_per_rank (None: cores / world)
+    shared_cpu: dict[str, int | None] | None = None  # cores, profile_threads, share (None: the world)
     profile: str | None = None
     link: str | None = None  # the link record the plan priced transfers with; None: the profile's own link
     recommended: str | None = None
