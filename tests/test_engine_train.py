@@ -151,5 +151,6 @@ def test_single_device_run_has_no_communication_and_rank_0_logs_its_progress(tmp
     assert (metrics["workers"], metrics["world_size"], metrics["gb_per_step"]["total"]) == (1, 1, 0.0)
     # the rank's own torch threads (not the driver's): this host's CPUs split over train.cpu_share ranks
     assert metrics["hardware"]["torch_threads"] == hardware.threads_per_rank(2)
+    assert metrics["hardware"]["malloc_keeps_freed"]  # as the profile times compute
     steps = pd.read_parquet(out / "steps.parquet")
     assert (steps["comm_wait_s"] == 0).all()  # no DDP, no reduction: nothing to wait for

@@ -140,4 +140,5 @@ def test_profile_cli_writes_one_json_with_hardware_and_the_emulated_link(tmp_pat
     assert 0.5e8 < measured["bytes_per_s"] < 2e8 and 0.3e8 < measured["allreduce_bus_bytes_per_s"] < 2e8
     assert doc["link"]["configured_rate"] == "1gbit" and doc["link"]["configured_bytes_per_s"] == 1.25e8
     assert doc["hardware"]["torch_threads"] == hardware.threads_per_rank(3)  # ps at N=2: 2 workers + 1 PS
+    assert doc["hardware"]["malloc_keeps_freed"]  # compute timed with the allocator training ranks use
     assert [p.name for p in out.parent.iterdir()] == ["resnet18.json"]

@@ -54,6 +54,7 @@ class RankResult(TypedDict):
     wire: dict[str, Any] | None  # per-host link counters over the window (emulated cluster, SLURM nodes)
     hosts: list[str]  # host name of every rank's machine or node
     threads: list[int]  # torch threads of every rank
+    keeps_freed: list[bool]  # whether every rank's allocator reuses freed memory (hardware.keep_freed_memory)
     peak_rss_mb: list[float]  # peak resident memory of every rank's process
 
 
@@ -119,6 +120,7 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
 
 def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: int | None) -> RankResult | None:
     """Train with the driver's `split`; rank 0 returns every rank's records and the window, the others None."""
+    keeps_freed = hardware.keep_freed_memory()
     sharing = cfg.train.cpu_share or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     torch.set_num_threads(hardware.threads_per_rank(sharing))
     device = torch.device("cpu")
@@ -177,7 +179,15 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
                 progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()
         gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
-        mine = (rows, wire_start, wire_end, socket.gethostname(), torch.get_num_threads(), hardware.peak_rss_mb())
+        mine = (
+            rows,
+            wire_start,
+            wire_end,
+            socket.gethostname(),
+            torch.get_num_threads(),
+            hardware.peak_rss_mb(),
+            keeps_freed,
+        )
         dist.gather_object(mine, gathered, dst=0)
     finally:
         dist.destroy_process_group()
@@ -192,6 +202,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         hosts=[g[3] for g in gathered],
         threads=[g[4] for g in gathered],
         peak_rss_mb=[g[5] for g in gathered],
+        keeps_freed=[g[6] for g in gathered],
     )
 
 

@@ -148,7 +148,12 @@ def build_metrics(
         device=result["device"],
         backend=result["backend"],
         loader=t.loader,
-        hardware={**hardware.describe(), "torch_threads": min(result["threads"])},  # the ranks', not this driver's
+        # the ranks' threads and allocator, not this driver's
+        hardware={
+            **hardware.describe(),
+            "torch_threads": min(result["threads"]),
+            "malloc_keeps_freed": all(result["keeps_freed"]),
+        },
         versions=hardware.versions(),
         git_revision=hardware.git_revision(),
         config_hash=digest(config),

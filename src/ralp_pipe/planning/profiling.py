@@ -336,6 +336,7 @@ def _bandwidth_rank(
 
     import torch.distributed as dist
 
+    hardware.keep_freed_memory()  # as training ranks run
     dist.init_process_group(
         backend, init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=timeout_s)
     )
@@ -576,6 +577,7 @@ def main(args: argparse.Namespace) -> int:
             f"link {probe.network} ({measured.get('network')}): {measured['bytes_per_s'] / 1e9:.3g} GB/s -> {args.out}"
         )
         return 0
+    hardware.keep_freed_memory()  # as training ranks run
     largest = max(args.gpus) if args.gpus else None
     threads, previous = args.threads or rank_threads(cfg, largest), torch.get_num_threads()
     torch.set_num_threads(threads or previous)

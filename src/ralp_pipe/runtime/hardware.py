@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 import resource
@@ -12,6 +14,11 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+
+# mallopt(3) parameters: never serve an allocation by mmap; give the heap's free top back only past 1 GiB
+_M_MMAP_MAX, _M_TRIM_THRESHOLD = -4, -1
+_TRIM_THRESHOLD_BYTES = 1 << 30
+_keeps_freed_memory = False
 
 PACKAGES = ("torch", "torchvision", "nvidia-dali-cuda130", "numpy", "pandas", "hydra-core", "snakemake")
 
@@ -42,7 +49,25 @@ def describe() -> dict[str, object]:
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 2),
         "gpus": gpus,
         "platform": platform.platform(),
+        "malloc_keeps_freed": _keeps_freed_memory,
     }
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for the next allocation; False where the C library has no mallopt.
+
+    A training step frees and allocates the same large tensors again (gradients, activations).
+    By default glibc serves each large block by a fresh mmap and unmaps it when freed, so every
+    step faults in and zeroes new pages: on one thread that was a third to a half of ResNet-18's
+    and AlexNet's forward+backward here, and how much depended on what the process had freed
+    before (a profile and a run of the same model disagreed by 1.7x). GPU allocators cache
+    freed blocks, and so does the heap this sets up; every process that times or trains calls it.
+    """
+    global _keeps_freed_memory
+    mallopt = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt", None)
+    if mallopt is not None:
+        _keeps_freed_memory = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
+    return _keeps_freed_memory
 
 
 def usable_cores() -> int:
