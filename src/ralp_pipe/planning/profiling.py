@@ -5,15 +5,18 @@
 hardware; the workflow profiles compute alone (``--no-bandwidth``) once for every N of the
 experiment (``--gpus``) and probes each network once (``--link-only``, a
 :class:`~ralp_pipe.results.records.LinkProbe`), and the planner combines the two. For every
-placement unit it records forward and backward time (median of
-`repeats` after `warmup` runs, each unit timed in isolation on an input of the right shape)
+placement unit it records forward and backward time (the fastest of `repeats` after `warmup`
+runs, each unit timed in isolation on an input of the right shape: a slower repeat here is the
+host's or the allocator's interference, e.g. a large gradient's pages faulted in afresh when the
+profile's heap could not reuse freed memory, which a training rank's steady loop does not see)
 at the per-worker batch and at the PS device's concatenated batches (ralp_n and ralp_h at
 each N of ``--gpus``, default `cluster.gpus`), parameter bytes, output activation bytes and peak memory. Peak memory is
 ``torch.cuda.max_memory_allocated`` during the unit's forward+backward on GPU; on CPU it is
 the bytes of parameters + gradients + input + output + every tensor autograd saves for the
 backward pass (counted with ``saved_tensors_hooks``). It also records the SGD update and
 gradient-aggregation cost per parameter byte, the hardware, and the point-to-point bandwidth
-between two ranks (gloo). The probe runs where training's ranks talk: two processes of this host
+between two ranks (gloo: the bytes over the time of ``--bandwidth-repeats`` messages each way,
+the directions taking turns, and the slower direction's rate) and their all-reduce. The probe runs where training's ranks talk: two processes of this host
 (local), two hosts of an emulated network shaped like `network.rate` (emulated), or two tasks
 on two nodes of the job's allocation over the fabric's `network.interface` (slurm).
 """
@@ -62,11 +65,11 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _median_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
-    """Median wall time of `repeats` calls of `fn` after `warmup` untimed calls."""
+def _fastest_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
+    """Fastest wall time of `repeats` calls of `fn` after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
-    return statistics.median(_timed(fn, device) for _ in range(repeats))
+    return min(_timed(fn, device) for _ in range(repeats))
 
 
 def _tensor_bytes(tensors: Any) -> int:
@@ -76,7 +79,7 @@ def _tensor_bytes(tensors: Any) -> int:
 def profile_unit(
     unit: models.Unit, input_shape: Sequence[int], device: torch.device, warmup: int, repeats: int, input_grad: bool
 ) -> dict[str, Any]:
-    """Forward/backward median time, sample spread and peak memory of one unit on a random input."""
+    """Forward/backward time (fastest repeat), every sample and peak memory of one unit on a random input."""
     module = unit.module.to(device).train()
     x = torch.randn(*input_shape, device=device, requires_grad=input_grad)
     params = [p for p in module.parameters() if p.requires_grad]
@@ -102,8 +105,8 @@ def profile_unit(
         fwd_times.append(_timed(forward, device))
         bwd_times.append(_timed(backward, device))
     return {
-        "fwd_s": statistics.median(fwd_times),
-        "bwd_s": statistics.median(bwd_times),
+        "fwd_s": min(fwd_times),
+        "bwd_s": min(bwd_times),
         "fwd_samples_s": fwd_times,
         "bwd_samples_s": bwd_times,
         "peak_memory_bytes": _peak_memory(module, x, params, device),
@@ -143,8 +146,8 @@ def profile_update(model: nn.Module, warmup: int, repeats: int, optim: Optim) ->
     for buf in flat.inbox:
         buf.normal_()
     device, nbytes = flat.flat.device, _tensor_bytes(params)
-    aggregate_s = _median_time(flat.reduce, device, warmup, repeats)
-    update_s = _median_time(flat.update, device, warmup, repeats)
+    aggregate_s = _fastest_time(flat.reduce, device, warmup, repeats)
+    update_s = _fastest_time(flat.update, device, warmup, repeats)
     return {
         "param_bytes": nbytes,
         "update_s": update_s,
@@ -331,7 +334,7 @@ def measure_bandwidth(
 def _bandwidth_rank(
     rank: int, init: str, backend: str, message_bytes: int, repeats: int, timeout_s: float
 ) -> dict[str, Any] | None:
-    """One rank of the probe: timed send + 1-element acknowledgement in both directions, then all-reduces."""
+    """One rank of the probe: timed sends + 1-element acknowledgements in both directions, then all-reduces."""
     import datetime
 
     import torch.distributed as dist
@@ -360,15 +363,19 @@ def _bandwidth_rank(
         dist.all_reduce(message)
         return time.perf_counter() - start
 
-    directions: dict[str, float] = {}
-    latency: list[float] = []
     for sender in (0, 1):
         round_trip(sender, message)
-        samples = [round_trip(sender, message) for _ in range(repeats)]
-        latency += [round_trip(sender, torch.ones(1)) / 2 for _ in range(repeats)]
-        directions[f"{sender}->{1 - sender}"] = message_bytes / statistics.median(samples)
+    # Directions take turns, so drift of the host hits both alike. On this host's loopback single
+    # 16 MiB messages ranged 2-5 GB/s with no pattern: a rate is all its messages' bytes over their
+    # time (as iperf reports), never one message's or a median of few.
+    seconds: dict[int, float] = {0: 0.0, 1: 0.0}
+    for _ in range(repeats):
+        for sender in (0, 1):
+            seconds[sender] += round_trip(sender, message)
+    latency = [round_trip(sender, torch.ones(1)) / 2 for _ in range(repeats) for sender in (0, 1)]
+    directions = {f"{s}->{1 - s}": message_bytes * repeats / seconds[s] for s in (0, 1)}
     all_reduce()
-    all_reduce_s = statistics.median(all_reduce() for _ in range(repeats))
+    all_reduce_s = sum(all_reduce() for _ in range(repeats)) / repeats
     dist.barrier()
     dist.destroy_process_group()
     if rank != 0:
@@ -419,10 +426,10 @@ def rank_threads(cfg: Any, gpus: int | None = None) -> int | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe profile`."""
     parser.add_argument("--out", required=True, type=Path, help="profile JSON file to write")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per unit and batch (median)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per unit and batch (fastest)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per unit and batch")
     parser.add_argument("--message-mb", type=float, default=64.0, help="bandwidth probe message size (MiB)")
-    parser.add_argument("--bandwidth-repeats", type=int, default=3, help="timed messages per direction")
+    parser.add_argument("--bandwidth-repeats", type=int, default=8, help="timed messages per direction")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the two-rank bandwidth probe")
     parser.add_argument(
         "--link-only", action="store_true", help="only probe the link: write a link record, no compute profile"
