@@ -16,9 +16,10 @@ the bytes of parameters + gradients + input + output + every tensor autograd sav
 backward pass (counted with ``saved_tensors_hooks``). It also records the SGD update and
 gradient-aggregation cost per parameter byte, the hardware, and the point-to-point bandwidth
 between two ranks (gloo: the bytes over the time of ``--bandwidth-repeats`` messages each way,
-the directions taking turns, and the slower direction's rate) and their all-reduce. The probe runs where training's ranks talk: two processes of this host
-(local), two hosts of an emulated network shaped like `network.rate` (emulated), or two tasks
-on two nodes of the job's allocation over the fabric's `network.interface` (slurm).
+the directions taking turns; the slower direction's rate) and their all-reduce. The probe
+runs where training's ranks talk: two processes of this host (local), two hosts of an
+emulated network shaped like `network.rate` (emulated), or two tasks on two nodes of the
+job's allocation over the fabric's `network.interface` (slurm).
 """
 
 from __future__ import annotations
@@ -570,6 +571,7 @@ def build_profile(
 
 def main(args: argparse.Namespace) -> int:
     """Profile the configured model on this machine and write the JSON file."""
+    hardware.keep_freed_memory()  # as training ranks run (the probe's ranks call it themselves)
     cfg = load(args.overrides)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads} must be at least 1")
@@ -584,7 +586,6 @@ def main(args: argparse.Namespace) -> int:
             f"link {probe.network} ({measured.get('network')}): {measured['bytes_per_s'] / 1e9:.3g} GB/s -> {args.out}"
         )
         return 0
-    hardware.keep_freed_memory()  # as training ranks run
     largest = max(args.gpus) if args.gpus else None
     threads, previous = args.threads or rank_threads(cfg, largest), torch.get_num_threads()
     torch.set_num_threads(threads or previous)
