@@ -179,15 +179,15 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
                 progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()
         gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
-        mine = (
-            rows,
-            wire_start,
-            wire_end,
-            socket.gethostname(),
-            torch.get_num_threads(),
-            hardware.peak_rss_mb(),
-            keeps_freed,
-        )
+        mine = {
+            "rows": rows,
+            "wire_start": wire_start,
+            "wire_end": wire_end,
+            "host": socket.gethostname(),
+            "threads": torch.get_num_threads(),
+            "peak_rss_mb": hardware.peak_rss_mb(),
+            "keeps_freed": keeps_freed,
+        }
         dist.gather_object(mine, gathered, dst=0)
     finally:
         dist.destroy_process_group()
@@ -197,12 +197,12 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
         window_s=end - start,
         device=str(device),
         backend=backend,
-        rows=[row for rank_rows, *_ in gathered for row in rank_rows],
-        wire=_wire_gb([g[1] for g in gathered], [g[2] for g in gathered], t.measure_steps),
-        hosts=[g[3] for g in gathered],
-        threads=[g[4] for g in gathered],
-        peak_rss_mb=[g[5] for g in gathered],
-        keeps_freed=[g[6] for g in gathered],
+        rows=[row for g in gathered for row in g["rows"]],
+        wire=_wire_gb([g["wire_start"] for g in gathered], [g["wire_end"] for g in gathered], t.measure_steps),
+        hosts=[g["host"] for g in gathered],
+        threads=[g["threads"] for g in gathered],
+        peak_rss_mb=[g["peak_rss_mb"] for g in gathered],
+        keeps_freed=[g["keeps_freed"] for g in gathered],
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 import resource
@@ -64,7 +63,7 @@ def keep_freed_memory() -> bool:
     freed blocks, and so does the heap this sets up; every process that times or trains calls it.
     """
     global _keeps_freed_memory
-    mallopt = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt", None)
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the C library this process runs on
     if mallopt is not None:
         _keeps_freed_memory = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
     return _keeps_freed_memory
