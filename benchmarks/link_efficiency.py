@@ -10,7 +10,11 @@ kernel's interface counters over the measured window, so wire bytes) over the li
 measured by a probe on the same emulated network (one TCP stream, host 0 to host 1), or the
 workers' compute when that is longer (everything else overlapped). The sequential `ps` step by
 design overlaps nothing: its bound is both directions of the busiest link one after the other
-plus the compute. For RALP the compute term is the longer of the workers' and the PS device's
+plus the compute. An `allreduce` step (DDP, as Horovod) overlaps only backward: its forward
+waits for the last step's update, and its update for the last bucket's reduction; so its bound
+adds forward and update to the link's time, as a profile of the model on this host times them
+at the run's batch and threads, priced for 4 workers sharing the host's cores as the planner
+prices them (:class:`ralp_pipe.planning.costmodel.SharedCpu`). For RALP the compute term is the longer of the workers' and the PS device's
 (a loose bound: its step is a chain of lower forward, activations up, upper layers, gradients
 down, lower backward, which overlaps far less). Compute is a rank's step time less its
 communication and data waits, the median over measured steps of the slowest rank of a role, so
@@ -30,12 +34,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
+from ralp_pipe.config.compose import load
 from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.planning.costmodel import SharedCpu, compute_costs
+from ralp_pipe.planning.profiling import profile_model
+from ralp_pipe.runtime import hardware
 from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
-from runs import emulated_recipe, measured_steps, train  # noqa: E402
+from runs import BATCH_SIZE, IMAGE_SIZE, WORKERS, emulated_recipe, measured_steps, train  # noqa: E402
 from support.emulated_hosts import measure_link_rate  # noqa: E402
 
 RATE = "1gbit"
@@ -61,8 +71,24 @@ def probe_wire_bytes_per_s(rate: str, seconds: float = 3.0) -> tuple[float, floa
     return payload, payload * wire / nbytes
 
 
-def bound_s(row: str, metrics: dict, out: Path, wire_rate: float) -> tuple[float, float, float]:
-    """(bound, busiest-direction GB, compute) of one run, per step (see the module doc)."""
+def serial_compute_s(model: str) -> float:
+    """Seconds of an `allreduce` worker's step that no all-reduce overlaps: forward and SGD update.
+
+    Profiled here at the runs' batch with a rank's threads, then slowed as the planner slows
+    `WORKERS` ranks computing at once on this host's cores.
+    """
+    dataset = load([f"dataset={MODELS[model]}"]).dataset
+    threads = hardware.threads_per_rank(WORKERS)
+    torch.set_num_threads(threads)
+    hardware.keep_freed_memory()
+    costs = compute_costs(profile_model(model, dataset.num_classes, IMAGE_SIZE, [BATCH_SIZE], torch.device("cpu")))
+    slowdown = SharedCpu(hardware.usable_cores(), threads).slowdown(WORKERS, WORKERS)
+    return (costs.fwd(slice(None), BATCH_SIZE) + costs.param_bytes * costs.update_s_per_byte) * slowdown
+
+
+def bound_s(row: str, metrics: dict, out: Path, wire_rate: float, serial_s: float) -> tuple[float, float, float]:
+    """(bound, busiest-direction GB, compute) of one run, per step (see the module doc); `serial_s`:
+    :func:`serial_compute_s` of its model."""
     links = metrics["wire_per_host"].values()
     busiest = max(max(link["tx"], link["rx"]) for link in links) * 1e9
     both = max(link["tx"] + link["rx"] for link in links) * 1e9
@@ -72,7 +98,8 @@ def bound_s(row: str, metrics: dict, out: Path, wire_rate: float) -> tuple[float
     if row == "ps sequential":
         return both / wire_rate + worker, busiest / 1e9, worker
     compute = max(worker, float(per_step["ps_device"].median())) if "ps_device" in per_step else worker
-    return max(busiest / wire_rate, compute), busiest / 1e9, compute
+    link_s = busiest / wire_rate + (serial_s if row == "allreduce" else 0.0)
+    return max(link_s, compute), busiest / 1e9, compute
 
 
 def peak_memory(metrics: dict) -> str:
@@ -109,6 +136,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ralp-efficiency-") as tmp:
         root = args.out or Path(tmp)
         for model in args.models:
+            serial_s = serial_compute_s(model) if "allreduce" in args.rows else 0.0
+            if serial_s:
+                print(f"{model}: allreduce forward + update, profiled and shared by {WORKERS} ranks: {serial_s:.2f} s")
             print(header)
             speeds: dict[str, float] = {}
             for row in args.rows:
@@ -120,7 +150,7 @@ def main() -> int:
                     print(f"{model:<9} {row:<15} FAILED (exit {exc.returncode}; its log is in {out})")
                     ok = False
                     continue
-                bound, busiest, compute = bound_s(row, metrics, out, wire_rate)
+                bound, busiest, compute = bound_s(row, metrics, out, wire_rate, serial_s)
                 step, efficiency = float(metrics["step_time_s"]), bound / float(metrics["step_time_s"])
                 speeds[row] = float(metrics["images_per_sec"])
                 target = TARGETS.get((model, row)) if args.rate == RATE else None

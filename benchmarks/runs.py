@@ -10,6 +10,8 @@ from typing import Any
 
 import pandas as pd
 
+WORKERS, BATCH_SIZE, IMAGE_SIZE = 4, 4, 32  # the emulated benchmarks' N, per-worker batch and image side
+
 
 def emulated_recipe(rate: str, steps: int) -> list[str]:
     """Overrides of the benchmarks' runs: N=4 on the emulated cluster at `rate`, 1 warm-up + `steps` measured,
@@ -17,9 +19,9 @@ def emulated_recipe(rate: str, steps: int) -> list[str]:
     return [
         "cluster=emulated",
         f"network={rate}",
-        "cluster.gpus=4",
-        "train.batch_size=4",
-        "train.image_size=32",
+        f"cluster.gpus={WORKERS}",
+        f"train.batch_size={BATCH_SIZE}",
+        f"train.image_size={IMAGE_SIZE}",
         "train.warmup_steps=1",
         f"train.measure_steps={steps}",
         "train.loader=synthetic",
