@@ -121,6 +121,17 @@ def test_out_that_is_or_lies_below_a_file_is_refused_before_the_ranks_start(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], "a staging folder was made"
 
 
+@pytest.mark.parametrize("loader", ["dali", "torchvision"])
+def test_a_shard_loader_without_prepared_shards_is_refused_before_the_ranks_start(tmp_path: Path, loader: str) -> None:
+    results = tmp_path / "results"
+    proc = _train(tmp_path / "run", f"train.loader={loader}", f"paths.results={results}")
+    assert proc.returncode == 2, proc.stderr
+    line = _one_line(proc.stderr, "configuration error")
+    assert f"no manifest.json in {results}/data/synthetic1k" in line and "ralp-pipe prepare-shards" in line, line
+    assert "rank" not in line, "ranks were started to find the shards missing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "a staging folder was made"
+
+
 # --- 2: full and read-only disks: one line naming the path and errno, nothing half-written -----------------------------
 
 

@@ -48,7 +48,7 @@ def make_loader(
         return _synthetic(batch_size, image_size, num_classes, rank, seed, torch.device(device))
     if shards_dir is None:
         raise ConfigError(f"the {kind} loader reads shards: pass the folder made by `ralp-pipe prepare-shards`")
-    shards = _shard_files(Path(shards_dir), num_classes)
+    shards = shard_files(Path(shards_dir), num_classes)
     if kind == "dali":
         return _dali(shards, batch_size, image_size, rank, world_size, threads, seed, device, shuffle)
     return _torchvision(shards, batch_size, image_size, rank, world_size, threads, seed, device, shuffle)
@@ -59,8 +59,9 @@ def rank_range(total: int, rank: int, world_size: int) -> range:
     return range(total * rank // world_size, total * (rank + 1) // world_size)
 
 
-def _shard_files(shards_dir: Path, num_classes: int) -> list[tuple[Path, Path]]:
-    """(tar, index) paths of the prepared shards, checking their labels fit `num_classes`."""
+def shard_files(shards_dir: Path, num_classes: int) -> list[tuple[Path, Path]]:
+    """(tar, index) paths of the prepared shards, checking their labels fit `num_classes`; ConfigError naming
+    the folder where they are missing or do not fit."""
     manifest = read_manifest(shards_dir)
     if manifest["classes_found"] > num_classes:
         raise ConfigError(
