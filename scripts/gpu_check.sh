@@ -4,28 +4,35 @@
 # with "mixed" (GPU) decoding from shards this script prepares, and `ralp-pipe profile` on
 # CUDA. Prints every figure; one more NCCL pair where the machine has >= 2 GPUs.
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (under 5 minutes on a current GPU; needs a CUDA build of torch)
+# GPU_CHECK_DEVICE=cpu runs the same script on the CPU: a check of its plumbing where no GPU is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 OUT="${1:-results/gpu_check}"
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 mkdir -p "$OUT"
-"$PY" - <<'PYEOF'
+"$PY" - "$DEVICE" <<'PYEOF'
 import sys, torch
-if not torch.cuda.is_available():
+if sys.argv[1] == "cpu":
+    print(f"torch {torch.__version__}: plumbing check on the CPU (GPU_CHECK_DEVICE=cpu), no GPU path runs")
+elif not torch.cuda.is_available():
     sys.exit("gpu_check: no CUDA device visible to torch; nothing to check")
-print(f"torch {torch.__version__} CUDA {torch.version.cuda}: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+else:
+    print(f"torch {torch.__version__} CUDA {torch.version.cuda}: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
 PYEOF
-COMMON=(model=resnet18 train.batch_size=32 train.image_size=64 train.warmup_steps=2 train.measure_steps=5
-        cluster.device=cuda cluster.timeout_s=240 cluster.init_timeout_s=60 "paths.results=$OUT/results")
+COMMON=(model=resnet18 train.batch_size=32 train.image_size=64 train.warmup_steps=2 train.measure_steps=5 train.loader=synthetic
+        "cluster.device=$DEVICE" cluster.timeout_s=240 cluster.init_timeout_s=60 "paths.results=$OUT/results")
 run() {  # name, overrides...
   local name=$1; shift
   timeout 300 "$PY" -m ralp_pipe.cli train --out "$OUT/$name" "${COMMON[@]}" "$@"
   "$PY" - "$OUT/$name/metrics.json" "$name" <<'PYEOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
-gb, an = m["gb_per_step"]["total"], m["analytic_gb_per_step"]["total"]
+gb, an = m["gb_per_step"], m["analytic_gb_per_step"]
+equal = all(gb[k] == an[k] for k in an if k != "total")  # per category: the total is a float sum
 print(f"  {sys.argv[2]:<22} {m['backend']:<5} {m['device']:<7} {m['images_per_sec']:9.1f} img/s  "
-      f"step {m['step_time_s'] * 1e3:7.1f} ms  {gb:.4f} GB/step (analytic {an:.4f}, equal={gb == an})")
+      f"step {m['step_time_s'] * 1e3:7.1f} ms  {gb['total']:.4f} GB/step (analytic {an['total']:.4f}, "
+      f"every category equal: {equal})")
 PYEOF
 }
 for strategy in ps allreduce ralp_h ralp_n; do
@@ -37,17 +44,19 @@ run amp_allreduce strategy=allreduce cluster.gpus=2 cluster.backend=gloo train.a
 run amp_ralp_n strategy=ralp_n cluster.gpus=2 cluster.backend=gloo train.amp=true
 "$PY" -m ralp_pipe.cli prepare-shards --no-progress dataset=synthetic1k "paths.results=$OUT/results"
 run dali_mixed_ps strategy=ps cluster.gpus=2 cluster.backend=gloo dataset=synthetic1k train.loader=dali
-timeout 300 "$PY" -m ralp_pipe.cli profile --out "$OUT/profile-cuda.json" --repeats 3 model=resnet18 \
-  train.batch_size=32 train.image_size=64 cluster.device=cuda cluster.gpus=2
-"$PY" - "$OUT/profile-cuda.json" <<'PYEOF'
+timeout 300 "$PY" -m ralp_pipe.cli profile --out "$OUT/profile-$DEVICE.json" --repeats 3 model=resnet18 \
+  train.batch_size=32 train.image_size=64 "cluster.device=$DEVICE" cluster.gpus=2
+"$PY" - "$OUT/profile-$DEVICE.json" <<'PYEOF'
 import json, sys
 p = json.load(open(sys.argv[1]))
-units = p["units"]
+units, update = p["units"], p["update"]
 print(f"  profile on {p['device']}: {len(units)} units, training backend {p.get('training_backend')}, "
-      f"link {((p['link'] or {}).get('measured') or {}).get('bytes_per_s', 0) / 1e9:.2f} GB/s")
+      f"link {((p['link'] or {}).get('measured') or {}).get('bytes_per_s', 0) / 1e9:.2f} GB/s, "
+      f"SGD update {update['update_s'] * 1e3:.2f} ms, aggregation {update['aggregate_s'] * 1e3:.2f} ms")
+print(f"    {'unit':<16} " + "  ".join(f"batch {b:>3}: fwd/bwd ms" for b in units[0]["by_batch"]))
 for u in units:
-    times = {k: v for k, v in u.items() if k.endswith("_s") or k.startswith("fwd") or k.startswith("bwd")}
-    print(f"    {u['name']:<16} {json.dumps(times)[:150]}")
+    cells = (f"{t['fwd_s'] * 1e3:9.3f} /{t['bwd_s'] * 1e3:8.3f}" for t in u["by_batch"].values())
+    print(f"    {u['name']:<16} " + "  ".join(cells))
 PYEOF
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   run nccl_allreduce strategy=allreduce cluster.gpus=2 cluster.backend=nccl

@@ -1,0 +1,42 @@
+"""`scripts/gpu_check.sh` end to end on the CPU (GPU_CHECK_DEVICE=cpu): every run it makes on a lent GPU,
+with the same overrides, so a GPU session is not spent finding a broken script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = [
+    "ps",
+    "ps_sequential",
+    "allreduce",
+    "ralp_h",
+    "ralp_h_sequential",
+    "ralp_n",
+    "ralp_n_sequential",
+    "ps_colocated",
+    "amp_allreduce",
+    "amp_ralp_n",
+    "dali_mixed_ps",
+]
+
+
+def test_the_gpu_check_script_runs_every_check_on_the_cpu(tmp_path: Path) -> None:
+    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if "GB/step" in line and "img/s" in line}
+    assert sorted(rows) == sorted(RUNS), proc.stdout
+    for line in rows.values():
+        assert " cpu " in line and "every category equal: True" in line, line
+    assert "profile on cpu: 12 units" in proc.stdout, proc.stdout
+    assert proc.stdout.rstrip().endswith(f"gpu_check: all runs finished; metrics under {tmp_path}")
