@@ -211,7 +211,7 @@ def test_a_thousand_local_ranks_are_refused_with_the_hosts_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(train, "launch_local", _no_launch)  # should the check fail, no thousand processes start
-    cfg = load(["cluster=local", "model=resnet18", "cluster.gpus=1000"])
+    cfg = load(["cluster=local", "model=resnet18", "cluster.gpus=1000", "train.loader=synthetic"])
     with pytest.raises(ConfigError) as refused:
         train.run(cfg, tmp_path / "run")
     message = str(refused.value)
@@ -231,7 +231,9 @@ def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
     monkeypatch.setattr(hardware, "usable_cores", lambda: 64)
     monkeypatch.setattr(hardware, "usable_memory_bytes", lambda: 8_000_000_000)
     monkeypatch.setattr(train, "launch_local", _no_launch)
-    cfg = load(["cluster=local", "model=vgg16", "strategy=allreduce", "cluster.gpus=4"])  # 553 MB of parameters
+    cfg = load(
+        ["cluster=local", "model=vgg16", "strategy=allreduce", "cluster.gpus=4", "train.loader=synthetic"]
+    )  # 553 MB of parameters
     with pytest.raises(ConfigError, match=r"8.0 GB / 2.16 GB a rank = 3, a rank taking 0.5 GB \+ 3 x 0.55 GB of vgg16"):
         train.run(cfg, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
@@ -240,7 +242,7 @@ def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
 def test_slurm_ranks_are_not_bounded_by_this_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hardware, "usable_cores", lambda: 1)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    cfg = load(["cluster=slurm", "model=resnet18", "cluster.gpus=1000"])
+    cfg = load(["cluster=slurm", "model=resnet18", "cluster.gpus=1000", "train.loader=synthetic"])
     with pytest.raises(RunFailure, match="outside a SLURM allocation"):  # got past the host check, to srun
         train.run(cfg, tmp_path / "run")
 
