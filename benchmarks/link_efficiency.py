@@ -14,9 +14,9 @@ plus the compute. An `allreduce` step (DDP, as Horovod) overlaps only backward: 
 waits for the last step's update, and its update for the last bucket's reduction; so its bound
 adds forward and update to the link's time, as a profile of the model on this host times them
 at the run's batch and threads, priced for 4 workers sharing the host's cores as the planner
-prices them (:class:`ralp_pipe.planning.costmodel.SharedCpu`). For RALP the compute term is the longer of the workers' and the PS device's
-(a loose bound: its step is a chain of lower forward, activations up, upper layers, gradients
-down, lower backward, which overlaps far less). Compute is a rank's step time less its
+prices them (:class:`ralp_pipe.planning.costmodel.SharedCpu`). For RALP the compute term is the
+longer of the workers' and the PS device's (a loose bound: its step is a chain of lower
+forward, activations up, upper layers, gradients down, lower backward, which overlaps far less). Compute is a rank's step time less its
 communication and data waits, the median over measured steps of the slowest rank of a role, so
 a compute-bound row sits near 1 by construction. Efficiency = bound / measured step time.
 

@@ -1,7 +1,8 @@
 """`ralp-pipe train --out DIR <overrides>`: one distributed training measurement.
 
-The command (the *driver*) resolves the config, the split point and the analytic bytes per
-step (from placement units on the meta device, so no parameters are allocated), starts the
+The command (the *driver*) checks the prepared shards a shard loader will read, resolves the
+config, the split point and the analytic bytes per step (from placement units on the meta
+device, so no parameters are allocated), starts the
 ranks of :mod:`ralp_pipe.engine.rank` (``cluster.kind``: local subprocesses, emulated-network
 hosts, or srun tasks) and, once every rank succeeded, writes DIR/steps.parquet and the
 :class:`~ralp_pipe.results.records.RunMetrics` record DIR/metrics.json atomically (file names
