@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ralp_pipe.config.compose import load
+from ralp_pipe.config import load
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.planning.costmodel import SharedCpu, compute_costs
 from ralp_pipe.planning.profiling import profile_model

@@ -44,7 +44,7 @@ def make_loader(
         raise ConfigError(f"loader kind {kind!r} is not known; choose one of: {', '.join(LOADERS)}")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} is outside world size {world_size}")
-    if kind == "synthetic":
+    if not reads_shards(kind):
         return _synthetic(batch_size, image_size, num_classes, rank, seed, torch.device(device))
     if shards_dir is None:
         raise ConfigError(f"the {kind} loader reads shards: pass the folder made by `ralp-pipe prepare-shards`")
@@ -52,6 +52,11 @@ def make_loader(
     if kind == "dali":
         return _dali(shards, batch_size, image_size, rank, world_size, threads, seed, device, shuffle)
     return _torchvision(shards, batch_size, image_size, rank, world_size, threads, seed, device, shuffle)
+
+
+def reads_shards(kind: str) -> bool:
+    """Whether loader `kind` reads prepared shards (all but `synthetic`, which makes batches in memory)."""
+    return kind != "synthetic"
 
 
 def rank_range(total: int, rank: int, world_size: int) -> range:

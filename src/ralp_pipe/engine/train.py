@@ -31,7 +31,7 @@ import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import Config, cluster_kind, digest, load, to_dict
-from ralp_pipe.data.loaders import shard_files
+from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.metrics import summarize
@@ -353,7 +353,7 @@ def _launch(
 def run(cfg: Config, out: Path) -> RunMetrics | None:
     """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks)."""
     topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
-    if cfg.train.loader != "synthetic":  # missing or unfit shards are refused before any rank starts
+    if reads_shards(cfg.train.loader):  # missing or unfit shards are refused before any rank starts
         shard_files(output_dir(cfg), cfg.dataset.num_classes)
     units = meta_units(cfg)
     split, analytic = split_and_bytes(cfg, topo, units)
