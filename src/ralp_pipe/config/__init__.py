@@ -2,7 +2,7 @@
 units such as tc rates (:mod:`.units`) and what each cluster kind means (:mod:`.clusters`)."""
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS, ClusterKind, cluster_kind
-from ralp_pipe.config.compose import digest, from_dict, load, to_dict, validate, workload
+from ralp_pipe.config.compose import device_entries, digest, from_dict, load, to_dict, validate, workload
 from ralp_pipe.config.schema import (
     BACKENDS,
     CLUSTERS,
@@ -18,6 +18,7 @@ from ralp_pipe.config.schema import (
     ClusterConfig,
     Config,
     DatasetConfig,
+    DeviceConfig,
     ExperimentConfig,
     ModelConfig,
     NetworkConfig,
@@ -48,6 +49,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatasetConfig",
+    "DeviceConfig",
     "ExperimentConfig",
     "ModelConfig",
     "NetworkConfig",
@@ -58,6 +60,7 @@ __all__ = [
     "SyntheticSource",
     "TrainConfig",
     "cluster_kind",
+    "device_entries",
     "digest",
     "from_dict",
     "load",

@@ -176,8 +176,11 @@ def validate(cfg: Config) -> None:
     _in_range("train.weight_decay", t.weight_decay, 0.0, math.inf, "[0, inf)")
     _at_least("train.repeat", t.repeat, 0)
 
+    _validate_device(cfg)
     e = cfg.experiment
     _safe_name("experiment.name", e.name)
+    if e.target is not None:
+        _choice("experiment.target", e.target, device_entries())
     for model in e.models:
         _choice("experiment.models[]", model, MODELS)
     for strategy in e.strategies:
@@ -195,6 +198,28 @@ def validate(cfg: Config) -> None:
                 f"experiment.pairs has {list(pair)!r}: each pair is [dataset, model] with the dataset in "
                 f"experiment.datasets={e.datasets} and the model in experiment.models={e.models}"
             )
+
+
+def device_entries(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """Names of the target-device entries, ``config/device/<name>.yaml``."""
+    return sorted(p.stem for p in (config_dir / "device").glob("*.yaml"))
+
+
+def _validate_device(cfg: Config) -> None:
+    """The target device's specs are positive, its efficiencies within what the model allows."""
+    v = cfg.device
+    _safe_name("device.name", v.name)
+    for key in ("peak_fp32_tflops", "memory_gbps", "memory_gb", "conv_efficiency", "conv3x3_efficiency"):
+        _in_range(f"device.{key}", getattr(v, key), 0.0, math.inf, "(0, inf)", low_open=True)
+    for key in ("peak_tf32_tflops", "peak_fp16_tflops"):
+        if getattr(v, key) is not None:
+            _in_range(f"device.{key}", getattr(v, key), 0.0, math.inf, "(0, inf)", low_open=True)
+    for key in ("matmul_efficiency", "memory_efficiency"):
+        _in_range(f"device.{key}", getattr(v, key), 0.0, 1.0, "(0, 1]", low_open=True)
+    _in_range("device.launch_overhead_us", v.launch_overhead_us, 0.0, math.inf, "[0, inf)")
+    _in_range(
+        "device.reserved_gb", v.reserved_gb, 0.0, v.memory_gb, f"[0, device.memory_gb={v.memory_gb:g})", high_open=True
+    )
 
 
 def workload(cfg: Config) -> dict[str, Any]:

@@ -156,6 +156,30 @@ class TrainConfig:
 
 
 @dataclass
+class DeviceConfig:
+    """A target GPU for modelled profiles (``config/device/<name>.yaml``; the model: planning/devicemodel.py).
+
+    Peaks and bandwidth come from the vendor's data sheet; the efficiencies and the launch overhead are
+    fitted on published training throughput by ``benchmarks/device_model.py``.
+    """
+
+    name: str = "v100"  # defaults: config/device/v100.yaml, the default option of the group (a test keeps them equal)
+    peak_fp32_tflops: float = 15.7
+    peak_tf32_tflops: float | None = None  # tensor-core TF32 (Ampere and later); convolutions use it, as cuDNN does
+    peak_fp16_tflops: float | None = 125.0  # tensor-core FP16 (recorded; modelled profiles price FP32 training)
+    memory_gbps: float = 900.0
+    memory_gb: float = 16.0
+    reserved_gb: float = 0.5  # CUDA context, cuDNN workspaces and allocator slack: never holds tensors
+    launch_overhead_us: float = 30.0  # per kernel (framework dispatch + launch), added to every priced kernel
+    # achieved / peak FLOP/s of convolutions, counted as direct convolutions: above 1 where cuDNN's Winograd
+    # or FFT algorithms do fewer multiplies than the direct count (3x3 stride-1 kernels above all)
+    conv_efficiency: float = 1.0  # every other convolution (1x1, strided, 7x7, 11x11), forward and backward
+    conv3x3_efficiency: float = 1.995  # 3x3 stride-1 convolutions, forward and backward
+    matmul_efficiency: float = 1.0  # achieved / peak FLOP/s of matrix multiplies (the FC layers)
+    memory_efficiency: float = 0.4786  # achieved / peak bytes/s of every kernel's reads and writes
+
+
+@dataclass
 class ExperimentConfig:
     """The matrix the workflow expands: one training run per combination."""
 
@@ -170,6 +194,7 @@ class ExperimentConfig:
     repeats: int = 1  # independent runs of every training configuration (fresh ranks each)
     sequential: list[str] = field(default_factory=list)  # strategies also run with strategy.overlap=false
     reference: bool = False  # also run the single-device reference (allreduce at N=1: no communication)
+    target: str | None = None  # a config/device entry: profiles are modelled for that GPU; None: measured here
 
 
 @dataclass
@@ -190,4 +215,5 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)

@@ -8,7 +8,9 @@ are torchvision's exactly, and ``nn.Sequential(*units)`` computes what the origi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -135,3 +137,24 @@ def activation_shapes(units: list[Unit], image_size: int, batch: int = 1) -> lis
             unit.module.train(training)
             shapes.append(tuple(x.shape))
     return shapes
+
+
+def unit_rows(units: Sequence[Unit], shapes: Sequence[tuple[int, ...]]) -> list[dict[str, Any]]:
+    """The size columns of the unit table: names, parameter and activation bytes per unit."""
+    dense_index = next((i for i, u in enumerate(units) if u.is_dense), len(units))
+    rows = []
+    for index, (unit, shape) in enumerate(zip(units, shapes)):
+        params = [p for p in unit.module.parameters() if p.requires_grad]
+        rows.append(
+            {
+                "index": index,
+                "name": unit.name,
+                "is_dense": unit.is_dense,
+                "before_first_dense": index < dense_index,
+                "param_count": sum(p.numel() for p in params),
+                "param_bytes": sum(p.numel() * p.element_size() for p in params),
+                "activation_shape": list(shape[1:]),
+                "activation_bytes_per_sample": 4 * math.prod(shape[1:]),
+            }
+        )
+    return rows

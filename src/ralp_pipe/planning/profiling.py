@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -38,12 +37,13 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ralp_pipe.config import RALP_STRATEGIES, ConfigError, cluster_kind, load, workload
+from ralp_pipe.config import RALP_STRATEGIES, ConfigError, cluster_kind, device_entries, load, workload
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
 from ralp_pipe.engine.topology import largest_world, topology
 from ralp_pipe.errors import RunFailure
+from ralp_pipe.planning import devicemodel
 from ralp_pipe.results.records import LinkProbe, Profile
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.emulated import EmulatedCluster
@@ -158,27 +158,6 @@ def profile_update(model: nn.Module, warmup: int, repeats: int, optim: Optim) ->
     }
 
 
-def _unit_rows(units: Sequence[models.Unit], shapes: Sequence[tuple[int, ...]]) -> list[dict[str, Any]]:
-    """The size columns of the unit table: names, parameter and activation bytes per unit."""
-    dense_index = next((i for i, u in enumerate(units) if u.is_dense), len(units))
-    rows = []
-    for index, (unit, shape) in enumerate(zip(units, shapes)):
-        params = [p for p in unit.module.parameters() if p.requires_grad]
-        rows.append(
-            {
-                "index": index,
-                "name": unit.name,
-                "is_dense": unit.is_dense,
-                "before_first_dense": index < dense_index,
-                "param_count": sum(p.numel() for p in params),
-                "param_bytes": _tensor_bytes(params),
-                "activation_shape": list(shape[1:]),
-                "activation_bytes_per_sample": 4 * math.prod(shape[1:]),
-            }
-        )
-    return rows
-
-
 def profile_model(
     name: str,
     num_classes: int,
@@ -198,7 +177,7 @@ def profile_model(
     shapes = models.activation_shapes(units, image_size)
     in_shapes = [(3, image_size, image_size), *(s[1:] for s in shapes[:-1])]
     rows = []
-    for index, (row, in_shape) in enumerate(zip(_unit_rows(units, shapes), in_shapes)):
+    for index, (row, in_shape) in enumerate(zip(models.unit_rows(units, shapes), in_shapes)):
         row["by_batch"] = {
             str(b): profile_unit(units[index], (b, *in_shape), device, warmup, repeats, input_grad=index > 0)
             for b in batches
@@ -247,7 +226,7 @@ def analytic_profile(
     """
     units = models.placement_units(models.build(name, num_classes))
     shapes = models.activation_shapes(units, image_size)
-    rows = _unit_rows(units, shapes)
+    rows = models.unit_rows(units, shapes)
     for row, macs in zip(rows, unit_macs(units, image_size)):
         row["macs_per_sample"] = macs
         row["by_batch"] = {
@@ -443,6 +422,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="device counts to profile PS-device batches for (default: cluster.gpus); threads follow the largest",
     )
     parser.add_argument(
+        "--target",
+        help="model the profile for a GPU instead of measuring: a config/device entry ("
+        + ", ".join(device_entries())
+        + ") or auto (this machine's GPU); device.* overrides adjust it",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -516,6 +501,14 @@ def link_record(cfg: Any, message_bytes: int, repeats: int, measure: bool = True
     )
 
 
+def device_counts(cfg: Any, gpus: Sequence[int]) -> list[int]:
+    """The device counts to profile PS-device batches for, sorted: `gpus`, else `cluster.gpus`."""
+    counts = sorted(set(gpus or [cfg.cluster.gpus]))
+    if counts[0] < 1:
+        raise ConfigError(f"--gpus {' '.join(map(str, counts))}: every device count must be at least 1")
+    return counts
+
+
 def build_profile(
     cfg: Any,
     repeats: int,
@@ -529,9 +522,7 @@ def build_profile(
     (default `cluster.gpus`)."""
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"--repeats={repeats} must be >= 1 and --warmup={warmup} >= 0")
-    counts = sorted(set(gpus or [cfg.cluster.gpus]))
-    if counts[0] < 1:
-        raise ConfigError(f"--gpus {' '.join(map(str, counts))}: every device count must be at least 1")
+    counts = device_counts(cfg, gpus)
     device_type, backend = devices.resolve(cfg.cluster, largest_world(counts[-1], cfg.strategy.num_ps))
     device = torch.device(device_type)
     batches = profile_batches(cfg.train.batch_size, counts)
@@ -555,6 +546,7 @@ def build_profile(
         "gpus": counts[-1],
         "batches": batches,
         "device": device.type,
+        "kind": "measured",
         "training_backend": backend,
         "cluster_kind": cfg.cluster.kind,
         "warmup": warmup,
@@ -576,6 +568,8 @@ def main(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads} must be at least 1")
     message_bytes = int(args.message_mb * 2**20)
+    if args.target:
+        return _write_modelled(args)
     if args.link_only:
         if args.no_bandwidth:
             raise ConfigError("--link-only and --no-bandwidth exclude each other: the link record is the probe")
@@ -607,6 +601,24 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"profile {doc['model']}/{doc['dataset']} on {doc['device']}: {len(doc['units'])} units, "
         f"{doc['profile_seconds']:.1f} s{bw_text} -> {args.out}"
+    )
+    return 0
+
+
+def _write_modelled(args: argparse.Namespace) -> int:
+    """`ralp-pipe profile --target NAME`: the modelled profile of the configured model on that GPU."""
+    if args.link_only:
+        raise ConfigError(f"--link-only probes this machine's link; it takes no --target ({args.target})")
+    cfg = load(devicemodel.target_overrides(args.target, args.overrides))
+    counts = device_counts(cfg, args.gpus or ())
+    doc = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, counts), counts[-1])
+    Profile.from_dict(doc, args.out).write(args.out)
+    worker = doc["batches"]["worker"]
+    step = sum(u["by_batch"][str(worker)]["fwd_s"] + u["by_batch"][str(worker)]["bwd_s"] for u in doc["units"])
+    print(
+        f"modelled profile {doc['model']}/{doc['dataset']} on {devicemodel.describe(cfg.device)}: "
+        f"{len(doc['units'])} units, forward+backward {step * 1e3:.1f} ms at batch {worker}, "
+        f"{doc['worker_memory_bytes'] / 1e9:.1f} GB per worker -> {args.out}"
     )
     return 0
 

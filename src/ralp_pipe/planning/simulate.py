@@ -22,12 +22,16 @@ import pandas as pd
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, load
 from ralp_pipe.engine import models
+from ralp_pipe.planning import devicemodel
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
 from ralp_pipe.planning.planner import best_prediction, check_profile_matches, pipelining_of, volume_function
+from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.results.records import LinkProbe, Profile
 
 GPUS = tuple(2**i for i in range(1, 11))
 LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)
+PAPER_GPUS = (2, 16)  # the paper's evaluation: 2..16 GPUs (config/experiment/paper.yaml) ...
+PAPER_LINK_GBIT = (1, 10, 25)  # ... on 1, 10 and 25 Gbit/s links
 
 
 def simulate(
@@ -88,8 +92,19 @@ def simulate(
     return pd.DataFrame(rows)
 
 
-def plot(frame: pd.DataFrame, column: str, ylabel: str, path: Path, strategies: Sequence[str], log_y: bool) -> None:
-    """One panel per strategy: `column` against N, one line per link speed; written atomically."""
+def priced_by(profile: Mapping[str, Any]) -> str:
+    """What a profile prices, for titles: the target GPU of a modelled profile, else the device it was measured on."""
+    if profile.get("kind") == "modelled":
+        return f"{(profile.get('target') or {}).get('name', '?')} (modelled profile)"
+    cpu = ((profile.get("hardware") or {}).get("cpu_model") or "").strip()
+    return f"{profile['device']}{f' {cpu}' if cpu and profile['device'] == 'cpu' else ''} (measured profile)"
+
+
+def plot(
+    frame: pd.DataFrame, column: str, ylabel: str, path: Path, strategies: Sequence[str], log_y: bool, device: str
+) -> None:
+    """One panel per strategy: `column` against N, one line per link speed, the paper's setting shaded and its
+    links drawn bold; titled with the device the profile prices; written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,8 +113,17 @@ def plot(frame: pd.DataFrame, column: str, ylabel: str, path: Path, strategies: 
     fig, axes = plt.subplots(1, len(strategies), figsize=(4.2 * len(strategies), 3.8), sharey=True, squeeze=False)
     for ax, strategy in zip(axes[0], strategies):
         part = frame[frame.strategy == strategy]
+        ax.axvspan(*PAPER_GPUS, color="0.9", zorder=0, label="paper: N 2-16")
         for gbit, line in part.groupby("link_gbit"):
-            ax.plot(line.gpus, line[column], marker="o", markersize=3, label=f"{gbit:g} Gbit/s")
+            paper = gbit in PAPER_LINK_GBIT
+            ax.plot(
+                line.gpus,
+                line[column],
+                marker="o",
+                markersize=3,
+                linewidth=2.2 if paper else 0.9,
+                label=f"{gbit:g} Gbit/s{' (paper)' if paper else ''}",
+            )
         ax.set_xscale("log", base=2)
         if log_y:
             ax.set_yscale("log")
@@ -109,22 +133,23 @@ def plot(frame: pd.DataFrame, column: str, ylabel: str, path: Path, strategies: 
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7)
     model = frame.model.iloc[0]
-    fig.suptitle(f"{model}, {frame.num_classes.iloc[0]} classes (predicted)")
+    fig.suptitle(f"{model}, {frame.num_classes.iloc[0]} classes on {device}: predicted")
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
 
 
-def write_outputs(frame: pd.DataFrame, out: Path) -> list[Path]:
+def write_outputs(frame: pd.DataFrame, out: Path, device: str) -> list[Path]:
     """simulation.parquet, images_per_sec.png and speedup_over_ps.png under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     table = out / "simulation.parquet"
     with atomic_path(table) as tmp:
         frame.to_parquet(tmp, index=False)
     throughput, speedup = out / "images_per_sec.png", out / "speedup_over_ps.png"
-    plot(frame, "images_per_sec", "images/sec", throughput, STRATEGIES, log_y=True)
-    plot(frame, "speedup_over_ps", "speedup over ps", speedup, [s for s in STRATEGIES if s != "ps"], log_y=True)
+    plot(frame, "images_per_sec", "images/sec", throughput, STRATEGIES, log_y=True, device=device)
+    others = [s for s in STRATEGIES if s != "ps"]
+    plot(frame, "speedup_over_ps", "speedup over ps", speedup, others, log_y=True, device=device)
     return [table, throughput, speedup]
 
 
@@ -145,7 +170,12 @@ def summary(frame: pd.DataFrame) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe simulate`."""
-    parser.add_argument("--profile", required=True, type=Path, help="profile JSON from `ralp-pipe profile`")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--profile", type=Path, help="profile JSON from `ralp-pipe profile` (measured or modelled)")
+    source.add_argument(
+        "--target",
+        help="price a modelled profile of this GPU (a config/device entry; device.* overrides adjust it)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="folder for simulation.parquet and the PNG plots")
     parser.add_argument("--gpus", type=int, nargs="+", default=list(GPUS), help="GPU counts (default 2..1024)")
     parser.add_argument("--link-gbit", type=float, nargs="+", default=list(LINK_GBIT), help="link speeds in Gbit/s")
@@ -163,11 +193,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Simulate every strategy over N and link speed and write the table and plots."""
-    cfg = load(args.overrides)
     if min(args.gpus) < 2 or min(args.link_gbit) <= 0:
         raise ConfigError(f"--gpus {args.gpus} must all be >= 2 and --link-gbit {args.link_gbit} all positive")
-    profile = Profile.read(args.profile)
-    check_profile_matches(profile, cfg, args.profile)
+    if args.target:
+        cfg = load(devicemodel.target_overrides(args.target, args.overrides))
+        batches = profile_batches(cfg.train.batch_size, args.gpus)
+        profile = Profile.from_dict(
+            devicemodel.modelled_profile(cfg, batches, max(args.gpus)), f"--target {args.target}"
+        )
+    else:
+        cfg = load(args.overrides)
+        profile = Profile.read(args.profile)
+        check_profile_matches(profile, cfg, args.profile)
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
     frame = simulate(
         profile.to_dict(),
@@ -181,7 +218,9 @@ def main(args: argparse.Namespace) -> int:
         ps_per_host=args.ps_per_host,
         latency_s=float((LinkProbe.read(args.link).measured or {}).get("latency_s", 0.0)) if args.link else None,
     )
-    paths = write_outputs(frame, args.out)
+    frame["profile_kind"] = profile.kind
+    frame["device"] = (profile.target or {}).get("name", profile.device)
+    paths = write_outputs(frame, args.out, priced_by(profile.to_dict()))
     print(summary(frame))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -161,7 +161,8 @@ class RunMetrics(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Profile(Record):
-    """A profile of one model on one machine, measured (`ralp-pipe profile`) or analytic."""
+    """A profile of one model on one device: measured (`ralp-pipe profile`), or modelled for a target GPU
+    (`ralp-pipe profile --target NAME`, :mod:`ralp_pipe.planning.devicemodel`); both have this schema."""
 
     KIND: ClassVar[str] = "profile"
     STAGE: ClassVar[str] = "profile"
@@ -174,6 +175,10 @@ class Profile(Record):
     gpus: int | None = None
     batches: dict[str, int]  # role or batch -> batch size profiled
     device: str  # cpu, cuda or analytic
+    kind: str = "measured"  # measured on `device`, or modelled for `target`
+    target: dict[str, Any] | None = None  # the device entry a modelled profile priced (config/device/<name>.yaml)
+    model_version: str | None = None  # the device model that priced a modelled profile
+    worker_memory_bytes: int | None = None  # modelled: what one worker holds training the whole model
     training_backend: str | None = None
     cluster_kind: str | None = None
     warmup: int | None = None

@@ -1,0 +1,107 @@
+"""The device model against published single-GPU training throughput: fitted, then checked on figures left out.
+
+    python benchmarks/device_model.py            # calibrate, print every figure and the held-out errors
+    python benchmarks/device_model.py --write    # also write the fitted fields into config/device/*.yaml
+    python benchmarks/device_model.py --measured cuda.json --modelled modelled.json   # a GPU's profile vs its model
+
+The first form prints, per published figure, the images/sec the calibrated entries predict (in the fit),
+then every held-out check (leave-one-out on P100; each GPU's figures predicted from the GPU before it,
+through the specs alone) and their median absolute error. The second compares a profile measured on a
+GPU (``ralp-pipe profile`` with ``cluster.device=cuda``) with the modelled profile of the same GPU
+(``ralp-pipe profile --target auto``), unit by unit and for the whole step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from ralp_pipe.config import CONFIG_DIR, DeviceConfig, device_entries, load
+from ralp_pipe.planning import calibration
+from ralp_pipe.results.records import Profile
+
+
+def shipped() -> dict[str, DeviceConfig]:
+    """Every device entry of config/device/ as composed by the package."""
+    return {name: load([f"device={name}"]).device for name in device_entries()}
+
+
+def write_fitted(entries: dict[str, DeviceConfig]) -> None:
+    """Replace the fitted fields' values in config/device/<name>.yaml, keeping every comment."""
+    for name, entry in entries.items():
+        path = CONFIG_DIR / "device" / f"{name}.yaml"
+        text = path.read_text()
+        for field in calibration.FITTED:
+            text = re.sub(rf"^{field}: .*$", f"{field}: {getattr(entry, field):.4g}", text, flags=re.M)
+        path.write_text(text)
+
+
+def report() -> list[calibration.Check]:
+    """Print the calibrated predictions and the held-out checks; return the checks."""
+    entries = shipped()
+    fitted = calibration.calibrate(entries)
+    print("published figure                     published  in the fit   error  (calibration)")
+    for figure in calibration.PUBLISHED:
+        predicted = calibration.predict(figure, fitted[figure.device])
+        print(
+            f"{figure.label:34s} {figure.images_per_sec:9.1f} {predicted:11.1f} "
+            f"{predicted / figure.images_per_sec - 1:+7.1%}"
+        )
+    for step in calibration.PLAN:
+        values = ", ".join(f"{n} {getattr(fitted[step.device], n):.4g}" for n in calibration.FITTED)
+        print(f"  {step.device}: {values}  ({step.why})")
+    checks = calibration.held_out(entries)
+    print("\nheld out                             published   predicted   error  fitted on")
+    for check in checks:
+        print(
+            f"{check.figure.label:34s} {check.figure.images_per_sec:9.1f} {check.predicted:11.1f} "
+            f"{check.error:+7.1%}  {check.fitted_on}"
+        )
+    print(f"median absolute error on {len(checks)} held-out figures: {calibration.median_abs_error(checks):.1%}")
+    return checks
+
+
+def compare(measured_path: Path, modelled_path: Path) -> None:
+    """Print measured / modelled seconds per unit and batch, and for the whole forward+backward."""
+    measured, modelled = Profile.read(measured_path), Profile.read(modelled_path)
+    if [u["name"] for u in measured.units] != [u["name"] for u in modelled.units]:
+        raise SystemExit(f"{measured_path} and {modelled_path} profile different models: compare like with like")
+    print(
+        f"measured {measured_path} ({measured.device}) / modelled {modelled_path} ({(modelled.target or {}).get('name')})"
+    )
+    for batch in sorted(set(measured.batches.values()) & set(modelled.batches.values())):
+        totals = [0.0, 0.0]
+        for mu, uu in zip(measured.units, modelled.units):
+            m, u = mu["by_batch"][str(batch)], uu["by_batch"][str(batch)]
+            fb_measured, fb_modelled = m["fwd_s"] + m["bwd_s"], u["fwd_s"] + u["bwd_s"]
+            totals[0] += fb_measured
+            totals[1] += fb_modelled
+            print(
+                f"  batch {batch:4d} {mu['name']:18s} {fb_measured * 1e3:9.3f} ms {fb_modelled * 1e3:9.3f} ms "
+                f"x{fb_measured / fb_modelled:.2f}"
+            )
+        print(
+            f"  batch {batch:4d} whole forward+backward {totals[0] * 1e3:9.2f} ms {totals[1] * 1e3:9.2f} ms "
+            f"x{totals[0] / totals[1]:.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the fitted fields into config/device/*.yaml")
+    parser.add_argument("--measured", type=Path, help="a profile measured on a GPU")
+    parser.add_argument("--modelled", type=Path, help="the modelled profile of the same GPU (profile --target auto)")
+    args = parser.parse_args()
+    if args.measured or args.modelled:
+        if not (args.measured and args.modelled):
+            parser.error("--measured and --modelled go together")
+        compare(args.measured, args.modelled)
+        return
+    if args.write:
+        write_fitted(calibration.calibrate(shipped()))
+    report()
+
+
+if __name__ == "__main__":
+    main()

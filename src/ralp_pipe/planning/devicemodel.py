@@ -1,0 +1,331 @@
+"""A GPU device model: what each placement unit would cost on a target GPU this machine is not.
+
+Every unit runs once forward and once backward on the *meta* device (shapes only, no memory,
+no arithmetic) under a dispatch mode that records each kernel: its FLOPs, counted by
+:mod:`torch.utils.flop_counter`'s own formulas, and the bytes of every tensor it reads and
+writes. View operations and allocations launch no kernel and cost nothing. A target device
+(``config/device/<name>.yaml``, :class:`~ralp_pipe.config.schema.DeviceConfig`) prices a
+kernel as the larger of
+
+- compute time: FLOPs / (peak x the efficiency of its kind: convolutions, matrix multiplies), and
+- memory time: bytes / (bandwidth x the memory efficiency),
+
+plus one launch overhead, the roofline of PALEO (ICLR'17) with per-kind efficiencies fitted on
+published throughput (``benchmarks/device_model.py``), as Habitat (ATC'21) calibrates per-op
+scaling. Convolutions use the TF32 tensor-core peak where the device has one (cuDNN's default
+in PyTorch); matrix multiplies the FP32 peak (PyTorch's default). The SGD update and the
+servers' gradient aggregation are the very :class:`~ralp_pipe.engine.strategies.base.FlatSgd`
+calls parameter servers run, traced the same way. Peak memory per unit is parameters +
+gradients + input + output + every tensor autograd saves for backward; a worker must hold its
+parameters, gradients and momentum, every unit's saved tensors and the largest unit's output
+and its gradient, plus the device's reserved bytes.
+
+:func:`modelled_profile` writes these as a profile with the schema of a measured one
+(``kind: modelled``), so plans, the simulator and the workflow take either.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, workload
+from ralp_pipe.engine import models
+from ralp_pipe.engine.strategies.base import FlatSgd, Optim
+
+MODEL_VERSION = "roofline-1"  # bump when the pricing changes: profiles record which model priced them
+KINDS = ("conv", "conv3x3", "matmul", "memory")  # conv3x3: 3x3 stride-1, where cuDNN may use Winograd
+_FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "lift_fresh"}
+NEAREST = {(6, 0): "p100", (7, 0): "v100", (8, 0): "a100", (9, 0): "h100"}  # compute capability -> entry
+MEMORY_METHOD = "modelled: params + grads + input + output + autograd-saved tensors (meta device)"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels of one pass: kind index (into :data:`KINDS`), FLOPs and bytes read + written of each."""
+
+    kind: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[int, float, float]]) -> Kernels:
+        """Kernels from ``(kind, flops, bytes)`` rows."""
+        table = np.array(rows, dtype=float).reshape(-1, 3)
+        return cls(table[:, 0].astype(int), table[:, 1], table[:, 2])
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @property
+    def total_flops(self) -> float:
+        """FLOPs of every kernel together."""
+        return float(self.flops.sum())
+
+    @property
+    def total_bytes(self) -> float:
+        """Bytes read and written by every kernel together."""
+        return float(self.bytes.sum())
+
+    def seconds(self, device: DeviceConfig) -> float:
+        """Modelled seconds of these kernels on `device`: per kernel max(compute, memory) + launch."""
+        flops_per_s = np.array(compute_rates(device))
+        compute = self.flops / flops_per_s[self.kind]
+        memory = self.bytes / (device.memory_gbps * 1e9 * device.memory_efficiency)
+        return float(np.maximum(compute, memory).sum() + len(self) * device.launch_overhead_us * 1e-6)
+
+
+def compute_rates(device: DeviceConfig) -> tuple[float, float, float, float]:
+    """Achieved FLOP/s of each kernel kind on `device` (memory kernels: infinite, they are bandwidth-bound)."""
+    conv_peak = (device.peak_tf32_tflops or device.peak_fp32_tflops) * 1e12
+    return (
+        conv_peak * device.conv_efficiency,
+        conv_peak * device.conv3x3_efficiency,
+        device.peak_fp32_tflops * 1e12 * device.matmul_efficiency,
+        math.inf,
+    )
+
+
+def _kind(op: str, args: Sequence[Any]) -> int:
+    """Kind index of a FLOP-counted op: a convolution (3x3 stride-1 or other) or a matrix multiply."""
+    if "convolution" not in op:
+        return KINDS.index("matmul")
+    weight, stride = (args[1], args[3]) if op == "convolution" else (args[2], args[4])
+    winograd = tuple(weight.shape[-2:]) == (3, 3) and all(s == 1 for s in stride)
+    return KINDS.index("conv3x3" if winograd else "conv")
+
+
+class _KernelTrace(TorchDispatchMode):
+    """Records ``(kind, flops, bytes)`` of every kernel dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, float, float]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if func.is_view or packet.__name__ in _FREE:
+            return out
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        nbytes = float(sum(t.numel() * t.element_size() for t in tensors))
+        counter = flop_counter.flop_registry.get(packet)
+        if counter is None:
+            self.rows.append((KINDS.index("memory"), 0.0, nbytes))
+        else:
+            self.rows.append((_kind(packet.__name__, args), float(counter(*args, **kwargs, out_val=out)), nbytes))
+        return out
+
+    def take(self) -> Kernels:
+        """The kernels recorded so far, forgetting them."""
+        rows, self.rows = self.rows, []
+        return Kernels.of(rows)
+
+
+@dataclass(frozen=True)
+class UnitTrace:
+    """One unit at one batch: forward and backward kernels, its output shape and memory."""
+
+    fwd: Kernels
+    bwd: Kernels
+    output_shape: tuple[int, ...]
+    saved_bytes: int  # tensors autograd keeps for backward
+    peak_memory_bytes: int  # params + grads + input + output + saved
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def trace_unit(unit: models.Unit, input_shape: Sequence[int], input_grad: bool) -> UnitTrace:
+    """Kernels and memory of one forward + backward of `unit` (built on the meta device) at `input_shape`."""
+    module = unit.module.train()
+    params = [p for p in module.parameters() if p.requires_grad]
+    x = torch.empty(*input_shape, device="meta", requires_grad=input_grad)
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+        return t
+
+    trace = _KernelTrace()
+    with trace, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+    fwd = trace.take()
+    seed = torch.ones_like(out)
+    if out.requires_grad:
+        with trace:
+            out.backward(seed)
+    for p in params:
+        p.grad = None
+    saved_bytes = sum(saved.values())
+    peak = 2 * _nbytes(params) + _nbytes([x]) + _nbytes([out]) + saved_bytes
+    return UnitTrace(fwd, trace.take(), tuple(out.shape), saved_bytes, peak)
+
+
+def trace_model(
+    name: str, num_classes: int, image_size: int, batch: int, dropout: float = 0.5
+) -> tuple[list[models.Unit], list[UnitTrace]]:
+    """The placement units of model `name` (on the meta device) and the trace of each at `batch`."""
+    units = models.model_units(name, num_classes, dropout, "meta")
+    traces, shape = [], (batch, 3, image_size, image_size)
+    for index, unit in enumerate(units):
+        traces.append(trace_unit(unit, shape, input_grad=index > 0))
+        shape = traces[-1].output_shape
+    return units, traces
+
+
+def trace_update(param_bytes_by_tensor: Sequence[int], optim: Optim) -> tuple[Kernels, Kernels]:
+    """Kernels of the servers' gradient aggregation (two sets summed) and of one SGD step, on FlatSgd."""
+    tensors = [torch.empty(n // 4, device="meta") for n in param_bytes_by_tensor]
+    flat = FlatSgd(tensors, sets=2, optim=Optim(optim.lr, optim.momentum, optim.weight_decay), mean=False)
+    flat.optimizer = torch.optim.SGD(
+        [flat.flat], lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+    )  # the fused kernel has no meta implementation; the per-tensor step reads and writes the same bytes
+    flat.update()  # the first step creates the momentum buffer; a steady-state step is traced
+    trace = _KernelTrace()
+    with trace:
+        flat.reduce()
+    aggregate = trace.take()
+    with trace:
+        flat.update()
+    return aggregate, trace.take()
+
+
+def training_memory_bytes(traces: Sequence[UnitTrace], param_bytes: int, input_bytes: int) -> int:
+    """Bytes one worker holds training every unit of `traces`: parameters, gradients and momentum, the
+    saved tensors of every unit, the input, and the largest unit's output with its gradient."""
+    largest_output = max(t.peak_memory_bytes - t.saved_bytes for t in traces)
+    return 3 * param_bytes + sum(t.saved_bytes for t in traces) + input_bytes + largest_output
+
+
+def check_fits(device: DeviceConfig, need_bytes: int, what: str) -> None:
+    """Refuse `what` when `need_bytes` exceed the device's memory less its reserved bytes, naming the bytes short."""
+    have = (device.memory_gb - device.reserved_gb) * 1e9
+    if need_bytes > have:
+        raise ConfigError(
+            f"{what} needs {need_bytes / 1e9:.1f} GB on {device.name} ({device.memory_gb:g} GB, "
+            f"{device.reserved_gb:g} reserved): {(need_bytes - have) / 1e9:.1f} GB short; "
+            f"lower train.batch_size or train.image_size, or choose a device with more memory"
+        )
+
+
+def modelled_profile(cfg: Config, batches: dict[str, int], gpus: int) -> dict[str, Any]:
+    """A profile document of `cfg`'s model on the target `cfg.device`, with the schema of a measured one.
+
+    `batches` maps roles to the batches to price (the worker's and each N's PS-device batches, as
+    :func:`ralp_pipe.planning.profiling.profile_batches` gives them). The worker's whole model at its batch
+    must fit the device's memory.
+    """
+    started = time.perf_counter()
+    device, t = cfg.device, cfg.train
+    by_batch: dict[int, list[UnitTrace]] = {}
+    units: list[models.Unit] = []
+    for batch in sorted(set(batches.values())):
+        units, by_batch[batch] = trace_model(
+            cfg.model.name, cfg.dataset.num_classes, t.image_size, batch, cfg.model.dropout
+        )
+    worker = by_batch[batches["worker"]]
+    param_tensors = [p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad]
+    param_bytes = sum(param_tensors)
+    need = training_memory_bytes(worker, param_bytes, 4 * 3 * t.image_size**2 * batches["worker"])
+    check_fits(device, need, f"model {cfg.model.name} at train.batch_size={batches['worker']} ({t.image_size} px)")
+    shapes = [(1, *trace.output_shape[1:]) for trace in worker]
+    rows = models.unit_rows(units, shapes)
+    for index, row in enumerate(rows):
+        row["by_batch"] = {str(b): _priced(traces[index], device) for b, traces in by_batch.items()}
+    aggregate, update = trace_update(param_tensors, Optim(t.lr, t.momentum, t.weight_decay))
+    aggregate_s, update_s = aggregate.seconds(device), update.seconds(device)
+    return {
+        **workload(cfg),
+        "gpus": gpus,
+        "batches": batches,
+        "device": "cuda",
+        "kind": "modelled",
+        "target": asdict(device),
+        "model_version": MODEL_VERSION,
+        "training_backend": "nccl",
+        "cluster_kind": cfg.cluster.kind,
+        "memory_method": MEMORY_METHOD,
+        "link": {"measured": None, "configured_rate": None, "configured_bytes_per_s": None},
+        "units": rows,
+        "update": {
+            "param_bytes": param_bytes,
+            "update_s": update_s,
+            "aggregate_s": aggregate_s,
+            "update_s_per_byte": update_s / param_bytes,
+            "aggregate_s_per_byte": aggregate_s / param_bytes,
+        },
+        "worker_memory_bytes": need,
+        "profile_seconds": time.perf_counter() - started,
+    }
+
+
+def _priced(trace: UnitTrace, device: DeviceConfig) -> dict[str, Any]:
+    return {
+        "fwd_s": trace.fwd.seconds(device),
+        "bwd_s": trace.bwd.seconds(device),
+        "peak_memory_bytes": trace.peak_memory_bytes,
+        "fwd_flops": trace.fwd.total_flops,
+        "bwd_flops": trace.bwd.total_flops,
+        "fwd_bytes": trace.fwd.total_bytes,
+        "bwd_bytes": trace.bwd.total_bytes,
+        "kernels": len(trace.fwd) + len(trace.bwd),
+    }
+
+
+def target_overrides(target: str, overrides: Sequence[str], probe: Callable[[], Any] | None = None) -> list[str]:
+    """`overrides` with the device group set to `target` (a shipped entry, or ``auto``: this machine's GPU).
+
+    The user's own ``device.*`` overrides stay last, so they adjust the entry; a ``device=`` override naming
+    another entry than `target` is refused.
+    """
+    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == "device"]
+    if chosen and any(o.split("=", 1)[1] != target for o in chosen):
+        raise ConfigError(f"--target {target} and {chosen[0]} name two devices: give one")
+    if target == "auto":
+        return [*local_gpu_overrides(probe), *overrides]
+    if target not in device_entries():
+        raise ConfigError(
+            f"--target {target!r} is no device entry; choose one of: {', '.join(device_entries())} or auto "
+            f"(or add config/device/{target}.yaml)"
+        )
+    return [f"device={target}", *overrides]
+
+
+def local_gpu_overrides(probe: Callable[[], Any] | None = None) -> list[str]:
+    """Overrides describing this machine's first CUDA GPU: the shipped entry its name names, or the entry of
+    the nearest compute capability with this GPU's memory and name (`probe`: torch.cuda.get_device_properties)."""
+    if probe is None:
+        if not torch.cuda.is_available():
+            raise ConfigError("--target auto needs a CUDA GPU on this machine; name a device entry instead")
+        props = torch.cuda.get_device_properties(0)
+    else:
+        props = probe()
+    name = str(props.name).lower()
+    match = next((d for d in device_entries() if d in name.replace(" ", "").replace("-", "")), None)
+    if match is None:
+        capability = (props.major, props.minor)
+        match = min(NEAREST.items(), key=lambda kv: abs(kv[0][0] - capability[0]) * 10 + abs(kv[0][1] - capability[1]))[
+            1
+        ]
+    label = name.replace("nvidia", "").strip().replace(" ", "-") or match
+    return [f"device={match}", f"device.name={label}", f"device.memory_gb={props.total_memory / 1e9:.2f}"]
+
+
+def describe(device: DeviceConfig) -> str:
+    """One line naming a device and its peaks."""
+    tensor = f", TF32 {device.peak_tf32_tflops:g}" if device.peak_tf32_tflops else ""
+    return (
+        f"{device.name} ({device.peak_fp32_tflops:g} TFLOP/s FP32{tensor}, {device.memory_gbps:g} GB/s, "
+        f"{device.memory_gb:g} GB)"
+    )
