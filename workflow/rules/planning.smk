@@ -11,7 +11,7 @@ rule profile:
         classes=r"\d+",
         batch=r"\d+",
         size=r"\d+",
-        hw=r"[a-z]+-[a-z]+",
+        hw=r"[a-z]+-[A-Za-z0-9_.-]+",
     conda:
         ENV
     threads: workflow.cores  # timing measurements run alone here; under SLURM cpus_per_task bounds them

@@ -568,8 +568,9 @@ def main(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads} must be at least 1")
     message_bytes = int(args.message_mb * 2**20)
-    if args.target:
-        return _write_modelled(args)
+    target = args.target or cfg.experiment.target
+    if target:
+        return _write_modelled(args, target)
     if args.link_only:
         if args.no_bandwidth:
             raise ConfigError("--link-only and --no-bandwidth exclude each other: the link record is the probe")
@@ -605,11 +606,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_modelled(args: argparse.Namespace) -> int:
-    """`ralp-pipe profile --target NAME`: the modelled profile of the configured model on that GPU."""
+def _write_modelled(args: argparse.Namespace, target: str) -> int:
+    """`ralp-pipe profile --target NAME` (or ``experiment.target``): the modelled profile of the configured
+    model on that GPU."""
     if args.link_only:
-        raise ConfigError(f"--link-only probes this machine's link; it takes no --target ({args.target})")
-    cfg = load(devicemodel.target_overrides(args.target, args.overrides))
+        raise ConfigError(f"--link-only probes this machine's link; it models no target device ({target})")
+    cfg = load(devicemodel.target_overrides(target, args.overrides))
     counts = device_counts(cfg, args.gpus or ())
     doc = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, counts), counts[-1])
     Profile.from_dict(doc, args.out).write(args.out)

@@ -58,6 +58,8 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset", "paths"),
     "profile": (
         "experiment.gpus",  # --gpus: the PS-device batches of every N, the threads of the largest
+        "experiment.target",  # a GPU to model the profile for instead of measuring this machine
+        "device",  # the target's entry (read only where experiment.target is set)
         "dataset.num_classes",
         "model",
         "strategy.num_ps",
@@ -347,14 +349,17 @@ class Matrix:
 
     def profile_fields(self, run: Run) -> dict[str, str]:
         """What `run`'s compute profile depends on, as the profile path's fields: model, class count,
-        per-worker batch, image size and the device kind (cluster kind and device)."""
+        per-worker batch, image size and the device kind: cluster kind and device, or ``target-<entry>`` for a
+        profile modelled for ``experiment.target``."""
         cfg = self.stage_config("profile", run)
         return {
             "model": run.model,
             "classes": str(cfg.dataset.num_classes),
             "batch": str(cfg.train.batch_size),
             "size": str(cfg.train.image_size),
-            "hw": f"{cfg.cluster.kind}-{cfg.cluster.device}",
+            "hw": f"target-{target}"
+            if (target := cfg.experiment.target)
+            else f"{cfg.cluster.kind}-{cfg.cluster.device}",
         }
 
     def job_run(self, stage: str, wildcards: Mapping[str, str]) -> Run:
