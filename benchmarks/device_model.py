@@ -77,9 +77,9 @@ def compare(measured_path: Path, modelled_path: Path) -> None:
             fb_measured, fb_modelled = m["fwd_s"] + m["bwd_s"], u["fwd_s"] + u["bwd_s"]
             totals[0] += fb_measured
             totals[1] += fb_modelled
+            ratio = f"x{fb_measured / fb_modelled:.2f}" if fb_modelled else "(no kernel: a view)"
             print(
-                f"  batch {batch:4d} {mu['name']:18s} {fb_measured * 1e3:9.3f} ms {fb_modelled * 1e3:9.3f} ms "
-                f"x{fb_measured / fb_modelled:.2f}"
+                f"  batch {batch:4d} {mu['name']:18s} {fb_measured * 1e3:9.3f} ms {fb_modelled * 1e3:9.3f} ms {ratio}"
             )
         print(
             f"  batch {batch:4d} whole forward+backward {totals[0] * 1e3:9.2f} ms {totals[1] * 1e3:9.2f} ms "

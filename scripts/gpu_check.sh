@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check on ONE GPU (ranks share cuda:0 over gloo; NCCL needs a device per rank): every
 # strategy with pipelined and sequential parameter-server transfers, AMP, the DALI loader
-# with "mixed" (GPU) decoding from shards this script prepares, and `ralp-pipe profile` on
-# CUDA. Prints every figure; one more NCCL pair where the machine has >= 2 GPUs.
+# with "mixed" (GPU) decoding from shards this script prepares, `ralp-pipe profile` on CUDA, and
+# that profile against the device model's for this GPU (measured / modelled per unit and for the
+# whole forward+backward). Prints every figure; one more NCCL pair where the machine has >= 2 GPUs.
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (under 5 minutes on a current GPU; needs a CUDA build of torch)
 # GPU_CHECK_DEVICE=cpu runs the same script on the CPU: a check of its plumbing where no GPU is.
 set -euo pipefail
@@ -58,6 +59,13 @@ for u in units:
     cells = (f"{t['fwd_s'] * 1e3:9.3f} /{t['bwd_s'] * 1e3:8.3f}" for t in u["by_batch"].values())
     print(f"    {u['name']:<16} " + "  ".join(cells))
 PYEOF
+# The device model against this GPU: its modelled profile (the shipped entry its name names, or the nearest
+# by compute capability, with its memory) next to the measured one, per unit and for the whole step. On the
+# CPU the modelled side is a V100's, so the ratios only show the plumbing works.
+TARGET=auto; [ "$DEVICE" = cuda ] || TARGET=v100
+"$PY" -m ralp_pipe.cli profile --target "$TARGET" --out "$OUT/profile-modelled.json" model=resnet18 \
+  train.batch_size=32 train.image_size=64 cluster.gpus=2
+"$PY" benchmarks/device_model.py --measured "$OUT/profile-$DEVICE.json" --modelled "$OUT/profile-modelled.json"
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   run nccl_allreduce strategy=allreduce cluster.gpus=2 cluster.backend=nccl
   run nccl_ps strategy=ps cluster.gpus=2 cluster.backend=nccl

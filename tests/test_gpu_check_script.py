@@ -40,3 +40,5 @@ def test_the_gpu_check_script_runs_every_check_on_the_cpu(tmp_path: Path) -> Non
         assert " cpu " in line and "every category equal: True" in line, line
     assert "profile on cpu: 12 units" in proc.stdout, proc.stdout
     assert proc.stdout.rstrip().endswith(f"gpu_check: all runs finished; metrics under {tmp_path}")
+    assert (tmp_path / "profile-modelled.json").is_file()
+    assert any("whole forward+backward" in line for line in proc.stdout.splitlines()), proc.stdout
