@@ -90,6 +90,7 @@ def test_modelled_profile_passes_the_profile_schema_and_plan_takes_it(tmp_path) 
     plan = build_plan(profile, path, cfg, [4])
     assert plan.strategies["ralp_n"]["split"] >= 1
     assert plan.shared_cpu is None  # every rank has a GPU of its own
+    assert (plan.profile_kind, plan.profile_device) == ("modelled", "v100")
 
 
 @pytest.mark.slow

@@ -262,6 +262,8 @@ def build_plan(
         allreduce_bytes_per_s=link.ring_bytes_per_s,
         shared_cpu=None if shared[gpus[0]] is None else dataclasses.asdict(shared[gpus[0]]),
         profile=str(profile_path),
+        profile_kind=profile.kind,
+        profile_device=(profile.target or {}).get("name", profile.device),
         link=None if probe_path is None else str(probe_path),
         recommended=best[0],
         strategies=by_gpus[str(gpus[0])],
@@ -296,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
             f"{entry['reason'] if name in RALP_STRATEGIES else ''}"
         )
     print(
-        f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} "
-        f"({plan.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}"
+        f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} on {plan.profile_device} ({plan.profile_kind} profile, "
+        f"{plan.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}"
     )
     return 0

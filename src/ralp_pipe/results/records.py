@@ -228,6 +228,8 @@ class Plan(Record):
     allreduce_bytes_per_s: float | None = None
     shared_cpu: dict[str, int | None] | None = None  # cores, profile_threads, share (None: the world)
     profile: str | None = None
+    profile_kind: str | None = None  # the profile's kind: measured (on profile_device) or modelled (for it)
+    profile_device: str | None = None  # what the profile prices: cpu or cuda where measured, the target entry's name
     link: str | None = None  # the link record the plan priced transfers with; None: the profile's own link
     recommended: str | None = None
     strategies: dict[str, dict[str, Any]]  # strategy -> plan entry at `gpus`; the engine reads its "split"
