@@ -5,7 +5,7 @@ rule prepare_shards:
     output:
         directory(MATRIX.path("shards")),
     log:
-        f"{MATRIX.path('logs')}/prepare_shards/{{dataset}}.log",
+        MATRIX.log("prepare_shards"),
     conda:
         ENV
     threads:

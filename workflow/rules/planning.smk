@@ -6,7 +6,7 @@ rule profile:
     output:
         MATRIX.path("profile"),
     log:
-        f"{MATRIX.path('logs')}/profile/{{model}}/{{classes}}c-{{batch}}b-{{size}}px-{{hw}}.log",
+        MATRIX.log("profile"),
     wildcard_constraints:
         classes=r"\d+",
         batch=r"\d+",
@@ -35,7 +35,7 @@ rule probe:
     output:
         MATRIX.path("link"),
     log:
-        f"{MATRIX.path('logs')}/probe/{{network}}.log",
+        MATRIX.log("probe"),
     conda:
         ENV
     threads: workflow.cores  # bandwidth measurements run alone
@@ -62,7 +62,7 @@ rule plan:
     output:
         MATRIX.path("plan"),
     log:
-        f"{MATRIX.path('logs')}/plan/{{dataset}}/{{model}}/n{{gpus}}-{{network}}.log",
+        MATRIX.log("plan"),
     conda:
         ENV
     resources:

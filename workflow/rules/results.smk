@@ -79,7 +79,7 @@ rule resolved_config:
     output:
         f"{RESULTS}/configs/{EXPERIMENT}.json",
     log:
-        f"{MATRIX.path('logs')}/resolved_config.log",
+        MATRIX.log("resolved_config"),
     params:
         digest=MATRIX.digest(),
     run:
@@ -95,7 +95,7 @@ rule bundle:
     output:
         BUNDLE,
     log:
-        f"{MATRIX.path('logs')}/bundle.log",
+        MATRIX.log("bundle"),
     conda:
         ENV
     params:

@@ -10,7 +10,7 @@ rule train:
         metrics=f"{MATRIX.path('run')}/{METRICS_FILE}",
         steps=f"{MATRIX.path('run')}/{STEPS_FILE}",
     log:
-        f"{MATRIX.path('logs')}/train/{{dataset}}/{{model}}/n{{gpus}}-{{network}}/{{arm}}/r{{repeat}}.log",
+        MATRIX.log("train"),
     wildcard_constraints:
         arm=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
         repeat=r"\d+",
@@ -31,9 +31,10 @@ rule train:
     params:
         key=stage_params("train"),
         args=stage_args("train"),
-        out=MATRIX.path("run"),
+        out=lambda wildcards, output: os.path.dirname(output.metrics),
     shell:
-        "ralp-pipe train --out {params.out:q} {params.args} > {log:q} 2>&1"
+        "ralp-pipe train --out {params.out:q} --shards {input.shards:q} --plan {input.plan:q} {params.args}"
+        " > {log:q} 2>&1"
 
 
 # Several training jobs at once on one emulated network (experiment.concurrent), each also alone.
@@ -41,7 +42,7 @@ rule concurrent:
     output:
         f"{MATRIX.path('concurrent')}/{CONCURRENT_FILE}",
     log:
-        f"{MATRIX.path('logs')}/concurrent/w{{index}}.log",
+        MATRIX.log("concurrent"),
     wildcard_constraints:
         index=r"\d+",
     conda:
@@ -58,6 +59,6 @@ rule concurrent:
     params:
         key=lambda wildcards: MATRIX.concurrent_params(int(wildcards.index)),
         args=lambda wildcards: shlex.join(MATRIX.concurrent_args(int(wildcards.index))),
-        out=MATRIX.path("concurrent"),
+        out=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
         "ralp-pipe concurrent --out {params.out:q} {params.args} > {log:q} 2>&1"

@@ -1,6 +1,7 @@
-"""One rank of a training run: ``python -m ralp_pipe.engine.rank --rank-result FILE [--split K] CONFIG_JSON``.
+"""One rank of a training run: ``python -m ralp_pipe.engine.rank --rank-result FILE [--split K] [--shards DIR] CONFIG``.
 
-The driver (:mod:`ralp_pipe.engine.train`) resolves the split point and starts every rank with
+The driver (:mod:`ralp_pipe.engine.train`) resolves the split point and the shards folder a shard
+loader reads (CONFIG is the resolved configuration as JSON) and starts every rank with
 :func:`rank_command`; the rank identity comes from the environment (see
 :class:`ralp_pipe.runtime.launch.RankEnv`), the device type and backend from
 ``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
@@ -58,21 +59,21 @@ class RankResult(TypedDict):
     peak_rss_mb: list[float]  # peak resident memory of every rank's process
 
 
-def rank_command(result_file: Path, cfg: Config, split: int | None) -> PythonMain:
+def rank_command(result_file: Path, cfg: Config, split: int | None, shards: Path | None) -> PythonMain:
     """What every rank of `cfg`'s run runs: this module's :func:`main` with these arguments."""
     split_args = () if split is None else ("--split", str(split))
-    return PythonMain(__name__, ("--rank-result", str(result_file), *split_args, json.dumps(to_dict(cfg))))
+    shard_args = () if shards is None else ("--shards", str(shards))
+    return PythonMain(__name__, ("--rank-result", str(result_file), *split_args, *shard_args, json.dumps(to_dict(cfg))))
 
 
-def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device) -> Iterator[Any] | None:
+def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device, shards: Path | None) -> Iterator[Any] | None:
     if rank not in topo.workers:
         return None
     from ralp_pipe.data.loaders import make_loader
-    from ralp_pipe.data.shards import output_dir
 
     loader = make_loader(
         cfg.train.loader,
-        output_dir(cfg),
+        shards,
         cfg.train.batch_size,
         cfg.train.image_size,
         cfg.dataset.num_classes,
@@ -118,8 +119,11 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
     return wire_gb_per_step(start, end, steps)
 
 
-def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: int | None) -> RankResult | None:
-    """Train with the driver's `split`; rank 0 returns every rank's records and the window, the others None."""
+def run_rank(
+    cfg: Config, env: RankEnv, device_type: str, backend: str, split: int | None, shards: Path | None
+) -> RankResult | None:
+    """Train with the driver's `split` on batches from `shards` (None: no shard loader); rank 0 returns every
+    rank's records and the window, the others None."""
     keeps_freed = hardware.keep_freed_memory()
     sharing = cfg.train.cpu_share or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     torch.set_num_threads(hardware.threads_per_rank(sharing))
@@ -154,7 +158,7 @@ def run_rank(cfg: Config, env: RankEnv, device_type: str, backend: str, split: i
             cfg.strategy.credit,
         )
         strategy = build(setup)
-        batches = _batches(cfg, topo, env.rank, device)
+        batches = _batches(cfg, topo, env.rank, device, shards)
         role = topo.role(env.rank)
         total = t.warmup_steps + t.measure_steps
         progress = Progress(total, topo.num_workers * t.batch_size, _print_now) if env.rank == 0 else None
@@ -211,10 +215,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description="one rank of a training run")
     parser.add_argument("--rank-result", required=True, type=Path, help="where rank 0 writes the gathered records")
     parser.add_argument("--split", type=int, help="RALP split point resolved by the driver (none for ps/allreduce)")
+    parser.add_argument("--shards", type=Path, help="prepared shards a shard loader reads (resolved by the driver)")
     parser.add_argument("config", help="resolved configuration as JSON")
     args = parser.parse_args(argv)
     cfg = from_dict(json.loads(args.config))
-    result = run_rank(cfg, RankEnv.from_environ(), os.environ[DEVICE_ENV], os.environ[BACKEND_ENV], args.split)
+    env = RankEnv.from_environ()
+    result = run_rank(cfg, env, os.environ[DEVICE_ENV], os.environ[BACKEND_ENV], args.split, args.shards)
     if result is not None:
         write_json_atomic(args.rank_result, result)
     return 0

@@ -1,8 +1,9 @@
-"""`ralp-pipe train --out DIR <overrides>`: one distributed training measurement.
+"""`ralp-pipe train --out DIR [--shards DIR] [--plan FILE] <overrides>`: one distributed training measurement.
 
 The command (the *driver*) checks the prepared shards a shard loader will read, resolves the
-config, the split point and the analytic bytes per step (from placement units on the meta
-device, so no parameters are allocated), starts the
+config, checks the plan against the run (model, dataset, class count, image size, batch, N and
+strategy), the split point and the analytic bytes per step (from placement units on the meta
+device, so no parameters are allocated), locks --out against other drivers, starts the
 ranks of :mod:`ralp_pipe.engine.rank` (``cluster.kind``: local subprocesses, emulated-network
 hosts, or srun tasks) and, once every rank succeeded, writes DIR/steps.parquet and the
 :class:`~ralp_pipe.results.records.RunMetrics` record DIR/metrics.json atomically (file names
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -24,13 +26,13 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
-from ralp_pipe.config import Config, cluster_kind, digest, load, to_dict
+from ralp_pipe.config import Config, cluster_kind, digest, load, to_dict, workload
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir
 from ralp_pipe.engine import models, volume
@@ -38,12 +40,14 @@ from ralp_pipe.engine.metrics import summarize
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, DataError, RunFailure
+from ralp_pipe.locks import LockHeld, exclusive
 from ralp_pipe.results.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.results.records import Plan, RunMetrics
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm, rank_log, srun_log
 from ralp_pipe.runtime.nodes import node_of_ranks
 
+LOCK_SUFFIX = ".lock"  # .NAME.lock next to --out: held by the driver writing it, removed when it ends
 STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-<random> next to --out
 DRIVER_FILE = "driver.json"  # in the staging folder: host, PID and start time of the driver that owns it
 UNCLAIMED_STALE_S = 60.0  # a staging folder without DRIVER_FILE (written right after it is made) is stale after this
@@ -53,16 +57,48 @@ ROW_BYTES = 1024  # one step record as JSON in the rank result, in steps.parquet
 FULL_BYTES = 2**20  # a filesystem with less free space is full for the ranks' logs
 RANK_BASE_BYTES = 500_000_000  # memory of one rank before its model: interpreter, torch, gloo buffers
 PARAMETER_COPIES = 3  # a rank holds parameters, their gradients and momentum (or the buffers in flight)
+# What a plan was made for (Plan fields, as config.workload names them) -> the config key of the run
+PLAN_KEYS = {
+    "model": "model.name",
+    "dataset": "dataset.name",
+    "num_classes": "dataset.num_classes",
+    "image_size": "train.image_size",
+    "batch_size": "train.batch_size",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe train`."""
     parser.add_argument("--out", required=True, type=Path, help=f"run folder for {METRICS_FILE} and {STEPS_FILE}")
+    parser.add_argument(
+        "--shards",
+        type=Path,
+        metavar="DIR",
+        help="prepared shards a dali or torchvision loader reads "
+        "(default: where `ralp-pipe prepare-shards` writes the configured dataset)",
+    )
+    parser.add_argument(
+        "--plan", type=Path, metavar="FILE", help="plan from `ralp-pipe plan` (sets strategy.plan): the RALP split"
+    )
+    parser.add_argument(
+        "--shared-hosts",
+        type=shared_hosts,
+        metavar="JSON",
+        help="where each rank runs on an emulated cluster shared with other jobs (given by `ralp-pipe concurrent`)",
+    )
+
+
+def shared_hosts(text: str) -> list[dict[str, Any]]:
+    """--shared-hosts: a JSON list, one object per rank (:meth:`ralp_pipe.runtime.emulated.EmulatedCluster.share`)."""
+    placed = json.loads(text)
+    if not isinstance(placed, list) or not all(isinstance(rank, dict) for rank in placed):
+        raise ValueError("not a JSON list of objects")
+    return placed
 
 
 def main(args: argparse.Namespace) -> int:
     """Run one training measurement and report its throughput."""
-    metrics = run(load(args.overrides), args.out)
+    metrics = run(with_plan(load(args.overrides), args.plan), args.out, args.shards, args.shared_hosts)
     if metrics is not None:
         print(
             f"{metrics.strategy} {metrics.model} N={metrics.gpus}: {metrics.images_per_sec:.2f} images/s, "
@@ -71,22 +107,78 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_plan(cfg: Config, plan: Path | None) -> Config:
+    """`cfg` with strategy.plan set to --plan `plan` (where given); a strategy.plan naming another file is refused."""
+    if plan is None:
+        return cfg
+    if cfg.strategy.plan and Path(cfg.strategy.plan) != plan:
+        raise ConfigError(
+            f"--plan {plan} and strategy.plan={cfg.strategy.plan} name different plans: give the run one of them"
+        )
+    return dataclasses.replace(cfg, strategy=dataclasses.replace(cfg.strategy, plan=str(plan)))
+
+
 def resolve_split(cfg: Config, units: list[models.Unit]) -> int | None:
-    """RALP split point: `strategy.split`, else the plan file's, else the default; None for ps/allreduce."""
+    """RALP split point: `strategy.split`, else the plan file's, else the default; None for ps/allreduce.
+
+    A plan is checked against the run whatever its strategy (:func:`plan_entry`).
+    """
     name = cfg.strategy.name
+    entry = plan_entry(cfg)
     if name in ("ps", "allreduce"):
         return None
     if cfg.strategy.split is not None:
         split, source = cfg.strategy.split, "strategy.split"
-    elif cfg.strategy.plan:
-        split, source = _plan_split(Path(cfg.strategy.plan), name), f"plan {cfg.strategy.plan}"
+    elif entry is not None:
+        split, source = _plan_split(entry, Path(str(cfg.strategy.plan)), name), f"plan {cfg.strategy.plan}"
     else:
         return models.default_split(units)
     return models.check_split(split, len(units), f"{source}, model {cfg.model.name}")
 
 
-def _plan_split(path: Path, strategy: str) -> int:
-    entry = Plan.read(path).strategies.get(strategy)
+def plan_entry(cfg: Config) -> dict[str, Any] | None:
+    """The entry of the run's strategy at its N in the plan `strategy.plan` (None without a plan).
+
+    The plan must have been made for this run: every field it holds of model, dataset, class
+    count, image size and batch equal to the run's, N among the GPU counts it planned (`by_gpus`,
+    else its `gpus`) and an entry for the strategy there; otherwise a ConfigError names the file,
+    the key and both values.
+    """
+    if not cfg.strategy.plan:
+        return None
+    path = Path(cfg.strategy.plan)
+    plan = Plan.read(path)
+    wanted = workload(cfg)
+    for field, key in PLAN_KEYS.items():
+        held = getattr(plan, field)
+        if held is not None and held != wanted[field]:
+            raise _plan_mismatch(path, f"{field}={held!r}", f"{key}={wanted[field]!r}")
+    gpus, name = cfg.cluster.gpus, cfg.strategy.name
+    if plan.by_gpus:
+        if str(gpus) not in plan.by_gpus:
+            planned = ", ".join(sorted(plan.by_gpus, key=int))
+            raise _plan_mismatch(path, f"by_gpus for N={planned}", f"cluster.gpus={gpus}")
+        entries = plan.by_gpus[str(gpus)]
+    elif plan.gpus is not None and plan.gpus != gpus:
+        raise _plan_mismatch(path, f"gpus={plan.gpus}", f"cluster.gpus={gpus}")
+    else:
+        entries = plan.strategies
+    if not isinstance(entries, dict):
+        raise DataError(f"plan {path} has no table of strategies at N={gpus}: regenerate it with `ralp-pipe plan`")
+    if name not in entries:
+        raise _plan_mismatch(path, f"strategies {sorted(entries)} at N={gpus}", f"strategy.name={name!r}")
+    entry: dict[str, Any] = entries[name]
+    return entry
+
+
+def _plan_mismatch(path: Path, held: str, wanted: str) -> ConfigError:
+    return ConfigError(
+        f"plan {path} has {held} but this run has {wanted}: give the run the plan made for it "
+        f"(`ralp-pipe plan` with the run's overrides)"
+    )
+
+
+def _plan_split(entry: Any, path: Path, strategy: str) -> int:
     split = entry.get("split") if isinstance(entry, dict) else None
     if not isinstance(split, int) or isinstance(split, bool):
         raise DataError(
@@ -254,6 +346,35 @@ def _refuse_out(out: Path, problem: str) -> ConfigError:
     return ConfigError(f"--out {out}: {problem}; choose another --out or fix that path")
 
 
+def _unwritable_out(out: Path, exc: OSError) -> ConfigError:
+    """The refusal of --out `out` where making or writing a path of it failed with `exc`."""
+    if isinstance(exc, FileExistsError | NotADirectoryError):  # a file where a folder of the path should be
+        return _refuse_out(out, f"{os_problem(exc)}: a file stands where a folder of the path should be")
+    return _refuse_out(out, f"cannot write there: {os_problem(exc)}")
+
+
+@contextlib.contextmanager
+def out_locked(out: Path) -> Iterator[None]:
+    """Hold --out against every other driver until the block ends (lock file .NAME.lock next to it, removed then).
+
+    A second driver of the same --out is refused at once, naming the folder and the driver holding it.
+    """
+    lock = out.parent / f".{out.name}{LOCK_SUFFIX}"
+    with contextlib.ExitStack() as held:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(exclusive(lock))
+        except LockHeld as other:
+            raise _refuse_out(
+                out,
+                f"another `ralp-pipe train` (PID {other.holder}) is writing this folder right now (it holds {lock}); "
+                f"wait for it to end",
+            ) from None
+        except OSError as exc:
+            raise _unwritable_out(out, exc) from exc
+        yield
+
+
 def make_staging(out: Path, needed: int) -> Path:
     """Check --out before any rank starts and make this run's staging folder next to it, claimed by this driver.
 
@@ -278,9 +399,7 @@ def make_staging(out: Path, needed: int) -> Path:
             os.unlink(probe)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_INFIX}", dir=out.parent))
     except OSError as exc:
-        if isinstance(exc, FileExistsError | NotADirectoryError):  # a file where a folder of the path should be
-            raise _refuse_out(out, f"{os_problem(exc)}: a file stands where a folder of the path should be") from exc
-        raise _refuse_out(out, f"cannot write there: {os_problem(exc)}") from exc
+        raise _unwritable_out(out, exc) from exc
     try:
         write_json_atomic(
             staging / DRIVER_FILE,
@@ -311,12 +430,22 @@ def set_aside_previous(out: Path) -> None:
 
 
 def _launch(
-    cfg: Config, topo: Topology, staging: Path, split: int | None, device_type: str, backend: str
+    cfg: Config,
+    topo: Topology,
+    staging: Path,
+    split: int | None,
+    shards: Path | None,
+    devices_of: tuple[str, str],
+    shared: list[dict[str, Any]] | None,
 ) -> RankResult:
-    """Start and supervise the ranks; return rank 0's result. A full disk under the ranks' logs is named."""
+    """Start and supervise the ranks (on the hosts `shared` names, where given); return rank 0's result.
+
+    `devices_of` is the ranks' device type and backend. A full disk under the ranks' logs is named.
+    """
+    device_type, backend = devices_of
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
-    entry = rank_command(result_file, cfg, split)
+    entry = rank_command(result_file, cfg, split, shards)
     env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
     progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)
@@ -334,7 +463,7 @@ def _launch(
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
-            with emulated_sites(topo.hosts, cfg.network.rate, cfg.network.burst) as emulated:
+            with emulated_sites(topo.hosts, cfg.network.rate, cfg.network.burst, shared) as emulated:
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(entry, topo.world_size, timeout, staging, None, env)
@@ -350,25 +479,41 @@ def _launch(
     return result
 
 
-def run(cfg: Config, out: Path) -> RunMetrics | None:
-    """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks)."""
+def run(
+    cfg: Config, out: Path, shards: Path | None = None, shared: list[dict[str, Any]] | None = None
+) -> RunMetrics | None:
+    """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks).
+
+    A shard loader reads `shards` (default: where ``prepare-shards`` writes the configured dataset);
+    `shared` places the ranks on an emulated cluster of other jobs (:func:`shared_hosts`).
+    """
     topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    kind = cluster_kind(cfg.cluster.kind)
+    if shared is not None and kind.launcher != "emulated":
+        raise ConfigError(
+            f"--shared-hosts places ranks on an emulated cluster but this run has cluster.kind={cfg.cluster.kind}: "
+            f"add cluster=emulated"
+        )
     if reads_shards(cfg.train.loader):  # missing or unfit shards are refused before any rank starts
-        shard_files(output_dir(cfg), cfg.dataset.num_classes)
+        shards = output_dir(cfg) if shards is None else shards
+        shard_files(shards, cfg.dataset.num_classes)
+    else:
+        shards = None
     units = meta_units(cfg)
     split, analytic = split_and_bytes(cfg, topo, units)
     device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
-    kind = cluster_kind(cfg.cluster.kind)
-    if kind.launcher == "srun" and in_slurm_step(topo.world_size):
-        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split)
+    if kind.launcher == "srun" and in_slurm_step(topo.world_size):  # every task is a rank; rank 0 writes `out`
+        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards)
         return None if result is None else _finish(cfg, topo, out, split, analytic, result)
     if kind.shares_host_cpus:
         check_host(cfg, topo, units)
-    staging = make_staging(out, record_bytes(cfg, topo))
-    try:
-        set_aside_previous(out)
-        metrics = _finish(cfg, topo, out, split, analytic, _launch(cfg, topo, staging, split, device_type, backend))
-        shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
-        return metrics
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with out_locked(out):
+        staging = make_staging(out, record_bytes(cfg, topo))
+        try:
+            set_aside_previous(out)
+            result = _launch(cfg, topo, staging, split, shards, (device_type, backend), shared)
+            metrics = _finish(cfg, topo, out, split, analytic, result)
+            shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
+            return metrics
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

@@ -1,6 +1,7 @@
 """The results folder's layout, defined once: where each stage writes below ``paths.results``.
 
-The workflow expands :data:`PATHS` for every run of the matrix; the train stage writes
+The workflow expands :data:`PATHS` (outputs) and :func:`log_path` (logs) for every run of the
+matrix, and hands each stage the exact paths of its inputs; the train stage writes
 :data:`METRICS_FILE` and :data:`STEPS_FILE` into a run folder; aggregate finds a run's plan
 with :data:`PLAN_FILE` below the plans folder and writes :data:`TABLE_FILES` and the plots
 folder into the tables folder.
@@ -8,24 +9,39 @@ folder into the tables folder.
 
 from __future__ import annotations
 
-PLAN_FILE = "{dataset}/{model}/n{gpus}-{network}.json"  # below the plans folder
+# What names one job's output (and its log) of each stage; the {wildcards} are a run's fields.
+SHARDS_ID = "{dataset}"
+# compute: one per model x classes x per-worker batch x image size x device kind (cluster kind-device)
+PROFILE_ID = "{model}/{classes}c-{batch}b-{size}px-{hw}"
+LINK_ID = "{network}"  # the link probe of one network
+PLAN_ID = "{dataset}/{model}/n{gpus}-{network}"
+PLAN_FILE = PLAN_ID + ".json"  # below the plans folder
 # A run below runs/: its configuration (the arm is the strategy, or <strategy>-sequential with
 # strategy.overlap=false), then r<k> for the k-th of experiment.repeats independent repeats.
 CONFIGURATION_ID = "{dataset}/{model}/n{gpus}-{network}/{arm}"
 RUN_ID = CONFIGURATION_ID + "/r{repeat}"
+CONCURRENT_ID = "w{index}"  # one workload of experiment.concurrent
 SEQUENTIAL_SUFFIX = "-sequential"
-# Outputs below the results folder; the {wildcards} are a run's fields.
+# Outputs below the results folder
 PATHS = {
-    "shards": "data/{dataset}",
-    # compute: one per model x classes x per-worker batch x image size x device kind (cluster kind-device)
-    "profile": "profiles/compute/{model}/{classes}c-{batch}b-{size}px-{hw}.json",
-    "link": "profiles/links/{network}.json",  # the link probe of one network
+    "shards": f"data/{SHARDS_ID}",
+    "profile": f"profiles/compute/{PROFILE_ID}.json",
+    "link": f"profiles/links/{LINK_ID}.json",
     "plan": f"plans/{PLAN_FILE}",
     "run": f"runs/{RUN_ID}",
-    "concurrent": "concurrent/w{index}",
+    "concurrent": f"concurrent/{CONCURRENT_ID}",
     "tables": "tables",
     "bundles": "bundles",
     "logs": "logs",
+}
+# stage -> what names its jobs' logs (logs/<stage>/<id>.log); a stage not listed has one log, logs/<stage>.log
+LOG_IDS = {
+    "prepare_shards": SHARDS_ID,
+    "profile": PROFILE_ID,
+    "probe": LINK_ID,
+    "plan": PLAN_ID,
+    "train": RUN_ID,
+    "concurrent": CONCURRENT_ID,
 }
 METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; metrics.json marks it complete
 CONCURRENT_FILE = "concurrent.json"  # in a concurrent workload's folder
@@ -43,6 +59,12 @@ TABLE_FILES = (
 )  # in the tables folder
 # PNGs in the plots folder, each captioned by workflow/report/plot_<name>.rst
 PLOT_NAMES = ("throughput_vs_n", "scaling_efficiency", "speedup", "gb_per_step", "predicted_vs_measured", "breakdown")
+
+
+def log_path(stage: str) -> str:
+    """The log of a job of `stage` below the results folder (a pattern of the job's wildcards, as its output is)."""
+    job = LOG_IDS.get(stage)
+    return f"{PATHS['logs']}/{stage}.log" if job is None else f"{PATHS['logs']}/{stage}/{job}.log"
 
 
 def arm(strategy: str, overlap: bool = True) -> str:

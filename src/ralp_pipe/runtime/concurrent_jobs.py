@@ -3,7 +3,8 @@
 Layout: the parameter-server ranks (PS or RALP PS device) of every job share host 0, so their
 traffic meets on one host link, as when jobs share a parameter-server machine; every other
 rank gets a host of its own. Each job runs as a ``ralp-pipe train`` child whose launcher
-joins the shared cluster through :meth:`ralp_pipe.runtime.emulated.EmulatedCluster.share`.
+joins the shared cluster: its command line names the hosts (``--shared-hosts``, from
+:meth:`ralp_pipe.runtime.emulated.EmulatedCluster.share`).
 First each job runs alone on the same layout, then all together; ``concurrent.json`` holds
 each job's images/sec alone and together and the slowdown (alone / together).
 
@@ -14,7 +15,7 @@ CLI: ``ralp-pipe concurrent --out DIR --job "strategy=ps model=vgg11" --job "str
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -48,8 +49,10 @@ def layout(configs: Sequence[Config]) -> tuple[list[list[int]], int]:
     return hosts, next_host
 
 
-def _train_command(out: Path, overrides: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *overrides]
+def train_command(out: Path, overrides: Sequence[str], shared: list[dict[str, Any]]) -> list[str]:
+    """argv of one job's ``ralp-pipe train``: its ranks on the `shared` hosts (:meth:`EmulatedCluster.share`)."""
+    placed = ["--shared-hosts", json.dumps(shared)]
+    return [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *placed, *overrides]
 
 
 def _run_jobs(cluster: EmulatedCluster, jobs: Sequence[tuple[Path, list[str], list[int]]], timeout_s: float) -> None:
@@ -59,8 +62,8 @@ def _run_jobs(cluster: EmulatedCluster, jobs: Sequence[tuple[Path, list[str], li
         for out, overrides, hosts in jobs:
             out.mkdir(parents=True, exist_ok=True)
             logs.append(out / "train.log")
-            env = {**os.environ, **cluster.share(hosts, master_host=hosts[0])}
-            procs.append(start_logged(_train_command(out, overrides), logs[-1], env))
+            command = train_command(out, overrides, cluster.share(hosts, master_host=hosts[0]))
+            procs.append(start_logged(command, logs[-1]))
         codes = wait_all(procs, timeout_s, fail_fast=True)
     finally:
         stop(procs)

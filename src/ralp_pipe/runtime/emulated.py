@@ -21,13 +21,12 @@ Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.pr
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from ralp_pipe.config import ConfigError
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
@@ -40,7 +39,6 @@ INTERFACE = "eth0"
 SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
 HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host or SLURM node: the host's index (its link)
 LINK_ENV = "RALP_PIPE_LINK"  # the interface whose counters such a rank reads (default eth0)
-SHARED_HOSTS_ENV = "RALP_PIPE_SHARED_HOSTS"  # JSON: where a child launcher puts its ranks on a shared cluster
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
 _CLONE = {"user": 0x10000000, "net": 0x40000000}  # setns(2) namespace types: CLONE_NEWUSER, CLONE_NEWNET
@@ -228,9 +226,10 @@ class EmulatedCluster:
         self._check_host(host)
         return {"GLOO_SOCKET_IFNAME": INTERFACE, "MASTER_ADDR": self.address(master_host), HOST_ENV: str(host)}
 
-    def share(self, hosts_of_ranks: Sequence[int], master_host: int) -> dict[str, str]:
-        """Environment that makes a child launcher put rank r on host ``hosts_of_ranks[r]`` of this cluster."""
-        ranks = [
+    def share(self, hosts_of_ranks: Sequence[int], master_host: int) -> list[dict[str, Any]]:
+        """Where a child launcher puts rank r: host ``hosts_of_ranks[r]`` of this cluster (its namespaces,
+        environment and rank 0's address), as JSON-ready values for ``ralp-pipe train --shared-hosts``."""
+        return [
             {
                 "namespaces": list(self.namespaces(host)),
                 "env": self.env(host, master_host),
@@ -238,7 +237,6 @@ class EmulatedCluster:
             }
             for host in hosts_of_ranks
         ]
-        return {SHARED_HOSTS_ENV: json.dumps({"ranks": ranks})}
 
     def run(self, host: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
@@ -335,27 +333,32 @@ def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters])
 
 
 @contextmanager
-def emulated_sites(hosts: Sequence[int], rate: str, burst: str) -> Iterator[Callable[[int], "RankSite"]]:
+def emulated_sites(
+    hosts: Sequence[int], rate: str, burst: str, shared: Sequence[Mapping[str, Any]] | None = None
+) -> Iterator[Callable[[int], "RankSite"]]:
     """Where each rank of one emulated run starts (the `sites` of ``launch_local``); rank r on ``hosts[r]``.
 
-    Inside a shared cluster (``SHARED_HOSTS_ENV`` set by :meth:`EmulatedCluster.share`, e.g. by the
-    `concurrent` stage) the ranks join its hosts; otherwise a cluster with one host per distinct
+    Inside a shared cluster (`shared`: what :meth:`EmulatedCluster.share` gave, e.g. the `concurrent`
+    stage) the ranks join its hosts; otherwise a cluster with one host per distinct
     entry of `hosts` and `rate` per link is built for the run, and removed afterwards. Ranks
     sharing a host (a colocated PS beside its worker) share its namespace and shaped link.
     """
     from ralp_pipe.runtime.launch import RankSite
 
-    shared = os.environ.get(SHARED_HOSTS_ENV)
-    if shared:
-        ranks = json.loads(shared)["ranks"]
+    if shared is not None:
+        ranks = list(shared)
         if len(ranks) != len(hosts):
             raise ConfigError(
-                f"{SHARED_HOSTS_ENV} places {len(ranks)} ranks but this run has {len(hosts)}; "
+                f"--shared-hosts places {len(ranks)} ranks but this run has {len(hosts)}; "
                 f"the job's strategy or cluster.gpus differ from what the shared cluster was laid out for"
             )
-        yield lambda rank: RankSite(
-            tuple(ranks[rank]["namespaces"]), dict(ranks[rank]["env"]), ranks[rank]["master_addr"]
-        )
+        try:
+            sites = [RankSite(tuple(r["namespaces"]), dict(r["env"]), str(r["master_addr"])) for r in ranks]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"--shared-hosts lacks or mistypes {exc} of a rank: pass what `EmulatedCluster.share` gives"
+            ) from None
+        yield sites.__getitem__
         return
     with EmulatedCluster(max(hosts) + 1, rate, burst) as cluster:
         yield lambda rank: RankSite(

@@ -42,7 +42,7 @@ from ralp_pipe.config import (
     validate,
 )
 from ralp_pipe.engine.topology import cpu_share
-from ralp_pipe.results.layout import PATHS, RUN_ID, arm
+from ralp_pipe.results.layout import PATHS, RUN_ID, arm, log_path
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
@@ -313,7 +313,7 @@ class Matrix:
     def _config(self, run: Run, dims: Sequence[str]) -> Config:
         """`run`'s config where the matrix chooses `dims`; other groups keep the experiment's default."""
         sections = {g: self._sections[g, getattr(run, g)] for g in MATRIX_GROUPS if g in dims}
-        if "strategy" in sections:  # training reads its split from the plan stage's output
+        if "strategy" in sections:  # training reads its split from the plan stage's output (its rule's --plan)
             overlap = sections["strategy"].overlap and run.overlap
             sections["strategy"] = dataclasses.replace(
                 sections["strategy"], plan=self.path("plan", run), overlap=overlap
@@ -346,6 +346,10 @@ class Matrix:
             own = {} if run is None else self.profile_fields(run) if name == "profile" else run.wildcards
             return template.format(**own, **fields)
         return template
+
+    def log(self, stage: str) -> str:
+        """The log of a job of `stage` (:func:`ralp_pipe.results.layout.log_path`), a pattern of its wildcards."""
+        return f"{self.results}/{log_path(stage)}"
 
     def profile_fields(self, run: Run) -> dict[str, str]:
         """What `run`'s compute profile depends on, as the profile path's fields: model, class count,
@@ -426,7 +430,8 @@ class Matrix:
 
     def stage_args(self, stage: str, run: Run) -> list[str]:
         """The Hydra overrides `stage` gets for `run`: the matrix choices it is keyed by, plus the
-        user's overrides of keys it reads."""
+        user's overrides of keys it reads. Input files are no overrides: each rule passes its inputs'
+        paths as options (training's plan as ``--plan``, which sets strategy.plan)."""
         keys, dims = STAGE_KEYS[stage], STAGE_DIMS[stage]
         options = self.settings.stage_options.get(COMMAND_OF.get(stage, stage), ())
         args = [*options, f"experiment={self.settings.experiment}"]
@@ -438,8 +443,6 @@ class Matrix:
                 args += [option, *(o for o in extra if relevant(override_key(o), (*keys, *COMPOSE_KEYS)))]
         if "gpus" in dims:
             args.append(f"cluster.gpus={run.gpus}")
-        if stage == "train":
-            args.append(f"strategy.plan={self.config(run).strategy.plan}")
         args += [o for o in self.settings.overrides if relevant(override_key(o), keys)]
         if "repeat" in dims:  # after the user's overrides: the matrix decides the arm and the repeat
             args += [] if run.overlap else ["strategy.overlap=false"]
