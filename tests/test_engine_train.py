@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -12,11 +13,12 @@ import pytest
 from ralp_pipe.config import ConfigError, load
 from ralp_pipe.engine import models
 from ralp_pipe.engine.topology import topology
-from ralp_pipe.engine.train import resolve_split, split_and_bytes
+from ralp_pipe.engine.train import resolve_split, split_and_bytes, with_plan
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
+from ralp_pipe.results.records import Plan
 from ralp_pipe.runtime import hardware
-from support.train import run_train, train_metrics
+from support.train import run_train, train_command, train_metrics
 
 pytestmark = pytest.mark.slow  # train subprocesses and model builds of several seconds each
 
@@ -108,7 +110,8 @@ def test_split_comes_from_the_option_then_the_plan_then_the_default(tmp_path: Pa
     [
         (None, DataError, "cannot read plan"),
         ("{}", DataError, "lacks key 'strategies'"),
-        ('{"strategies": {"ralp_h": {"split": 5}}}', DataError, "strategies.ralp_n.split"),
+        ('{"strategies": {"ralp_n": {"predicted_images_per_sec": 1.0}}}', DataError, "strategies.ralp_n.split"),
+        ('{"strategies": {"ralp_h": {"split": 5}}}', ConfigError, "strategies \\['ralp_h'\\] at N=4"),
         ('{"schema_version": 2, "strategies": {"ralp_n": {"split": 5}}}', DataError, "schema_version 2"),
         ('{"strategies": {"ralp_n": {"split": 99}}}', ConfigError, "out of range"),
     ],
@@ -154,3 +157,76 @@ def test_single_device_run_has_no_communication_and_rank_0_logs_its_progress(tmp
     assert metrics["hardware"]["malloc_keeps_freed"]  # as the profile times compute
     steps = pd.read_parquet(out / "steps.parquet")
     assert (steps["comm_wait_s"] == 0).all()  # no DDP, no reduction: nothing to wait for
+
+
+VGG_PLAN = {"model": "vgg11", "dataset": "synthetic1k", "num_classes": 10, "image_size": 224, "batch_size": 32}
+VGG_RUN = ["model=vgg11", "dataset=synthetic1k", "dataset.num_classes=10", "train.image_size=224"]
+
+
+def _plan(path: Path, by_gpus: dict[str, dict[str, dict]], **fields: object) -> Path:
+    """A plan record at `path` made for VGG_PLAN (with `fields` changed) at the GPU counts of `by_gpus`."""
+    first = next(iter(by_gpus))
+    Plan(**{**VGG_PLAN, **fields}, gpus=int(first), strategies=by_gpus[first], by_gpus=by_gpus).write(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("override", "held", "wanted"),
+    [
+        ("model=alexnet", "model='vgg11'", "model.name='alexnet'"),
+        ("dataset=synthetic22k", "dataset='synthetic1k'", "dataset.name='synthetic22k'"),
+        ("dataset.num_classes=20", "num_classes=10", "dataset.num_classes=20"),
+        ("train.image_size=192", "image_size=224", "train.image_size=192"),
+        ("train.batch_size=4", "batch_size=32", "train.batch_size=4"),
+        ("cluster.gpus=8", "by_gpus for N=2, 4", "cluster.gpus=8"),
+        ("strategy=ralp_h", "strategies ['ralp_n'] at N=4", "strategy.name='ralp_h'"),
+    ],
+)
+def test_a_plan_made_for_another_run_is_refused_naming_the_file_the_key_and_both_values(
+    tmp_path: Path, override: str, held: str, wanted: str
+) -> None:
+    plan = _plan(tmp_path / "plan.json", {"2": {"ralp_n": {"split": 3}}, "4": {"ralp_n": {"split": 5}}})
+    cfg = load(["strategy=ralp_n", "cluster.gpus=4", *VGG_RUN, "train.batch_size=32", override])
+    units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes))
+    with pytest.raises(ConfigError) as err:
+        resolve_split(with_plan(cfg, plan), units)
+    assert f"plan {plan} has {held} but this run has {wanted}: " in str(err.value)
+
+
+def test_a_plan_for_several_n_serves_each_of_them_and_is_checked_for_every_strategy(tmp_path: Path) -> None:
+    plan = _plan(tmp_path / "plan.json", {"2": {"ralp_n": {"split": 3}, "ps": {}}, "4": {"ralp_n": {"split": 5}}})
+    units = models.placement_units(models.build("vgg11", 10))
+    base = ["strategy=ralp_n", *VGG_RUN, "train.batch_size=32", f"strategy.plan={plan}"]
+    assert [resolve_split(load([*base, f"cluster.gpus={n}"]), units) for n in (2, 4)] == [3, 5]
+    assert resolve_split(load([*base, "cluster.gpus=2", "strategy=ps"]), units) is None
+    with pytest.raises(ConfigError, match=r"has strategies \['ralp_n'\] at N=4 but this run has strategy.name='ps'"):
+        resolve_split(load([*base, "cluster.gpus=4", "strategy=ps"]), units)
+    Plan(**VGG_PLAN, gpus=4, strategies={"ps": {}}).write(plan)  # one N, no by_gpus: its gpus is checked
+    assert resolve_split(load([*base, "cluster.gpus=4", "strategy=ps"]), units) is None
+    with pytest.raises(ConfigError, match="has gpus=4 but this run has cluster.gpus=2"):
+        resolve_split(load([*base, "cluster.gpus=2", "strategy=ps"]), units)
+
+
+def test_plan_option_sets_strategy_plan_and_a_second_different_plan_is_refused(tmp_path: Path) -> None:
+    cfg = load(["strategy=ralp_n"])
+    assert with_plan(cfg, None) is cfg
+    assert with_plan(cfg, tmp_path / "a.json").strategy.plan == str(tmp_path / "a.json")
+    same = load(["strategy=ralp_n", f"strategy.plan={tmp_path / 'a.json'}"])
+    assert with_plan(same, tmp_path / "a.json").strategy.plan == str(tmp_path / "a.json")
+    with pytest.raises(ConfigError, match=f"--plan {tmp_path / 'b.json'} and strategy.plan={tmp_path / 'a.json'}"):
+        with_plan(same, tmp_path / "b.json")
+
+
+def test_train_refuses_another_models_plan_in_one_line_before_any_rank_starts(tmp_path: Path) -> None:
+    """A plan made for VGG-11 given to an AlexNet run (it ran, exit 0, with VGG-11's split)."""
+    plan = _plan(tmp_path / "plan.json", {"4": {"ralp_n": {"split": 5}}})
+    overrides = ["cluster=local", "strategy=ralp_n", "cluster.gpus=4", *VGG_RUN, "train.batch_size=32"]
+    overrides += ["model=alexnet", "train.loader=synthetic"]
+    command = train_command(tmp_path / "run", overrides)
+    proc = subprocess.run([*command, "--plan", str(plan)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"ralp-pipe train: configuration error: plan {plan} has model='vgg11' but this run has model.name='alexnet': "
+        f"give the run the plan made for it (`ralp-pipe plan` with the run's overrides)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"], "the refused run left files"
