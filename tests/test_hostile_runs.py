@@ -132,6 +132,42 @@ def test_a_shard_loader_without_prepared_shards_is_refused_before_the_ranks_star
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "a staging folder was made"
 
 
+def test_a_second_driver_of_the_same_out_is_refused_at_once_naming_the_folder_and_the_holder(tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "run"
+    lock = tmp_path / "runs" / ".run.lock"
+    with train.out_locked(out):  # this process is the first driver
+        began = time.monotonic()
+        proc = _train(out, "train.measure_steps=3")
+        assert lock.read_text() == f"{os.getpid()}\n"
+    assert proc.returncode == 2, proc.stderr
+    assert _one_line(proc.stderr, "configuration error") == (
+        f"ralp-pipe train: configuration error: --out {out}: another `ralp-pipe train` (PID {os.getpid()}) is writing "
+        f"this folder right now (it holds {lock}); wait for it to end; choose another --out or fix that path"
+    )
+    assert time.monotonic() - began < 60, "the refusal came after a measurement"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [], "the lock file or a staging folder was left"
+
+
+@pytest.mark.slow  # two `ralp-pipe train` subprocesses, one with 3 ranks
+def test_two_drivers_of_one_out_at_once_one_runs_and_the_other_is_refused(tmp_path: Path) -> None:
+    """Both used to exit 0 naming the same folder, one measurement silently lost."""
+    runs = tmp_path / "runs"
+    first = _start_train(runs / "run", "train.measure_steps=200")
+    try:
+        _wait_for_ranks(first, runs)
+        second = _train(runs / "run", "train.measure_steps=2")
+        assert first.poll() is None, "the first run ended before the second was refused"
+        first.send_signal(signal.SIGINT)
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert second.returncode == 2, second.stderr
+    line = _one_line(second.stderr, "configuration error")
+    assert f"--out {runs / 'run'}: another `ralp-pipe train` (PID {first.pid}) is writing this folder" in line, line
+    assert first.returncode == 128 + signal.SIGINT, stderr  # the lock goes with the first driver, however it ends
+    assert list(runs.iterdir()) == [], "the lock file, a staging folder or a record was left"
+
+
 # --- 2: full and read-only disks: one line naming the path and errno, nothing half-written -----------------------------
 
 
