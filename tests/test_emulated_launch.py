@@ -1,7 +1,8 @@
-"""The launcher places ranks on emulated hosts (its own cluster, or a shared one handed down by env); a real run is shaped."""
+"""The launcher places ranks on emulated hosts (its own cluster, or a shared one it is given); a real run is shaped."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from ralp_pipe.engine.train import run
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.results.layout import STEPS_FILE
 from ralp_pipe.runtime import emulated
-from ralp_pipe.runtime.emulated import SHARED_HOSTS_ENV, EmulatedCluster, emulated_sites
+from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites
 from ralp_pipe.runtime.launch import PythonMain, launch_local
 from support.emulated_hosts import qdisc_stats
 
@@ -38,10 +39,10 @@ def test_a_run_gets_a_host_per_rank_on_its_own_cluster(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # builds a cluster and runs ranks (~7 s)
-def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path) -> None:
     with EmulatedCluster(3, "1gbit") as cluster:
-        monkeypatch.setenv(SHARED_HOSTS_ENV, cluster.share([2, 0], master_host=2)[SHARED_HOSTS_ENV])
-        with emulated_sites([0, 1], "unlimited", "1mb") as sites:
+        shared = json.loads(json.dumps(cluster.share([2, 0], master_host=2)))  # as --shared-hosts hands it over
+        with emulated_sites([0, 1], "unlimited", "1mb", shared) as sites:
             launch_local(PythonMain(RANK, (str(tmp_path),)), 2, 120, tmp_path, sites=sites)
         host_namespaces = [cluster.run(h, ["readlink", "/proc/self/ns/net"]).stdout.strip() for h in (2, 0)]
     ranks = _ranks(tmp_path, 2)
@@ -49,11 +50,10 @@ def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path, m
     assert [r[3] for r in ranks] == host_namespaces
 
 
-def test_a_shared_layout_for_another_world_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shared_layout_for_another_world_size_is_refused() -> None:
     with EmulatedCluster(2) as cluster:
-        monkeypatch.setenv(SHARED_HOSTS_ENV, cluster.share([0, 1], master_host=0)[SHARED_HOSTS_ENV])
-        with pytest.raises(ValueError, match="places 2 ranks but this run has 3"):
-            with emulated_sites([0, 1, 2], "1gbit", "1mb"):
+        with pytest.raises(ValueError, match="--shared-hosts places 2 ranks but this run has 3"):
+            with emulated_sites([0, 1, 2], "1gbit", "1mb", cluster.share([0, 1], master_host=0)):
                 pass
 
 
