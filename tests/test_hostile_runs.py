@@ -168,6 +168,17 @@ def test_two_drivers_of_one_out_at_once_one_runs_and_the_other_is_refused(tmp_pa
     assert list(runs.iterdir()) == [], "the lock file, a staging folder or a record was left"
 
 
+def test_shards_given_with_the_option_are_the_ones_checked(tmp_path: Path) -> None:
+    """--shards names the folder the ranks read; the configured results folder is not looked at."""
+    given = tmp_path / "shards"
+    given.mkdir()
+    proc = _train(tmp_path / "run", "train.loader=dali", "--shards", str(given))
+    assert proc.returncode == 2, proc.stderr
+    line = _one_line(proc.stderr, "configuration error")
+    assert f"no manifest.json in {given}: " in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"], "a staging folder was made"
+
+
 # --- 2: full and read-only disks: one line naming the path and errno, nothing half-written -----------------------------
 
 

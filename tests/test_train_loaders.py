@@ -72,13 +72,18 @@ def _opened_below(pids: list[int], folder: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("loader", ["dali", "torchvision"])
-def test_train_reads_the_prepared_shards_with_each_loader(dataset: list[str], loader: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("loader", "given"), [("dali", True), ("torchvision", False)])
+def test_train_reads_the_prepared_shards_with_each_loader(
+    dataset: list[str], loader: str, given: bool, tmp_path: Path
+) -> None:
+    """The ranks read the shards --shards names (the workflow's way; the configured results folder then holds
+    none), else those `prepare-shards` wrote for the configured dataset."""
     shards = output_dir(load(dataset))
     listed = {shard["name"] for shard in read_manifest(shards)["shards"]}
     out = tmp_path / "run"
+    where = ["--shards", str(shards), f"paths.results={tmp_path / 'elsewhere'}"] if given else []
     proc = subprocess.Popen(
-        [*CLI, "train", "--out", str(out), *TRAIN, f"train.loader={loader}", *dataset],
+        [*CLI, "train", "--out", str(out), *TRAIN, f"train.loader={loader}", *dataset, *where],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ralp_pipe.config import CONFIG_DIR, ConfigError, load, to_dict
+from ralp_pipe.engine.train import with_plan
 from ralp_pipe.workflow.matrix import STAGE_DIMS, STAGE_KEYS, Matrix, parse_settings, select
 from workflow_helpers import snakemake
 
@@ -97,8 +99,10 @@ def test_each_stage_composes_the_params_it_is_keyed_by(local: Matrix) -> None:
     run = local.runs[-1]
     for stage, keys in STAGE_KEYS.items():
         params = json.loads(local.stage_params(stage, run))
-        composed = select(to_dict(load(local.stage_args(stage, run))), keys)
-        assert composed == params["config"], stage
+        composed = load(local.stage_args(stage, run))
+        if stage == "train":  # its rule adds --plan, the plan stage's output
+            composed = with_plan(composed, Path(local.path("plan", run)))
+        assert select(to_dict(composed), keys) == params["config"], stage
 
 
 @pytest.mark.slow  # composes two smoke matrices (~2.8 s in the suite)
@@ -280,3 +284,36 @@ def test_pairs_run_only_their_datasets_and_models_and_none_is_every_combination(
     paired = Matrix(parse_settings({"experiment": "smoke", "overrides": [*cross, pairs]}))
     assert {(r.dataset, r.model) for r in paired.runs} == {("synthetic22k", "resnet18"), ("synthetic1k", "vgg11")}
     assert len(paired.runs) == len(every.runs) // 2
+
+
+@pytest.mark.slow  # a snakemake dry-run subprocess
+def test_rules_hand_stages_the_exact_paths_of_their_inputs_and_name_logs_from_the_layout(tmp_path: Path) -> None:
+    """The train rule passes its input shards and plan as --shards and --plan (no override re-typing the
+    plan's path), every --out is the rule's output, and every log is the layout's log path of the job."""
+    workload = '["strategy=ps train.loader=synthetic", "strategy=allreduce train.loader=synthetic"]'
+    config = {"experiment": "smoke", "overrides": [f"experiment.concurrent=[{workload}]"]}
+    matrix = Matrix(parse_settings(config))
+    result = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "1", config=config)
+    assert result.returncode == 0, result.stderr
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", result.stdout):
+        rule = re.match(r"(?:local)?rule (\w+):\n", block)
+        if rule:
+            found = {key: re.search(rf"^\s*{key}: (.*)$", block, re.M) for key in ("log", "wildcards", "Shell command")}
+            jobs.append((rule[1], *(None if m is None else m[1] for m in found.values())))
+    assert {job[0] for job in jobs} >= {"prepare_shards", "profile", "probe", "plan", "train", "concurrent", "bundle"}
+    for rule, log, wildcards, command in jobs:
+        fields = dict(pair.split("=", 1) for pair in wildcards.split(", ")) if wildcards else {}
+        assert log == (None if rule == "all" else matrix.log(rule).format(**fields)), rule
+        if rule == "train":
+            run = matrix.first(**fields)
+            assert command.startswith(
+                f"ralp-pipe train --out {matrix.path('run', run)} --shards {matrix.path('shards', run)} "
+                f"--plan {matrix.path('plan', run)} "
+            ), command
+            assert "strategy.plan" not in command
+        if rule == "concurrent":
+            assert command.startswith(f"ralp-pipe concurrent --out {matrix.path('concurrent', index=0)} --job "), (
+                command
+            )
+    assert sum(rule == "train" for rule, *_ in jobs) == len(matrix.runs)
