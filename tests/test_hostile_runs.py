@@ -176,6 +176,14 @@ def test_shards_given_with_the_option_are_the_ones_checked(tmp_path: Path) -> No
     assert proc.returncode == 2, proc.stderr
     line = _one_line(proc.stderr, "configuration error")
     assert f"no manifest.json in {given}: " in line, line
+    manifest = {"dataset": "synthetic22k", "classes_found": 3, "shards": [{"name": "s0.tar", "index": "s0.idx"}]}
+    (given / "manifest.json").write_text(json.dumps(manifest))  # another dataset's, with labels that would fit
+    proc = _train(tmp_path / "run", "train.loader=dali", "--shards", str(given))
+    assert proc.returncode == 2, proc.stderr
+    line = _one_line(proc.stderr, "configuration error")
+    assert (
+        f"shards {given} were prepared for dataset 'synthetic22k' but this run has dataset.name='synthetic1k'" in line
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"], "a staging folder was made"
 
 

@@ -34,7 +34,7 @@ import torch
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import Config, cluster_kind, digest, load, to_dict, workload
 from ralp_pipe.data.loaders import reads_shards, shard_files
-from ralp_pipe.data.shards import output_dir
+from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.metrics import summarize
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
@@ -497,6 +497,12 @@ def run(
     if reads_shards(cfg.train.loader):  # missing or unfit shards are refused before any rank starts
         shards = output_dir(cfg) if shards is None else shards
         shard_files(shards, cfg.dataset.num_classes)
+        prepared = read_manifest(shards).get("dataset")
+        if prepared != cfg.dataset.name:
+            raise ConfigError(
+                f"shards {shards} were prepared for dataset {prepared!r} but this run has "
+                f"dataset.name={cfg.dataset.name!r}: give it that dataset's shards (--shards)"
+            )
     else:
         shards = None
     units = meta_units(cfg)
