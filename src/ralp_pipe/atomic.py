@@ -2,28 +2,58 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+Writer = Callable[[Path], object]  # writes one file's contents to the path it is given
+
+
+@contextmanager
+def atomic_paths(paths: Sequence[str | os.PathLike[str]]) -> Iterator[list[Path]]:
+    """Yield a temporary path next to each of `paths`, all made before the caller writes anything.
+
+    On success every temporary replaces its target, one after the other, only once all were
+    written; on error none does and all are removed, so the targets stay as they were.
+    """
+    targets = [Path(path) for path in paths]
+    temps: list[Path] = []
+    try:
+        for target in targets:
+            if target.is_dir():  # os.replace would fail only once others were replaced
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            os.close(fd)
+            temps.append(Path(tmp))
+            os.chmod(tmp, 0o644)
+        yield temps
+        for tmp, target in zip(temps, targets):
+            os.replace(tmp, target)
+    finally:
+        for tmp in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success it replaces `path`, on error it is removed."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o644)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_paths([path]) as (tmp,):
+        yield tmp
+
+
+def write_together(writers: Mapping[Path, Writer]) -> list[Path]:
+    """Write every target with its writer, all or none: a failure (an unwritable folder, a full disk, a
+    writer's error) leaves every target as it was. Returns the targets."""
+    with atomic_paths(list(writers)) as temps:
+        for tmp, write in zip(temps, writers.values()):
+            write(tmp)
+    return list(writers)
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:

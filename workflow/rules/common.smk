@@ -31,8 +31,3 @@ def concurrent_resource(name, default=None):
     return lambda wildcards: MATRIX.concurrent_resources(int(wildcards.index)).get(
         name, default
     )
-
-
-def plans_folder(plans):
-    """The folder holding every plan of the experiment (plans/{dataset}/{model}/n{gpus}-{network}.json)."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(plans[0])))

@@ -67,11 +67,10 @@ rule aggregate:
     conda:
         ENV
     params:
-        runs=RUNS,
-        plans=lambda wildcards, input: plans_folder(input.plans),
+        runs=RUNS,  # every run folder by name: one without metrics.json is refused, not left out
         out=lambda wildcards, output: os.path.dirname(output.runs),
     shell:
-        "ralp-pipe aggregate --runs {params.runs:q} --plans {params.plans:q} --concurrent {input.concurrent:q}"
+        "ralp-pipe aggregate --runs {params.runs:q} --plans {input.plans:q} --concurrent {input.concurrent:q}"
         " --out {params.out:q} > {log:q} 2>&1"
 
 

@@ -45,6 +45,11 @@ def window_edge(device: torch.device, group: dist.ProcessGroup | None = None) ->
     return time.perf_counter()
 
 
+def compute_time(step_time_s: float, comm_wait_s: float, data_wait_s: float) -> float:
+    """A step's compute: what the communication and data waits leave of it (never negative)."""
+    return max(step_time_s - comm_wait_s - data_wait_s, 0.0)
+
+
 def step_record(
     rank: int, role: str, step: int, phase: str, step_time_s: float, data_wait_s: float, traffic: StepTraffic
 ) -> dict[str, Any]:
@@ -55,7 +60,7 @@ def step_record(
         "step": step,
         "phase": phase,
         "step_time_s": step_time_s,
-        "compute_s": max(step_time_s - traffic.comm_wait_s - data_wait_s, 0.0),
+        "compute_s": compute_time(step_time_s, traffic.comm_wait_s, data_wait_s),
         "comm_wait_s": traffic.comm_wait_s,
         "data_wait_s": data_wait_s,
     }

@@ -12,6 +12,10 @@ are ratios of means with delta-method intervals. In both tables ``strategy`` is 
 strategy, or ``<strategy>-sequential`` for the sequential ablation (``strategy.overlap=false``, column
 ``overlap``); speedups are over the pipelined ``ps`` and over ``allreduce`` of the same group.
 Missing values are nulls (NaN for numbers).
+
+Aggregate reads exactly the runs and plans it is named: a named run without its metrics.json is
+refused, never left out, and each run gets the plan that records its dataset, model, N and network.
+Its outputs (tables, summary.md, plots) are replaced all together or not at all.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from ralp_pipe.atomic import atomic_path
-from ralp_pipe.config import STRATEGIES, ConfigError
+from ralp_pipe.atomic import Writer, write_together
+from ralp_pipe.config import STRATEGIES, ConfigError, cluster_kind
+from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import DataError
 from ralp_pipe.results.accuracy import median_abs_error, relative_error
@@ -36,7 +42,6 @@ from ralp_pipe.results.layout import (
     BREAKDOWN_TABLE,
     CONCURRENT_TABLE,
     METRICS_FILE,
-    PLAN_FILE,
     PLOTS_FOLDER,
     REPEATS_TABLE,
     RUNS_TABLE,
@@ -52,12 +57,15 @@ CONFIGURATION = GROUP + ["strategy"]  # what repeats share (strategy: the row na
 BASELINES = ("ps", "allreduce")  # speedup_vs_<baseline> of every row
 SPEEDUP_METHOD = "delta"  # how speedup intervals are computed (ralp_pipe.results.intervals.ratio_interval)
 # Settings every repeat of a configuration must share (else the records mix two experiments).
-SHARED = ["classes", "rate", "workers", "num_ps", "devices", "batch_size", "global_batch", "image_size",
-          "warmup_steps", "measure_steps", "images_per_step", "split"]  # fmt: skip
+SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "devices", "batch_size",
+          "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_step", "split", "device",
+          "backend", "loader"]  # fmt: skip
 MEANS = ["step_time_s", "step_p50_s", "step_p95_s", "wire_gb_total"]
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
 STEP_QUANTILES = {"step_p50_s": 0.5, "step_p95_s": 0.95}  # of the per-step times within a run
 MEASURED, WORKER = "measure", "worker"  # steps.parquet's phase of measured steps and role of workers
+CONFIGURED, PROBED = "configured tc rate", "probed"  # link_source: where link_gbit comes from
+PlanKey = tuple[str, str, int, str]  # (dataset, model, N, network): what one plan is for
 
 
 @dataclass(frozen=True)
@@ -95,15 +103,19 @@ class Tables:
 
 
 def find_metrics(paths: Iterable[str | Path]) -> list[Path]:
-    """Run records (metrics.json) named directly, inside the given run folders, or anywhere below given folders."""
+    """Run records: metrics.json files named directly, run folders, or folders of run folders.
+
+    Every run folder named, and every run folder below a folder named (each folder without
+    subfolders, hidden ones aside), must hold its metrics.json: a run without one (unfinished,
+    failed, or an interrupted rerun's records set aside in `.previous/`) is refused by name, never
+    left out of the tables.
+    """
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_file():
             found.append(path)
-        elif (path / METRICS_FILE).is_file():
-            found.append(path / METRICS_FILE)
         elif path.is_dir():
-            found += sorted(path.rglob(METRICS_FILE))
+            found += _records_below(path)
         else:
             raise ConfigError(f"run record {path} does not exist: run the train stage first")
     if not found:
@@ -111,12 +123,50 @@ def find_metrics(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-def plan_for(record: RunMetrics, plans: Path) -> Plan | None:
-    """The plan the run's (model, dataset, N, network) was planned with, if its file exists below `plans`."""
-    path = plans / PLAN_FILE.format(
-        dataset=record.dataset, model=record.model, gpus=record.gpus, network=record.network
-    )
-    return Plan.read(path) if path.is_file() else None
+def _records_below(folder: Path) -> list[Path]:
+    """The metrics.json of `folder` if it holds one, else of every run folder below it; a run folder without one raises."""
+    found = []
+    for top, folders, files in os.walk(folder):
+        folders[:] = sorted(name for name in folders if not name.startswith("."))
+        if METRICS_FILE in files:
+            found.append(Path(top, METRICS_FILE))
+            folders.clear()
+        elif not folders:
+            raise DataError(
+                f"run folder {top} holds no {METRICS_FILE} (the run did not finish, or a rerun was interrupted): "
+                f"re-run `ralp-pipe train --out {top}` or leave the run out"
+            )
+    return found
+
+
+def plan_key(plan: Plan, path: Path) -> PlanKey:
+    """The (dataset, model, N, network) plan `path` records it was made for; a plan that does not say is refused."""
+    key = (plan.dataset, plan.model, plan.gpus, plan.network)
+    missing = [name for name, value in zip(("dataset", "model", "gpus", "network"), key) if value is None]
+    if missing:
+        raise DataError(f"plan {path} lacks key {', '.join(map(repr, missing))}: re-run `ralp-pipe plan`")
+    return key  # type: ignore[return-value]
+
+
+def load_plans(paths: Iterable[str | Path]) -> dict[PlanKey, Plan]:
+    """The plans named (JSON files, or folders of them), by what each was made for; two for one run are refused."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(path.rglob("*.json"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ConfigError(f"plan {path} does not exist: run the plan stage first")
+    plans: dict[PlanKey, Plan] = {}
+    where: dict[PlanKey, Path] = {}
+    for path in files:
+        plan = Plan.read(path)
+        key = plan_key(plan, path)
+        if key in plans:
+            raise ConfigError(f"plans {where[key]} and {path} are both for {'/'.join(map(str, key))}: name one")
+        plans[key], where[key] = plan, path
+    return plans
 
 
 def read_steps(path: Path) -> pd.DataFrame:
@@ -153,6 +203,18 @@ def step_quantiles(steps: pd.DataFrame) -> dict[str, float]:
     return {name: float(per_step.quantile(q)) if len(per_step) else math.nan for name, q in STEP_QUANTILES.items()}
 
 
+def link_rate(record: RunMetrics, plan: Plan | None) -> tuple[float, str | None]:
+    """The run's link in Gbit/s and where that figure comes from: the tc rate where the cluster shapes its
+    links to one, else the payload rate the link probe measured (the plan's, where it priced the probe's)."""
+    kind = record.cluster_kind
+    rate = rate_bits_per_s(record.rate, "rate") if kind is not None and cluster_kind(kind).shapes_links else None
+    if rate is not None:
+        return rate / 1e9, CONFIGURED
+    if plan is not None and plan.bandwidth_source == "measured" and plan.bandwidth_bytes_per_s:
+        return 8 * plan.bandwidth_bytes_per_s / 1e9, PROBED
+    return math.nan, None
+
+
 def run_row(run: RunInput) -> dict[str, Any]:
     """One row of repeats.parquet from a run's record, steps and plan."""
     record, plan = run.record, run.plan
@@ -163,6 +225,7 @@ def run_row(run: RunInput) -> dict[str, Any]:
     row["classes"] = record.num_classes
     row["run"] = record.run
     row["devices"] = record.world_size or record.workers + record.num_ps
+    row["link_gbit"], row["link_source"] = link_rate(record, plan)
     row["images_per_sec_per_device"] = record.images_per_sec / row["devices"]
     row.update(step_quantiles(run.steps))
     for category in ("total", *CATEGORIES):
@@ -188,11 +251,16 @@ def _order(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return ordered.reset_index(drop=True)
 
 
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with nullable integer and string types where a column may be null (split, names of things)."""
+    strings = ["split_unit", "link_source", "device", "backend", "loader"]
+    return frame.astype({"split": "Int64", "link_gbit": "float64", **dict.fromkeys(strings, "string")})
+
+
 def repeats_table(runs: Records) -> pd.DataFrame:
     """repeats.parquet: one row per run, sorted by configuration and repeat; a run recorded twice is refused."""
     frame = pd.DataFrame([run_row(run) for run in runs])
-    frame["split"] = frame["split"].astype("Int64")
-    frame["split_unit"] = frame["split_unit"].astype("string")
+    frame = _typed(frame)
     frame = _order(frame, CONFIGURATION + ["repeat"])
     duplicated = frame[frame.duplicated(CONFIGURATION + ["repeat"])]
     if not duplicated.empty:
@@ -239,9 +307,7 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
 def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     """runs.parquet: one row per configuration, with speedups over `ps` and `allreduce` in the same group."""
     groups = repeats.groupby(CONFIGURATION, sort=False, dropna=False)
-    frame = _order(pd.DataFrame([_configuration_row(group) for _, group in groups]), CONFIGURATION)
-    frame["split"] = frame["split"].astype("Int64")
-    frame["split_unit"] = frame["split_unit"].astype("string")
+    frame = _typed(_order(pd.DataFrame([_configuration_row(group) for _, group in groups]), CONFIGURATION))
     estimates = {key: _estimate(group["images_per_sec"]) for key, group in groups}
     for baseline in BASELINES:
         cells = []
@@ -334,6 +400,15 @@ def _split_cell(row: Any) -> str:
     return f"{row.split_unit} ({row.split})" if isinstance(row.split_unit, str) else str(row.split)
 
 
+def _link_cell(runs: pd.DataFrame) -> str:
+    """A network's link as its rows record it, e.g. ``0.97 Gbit/s probed`` (its rate where neither shaped nor probed)."""
+    links = runs[["link_gbit", "link_source", "rate"]].drop_duplicates()
+    return "; ".join(
+        rate if pd.isna(source) else f"{gbit:.3g} Gbit/s {source}"
+        for gbit, source, rate in links.itertuples(index=False)
+    )
+
+
 def _speedup_cell(row: Any, baseline: str) -> str:
     name = f"speedup_vs_{baseline}"
     return _pm(getattr(row, name), getattr(row, f"{name}_ci_low"), getattr(row, f"{name}_ci_high"), 2, "x")
@@ -359,7 +434,8 @@ def summary_markdown(runs: pd.DataFrame) -> str:
         f"Speedups are ratios of mean throughput over `ps` (pipelined) and over `allreduce` at the same "
         f"model, dataset, N and network, with {LEVEL:.0%} delta-method intervals. `-sequential` rows are the "
         "ablation without push/pull overlap (strategy.overlap=false). Split: the unit the lower part ends "
-        "with and its index.",
+        "with and its index. Each network's heading gives its link: the tc rate the emulated cluster shapes "
+        "every host link to, or the payload rate the link probe measured.",
         "",
     ]
     head = ["model", "dataset", "classes", "N", "strategy", "devices", "global batch"]
@@ -398,7 +474,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
         )
         tp_head = ["split", "repeats", "images/sec", "per device", "step p50 / p95 (s)", "vs ps", "vs allreduce"]
         parts += [
-            f"## Network {network} ({by_net['rate'].iloc[0]})",
+            f"## Network {network} ({_link_cell(by_net)})",
             "",
             "### Throughput (images/sec) and speedups",
             "",
@@ -437,29 +513,56 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise DataError(f"cannot read concurrent result {path}: {exc}; re-run `ralp-pipe concurrent`") from exc
 
 
-def load_records(run_paths: Iterable[str | Path], plans: Path) -> list[RunInput]:
-    """Record, plan and steps of every run found under `run_paths` (steps.parquet next to each metrics.json)."""
+def load_records(run_paths: Iterable[str | Path], plan_paths: Iterable[str | Path]) -> list[RunInput]:
+    """Record, plan and steps of every run named (see :func:`find_metrics`; steps.parquet next to each metrics.json),
+    each with the plan among `plan_paths` made for its dataset, model, N and network (None where there is none)."""
+    plans = load_plans(plan_paths)
     found = [(RunMetrics.read(path), path.parent / STEPS_FILE) for path in find_metrics(run_paths)]
-    return [RunInput(record, plan_for(record, plans), read_steps(steps)) for record, steps in found]
+    return [
+        RunInput(record, plans.get((record.dataset, record.model, record.gpus, record.network)), read_steps(steps))
+        for record, steps in found
+    ]
 
 
-def write_tables(tables: Tables, out: Path) -> None:
-    """Write the tables (runs, repeats, speedups, concurrent, summary) into `out` atomically."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, frame in tables.frames().items():
-        with atomic_path(out / name) as tmp:
-            frame.to_parquet(tmp, index=False)
-    with atomic_path(out / SUMMARY_FILE) as tmp:
-        tmp.write_text(tables.summary)
+def _parquet(frame: pd.DataFrame) -> Writer:
+    return lambda path: frame.to_parquet(path, index=False)
+
+
+def write_tables(tables: Tables, out: Path, plots: bool = True) -> list[Path]:
+    """Write the tables, summary.md and (with `plots`) every plot into `out`, replacing all of them together.
+
+    Each file is written under a temporary name beside its target, every one made before the first
+    is written, and renamed only once all are: a folder that cannot be written, a full disk or a
+    failing plot leaves the previous set as it was. Returns the files.
+    """
+    writers: dict[Path, Writer] = {out / name: _parquet(frame) for name, frame in tables.frames().items()}
+    writers[out / SUMMARY_FILE] = lambda path: path.write_text(tables.summary)
+    if plots:
+        from ralp_pipe.results.plots import plot_writers  # matplotlib: only where plots are drawn
+
+        writers.update(plot_writers(tables, out / PLOTS_FOLDER))
+    try:
+        return write_together(writers)
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out}: cannot write the tables there ({exc}); the previous tables and plots are left as they "
+            f"were: fix that path or choose another --out"
+        ) from exc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe aggregate`."""
     parser.add_argument(
-        "--runs", nargs="+", required=True, help="run folders, metrics.json files or folders above them"
+        "--runs",
+        nargs="+",
+        required=True,
+        help="run folders (each must hold metrics.json), metrics.json files, or folders of run folders",
     )
     parser.add_argument(
-        "--plans", type=Path, required=True, help="plans folder (plans/<dataset>/<model>/n<N>-<net>.json)"
+        "--plans",
+        nargs="+",
+        required=True,
+        help="plan files (or folders of them); each run gets the one made for its dataset, model, N and network",
     )
     parser.add_argument("--concurrent", nargs="*", default=[], help="concurrent.json files of concurrent workloads")
     parser.add_argument("--out", type=Path, required=True, help="tables folder to write")
@@ -467,10 +570,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Aggregate the given runs into tables and plots."""
-    from ralp_pipe.results.plots import write_plots
-
     tables = build_tables(load_records(args.runs, args.plans), load_workloads(args.concurrent))
     write_tables(tables, args.out)
-    write_plots(tables, args.out / PLOTS_FOLDER)
-    print(f"aggregate: {len(tables.runs)} runs -> {args.out}")
+    print(f"aggregate: {len(tables.repeats)} runs of {len(tables.runs)} configurations -> {args.out}")
     return 0

@@ -2,9 +2,9 @@
 
 The workflow expands :data:`PATHS` (outputs) and :func:`log_path` (logs) for every run of the
 matrix, and hands each stage the exact paths of its inputs; the train stage writes
-:data:`METRICS_FILE` and :data:`STEPS_FILE` into a run folder; aggregate finds a run's plan
-with :data:`PLAN_FILE` below the plans folder and writes :data:`TABLE_FILES` and the plots
-folder into the tables folder.
+:data:`METRICS_FILE` and :data:`STEPS_FILE` into a run folder; the plan stage writes
+:data:`PLAN_FILE` below the plans folder; aggregate is named every run folder and plan file
+and writes :data:`TABLE_FILES` and the plots folder into the tables folder.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ images/sec) and is the denominator of the scaling efficiency.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ import matplotlib.ticker as ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ralp_pipe.atomic import atomic_path  # noqa: E402
+from ralp_pipe.atomic import Writer, atomic_path, write_together  # noqa: E402
 from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration  # noqa: E402
 from ralp_pipe.results.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
@@ -340,11 +341,11 @@ PLOTS = {
 }
 
 
+def plot_writers(tables: Tables, out: Path) -> dict[Path, Writer]:
+    """A writer of every figure of :data:`~ralp_pipe.results.layout.PLOT_NAMES`, by its PNG file in `out`."""
+    return {out / f"{name}.png": functools.partial(PLOTS[name], tables) for name in PLOT_NAMES}
+
+
 def write_plots(tables: Tables, out: Path) -> list[Path]:
-    """Draw every figure of :data:`~ralp_pipe.results.layout.PLOT_NAMES` into `out` as PNG; returns the files."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in PLOT_NAMES:
-        PLOTS[name](tables, out / f"{name}.png")
-        paths.append(out / f"{name}.png")
-    return paths
+    """Draw every figure into `out` as PNG, all replaced together or none; returns the files."""
+    return write_together(plot_writers(tables, out))

@@ -112,9 +112,9 @@ class RunMetrics(Record):
     roles: list[str] | None = None
     hosts: list[str] | None = None  # host name of every rank (the SLURM node it ran on)
     peak_rss_mb: list[float] | None = None  # peak resident memory of every rank's process, MiB
-    device: str | None = None
-    backend: str | None = None
-    loader: str | None = None
+    device: str | None = field(default=None, metadata=_COLUMN)  # torch device of the ranks (cpu, cuda:0)
+    backend: str | None = field(default=None, metadata=_COLUMN)  # gloo or nccl
+    loader: str | None = field(default=None, metadata=_COLUMN)  # train.loader
     hardware: dict[str, Any]
     versions: dict[str, Any]
     git_revision: str | None = field(metadata=_COLUMN)
@@ -133,6 +133,11 @@ class RunMetrics(Record):
     def overlap(self) -> bool:
         """Whether the run pipelined its push/pull (``strategy.overlap``; records without it: True)."""
         return bool(self._setting("strategy", "overlap", True))
+
+    @property
+    def cluster_kind(self) -> str | None:
+        """The cluster kind the run ran on (``cluster.kind``; records without it: None)."""
+        return self._setting("cluster", "kind", None)
 
     @property
     def repeat(self) -> int:

@@ -7,7 +7,11 @@ ever streamed in chunks with ``extractfile`` into a private temporary folder (ne
 tarfile itself, never held whole in memory), hashed on the way, and checked to be what their
 names say (JSON objects, UTF-8 text, readable Parquet) before the tables are recomputed.
 
-Tables and summary.md must equal what the raw records recompute to. Plots are redrawn from the
+Each run's own figures must follow from its step records first (:func:`check_record`, by the
+definitions of :mod:`ralp_pipe.engine.metrics`): images/sec, step time, images per step and GB/step
+are recomputed from steps.parquet and the measured window, which must hold rank 0's measured steps,
+and every step's compute from its time and waits. Tables and summary.md must equal what the raw
+records recompute to. Plots are redrawn from the
 recomputed runs table and compared byte for byte (PNG output is deterministic for one set of
 drawing packages, see tests/test_bundle_reproducible.py) when the bundle's environment.json
 names the same versions of :data:`DRAWING_PACKAGES` as this interpreter has; a bundle drawn with
@@ -20,6 +24,7 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
+import math
 import re
 import shutil
 import tarfile
@@ -27,13 +32,17 @@ import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ralp_pipe.engine.metrics import MEASURE, compute_time, summarize
+from ralp_pipe.engine.topology import WORKER
+from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
-from ralp_pipe.results.aggregate import Tables, build_tables, load_records, load_workloads
+from ralp_pipe.results.aggregate import RunInput, Tables, build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS, ENVIRONMENT
 from ralp_pipe.results.layout import CONCURRENT_FILE, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
 
@@ -42,6 +51,7 @@ TEXT_SUFFIXES = (".md", ".txt", ".lock")
 _UNREADABLE = (OSError, EOFError, tarfile.TarError, zlib.error)  # what a cut or corrupt tar.gz raises when read
 _SIZE = re.compile(r"^(\d+)([KMGT]?)$")
 DRAWING_PACKAGES = ("matplotlib", "pillow", "numpy", "fonttools")  # what draws and encodes the PNGs
+REL_TOLERANCE = 1e-9  # a figure recomputed from its step records equals the recorded one up to float rounding
 
 
 @dataclass(frozen=True)
@@ -197,11 +207,85 @@ def _check_text(path: Path, name: str) -> None:
         raise BundleRefused(f"member {name!r} is not UTF-8 text: {exc}") from None
 
 
+def _forged(run: RunInput, field: str, recorded: Any, recomputed: Any) -> BundleRefused:
+    """The refusal of a recorded figure that its step records do not give (`recomputed`: a value or a phrase)."""
+    given = recomputed if isinstance(recomputed, str) else repr(recomputed)
+    return BundleRefused(
+        f"run {run.record.run}: metrics.json records {field}={recorded!r}, but its step records give {given}: "
+        f"the record or its steps.parquet was changed after the run"
+    )
+
+
+def _close(recorded: Any, recomputed: float) -> bool:
+    return isinstance(recorded, int | float) and math.isclose(recorded, recomputed, rel_tol=REL_TOLERANCE)
+
+
+def check_record(run: RunInput) -> None:
+    """Refuse a run whose metrics.json figures do not follow from its steps.parquet and measured window.
+
+    images/sec, images per step (and the global batch), step time and GB/step by category are
+    recomputed with :func:`ralp_pipe.engine.metrics.summarize`, the workers counted from the step
+    records; the window (rank 0's clock) must be at least rank 0's measured steps, which it holds;
+    every step's compute must be what its waits leave of it (:func:`ralp_pipe.engine.metrics.compute_time`).
+    """
+    record, steps = run.record, run.steps
+    needed = ["rank", "compute_s", "comm_wait_s", *(f"bytes_{name}" for name in CATEGORIES)]
+    missing = [column for column in needed if column not in steps]
+    if missing:
+        raise BundleRefused(
+            f"run {record.run}: steps.parquet lacks column {', '.join(map(repr, missing))}, so its figures cannot "
+            "be recomputed"
+        )
+    window = record.window_s if record.window_s is not None else record.step_time_s * record.measure_steps
+    measured = steps[steps["phase"] == MEASURE]
+    workers = int(measured.loc[measured["role"] == WORKER, "rank"].nunique())
+    if record.workers != workers:
+        raise _forged(run, "workers", record.workers, workers)
+    if not (isinstance(window, int | float) and window > 0):
+        raise _forged(run, "window_s", window, "a positive number of seconds")
+    try:
+        figures = summarize(steps.to_dict("records"), window, workers, record.batch_size, record.measure_steps)
+    except ValueError as exc:
+        raise BundleRefused(f"run {record.run}: {exc}") from None
+    recomputed = {
+        "images_per_sec": figures.images_per_sec,
+        "images_per_step": figures.images_per_step,
+        "global_batch": figures.images_per_step,
+        "step_time_s": figures.step_time_s,
+    }
+    for field, value in recomputed.items():
+        if not _close(getattr(record, field), value):
+            raise _forged(run, field, getattr(record, field), value)
+    recorded_gb = record.gb_per_step or {}
+    for category in sorted(set(figures.gb_per_step) | set(recorded_gb)):
+        value = figures.gb_per_step.get(category, math.nan)
+        if not _close(recorded_gb.get(category), value):
+            raise _forged(run, f"gb_per_step.{category}", recorded_gb.get(category), value)
+    in_window = float(measured.loc[measured["rank"] == 0, "step_time_s"].sum())
+    if in_window > window * (1 + REL_TOLERANCE):
+        raise _forged(run, "window_s", window, f"at least {in_window!r} (rank 0's measured steps, inside the window)")
+    data_wait = steps.get("data_wait_s", pd.Series(0.0, index=steps.index))  # older records: inside compute
+    for row, wait in zip(steps.itertuples(index=False), data_wait):
+        compute = compute_time(row.step_time_s, row.comm_wait_s, wait)
+        if not _close(row.compute_s, compute):
+            raise BundleRefused(
+                f"run {record.run}: steps.parquet records compute_s={row.compute_s!r} for rank {row.rank} step "
+                f"{row.step}, but its step time and waits give {compute!r}: the step records were changed"
+            )
+
+
 def compare_tables(folder: Path) -> Tables:
-    """Recompute the tables from the raw records below `folder`, compare them with the stored ones; return them."""
+    """Check every raw record below `folder` against its steps, recompute the tables from them and compare
+    with the stored ones; return them."""
     try:
         workloads = load_workloads(sorted((folder / "concurrent").glob(f"*/{CONCURRENT_FILE}")))
-        tables = build_tables(load_records([folder / "runs"], folder / "plans"), workloads)
+        records = load_records([folder / "runs"], [folder / "plans"])
+    except (ConfigError, DataError) as exc:
+        raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc
+    for run in records:
+        check_record(run)
+    try:
+        tables = build_tables(records, workloads)
     except (ConfigError, DataError) as exc:
         raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc
     stored = folder / "tables"
