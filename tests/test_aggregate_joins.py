@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.results.aggregate import Tables, build_tables, load_records
 from workflow_records import write_results
 
@@ -78,9 +79,10 @@ def parse_summary(text: str) -> tuple[dict[str, dict[str, list[list[str]]]], dic
     other: list[str] = []
     network = kind = None
     for line in text.splitlines():
-        if match := re.fullmatch(r"## Network (\S+) \((\S+)\)", line):
+        if match := re.fullmatch(r"## Network (\S+) \((.+)\)", line):
             network, kind = match.group(1), None
-            assert match.group(2) == network, line  # the records' rate is their network's name
+            # the records' rate is their network's name, shaped on their emulated cluster
+            assert match.group(2) == f"{rate_bits_per_s(network) / 1e9:.3g} Gbit/s configured tc rate", line
             tables[network] = {}
         elif line.startswith("## "):  # a section other than a network's ends the network's tables
             network = kind = None
@@ -130,7 +132,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Raw, Tables]:
     """Records of 2 models x 2 networks x 2 N x 5 strategy rows x 3 repeats, and the tables aggregated from them."""
     root = tmp_path_factory.mktemp("results")
     runs = write_results(root, models=MODELS, gpus=GPUS, networks=NETWORKS, repeats=REPEATS, sequential=("ps",))
-    return read_raw(root), build_tables(load_records(runs, root / "plans"))
+    return read_raw(root), build_tables(load_records(runs, [root / "plans"]))
 
 
 def test_the_records_can_tell_joins_and_medians_apart(results: tuple[Raw, Tables]) -> None:

@@ -45,7 +45,7 @@ def test_a_plot_drawn_from_other_figures_is_refused(bundle: Path, tmp_path: Path
     contents = members(bundle)
     root = bundle.parents[1]
     tables = build_tables(
-        load_records([root / "runs"], root / "plans"),
+        load_records([root / "runs"], [root / "plans"]),
         load_workloads(sorted(root.glob(f"concurrent/*/{CONCURRENT_FILE}"))),
     )
     runs = tables.runs.copy()

@@ -19,7 +19,7 @@ from workflow_records import write_results
 def _aggregate(root: Path) -> Path:
     """Tables (no plots: compare reads runs.parquet) of the records below `root`."""
     shutil.rmtree(root / "tables", ignore_errors=True)
-    write_tables(build_tables(load_records([root / "runs"], root / "plans")), root / "tables")
+    write_tables(build_tables(load_records([root / "runs"], [root / "plans"])), root / "tables", plots=False)
     return root
 
 

@@ -25,7 +25,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> Tables:
     root = tmp_path_factory.mktemp("plots")
     runs = write_results(root, gpus=(2, 4), repeats=REPEATS, sequential=("ps",))
     runs += write_results(root, strategies=("allreduce",), gpus=(1,), repeats=REPEATS)
-    return build_tables(load_records(runs, root / "plans"))
+    return build_tables(load_records(runs, [root / "plans"]))
 
 
 def drawn(monkeypatch: pytest.MonkeyPatch, plot: Any, tables: Tables) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ralp_pipe.engine.topology import topology
+from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.results.layout import arm
 
 # images/sec of each strategy for vgg11 at N=2 on 1gbit: the ps baseline is slowest, as in the paper.
@@ -48,6 +49,7 @@ def gb_per_step(model: str, strategy: str, gpus: int) -> dict[str, float]:
         volume = {"gradients": 0.02, "parameters": 0.02, "activations": 0.01, "activation_gradients": 0.01}
     scale = MODEL_VOLUME[model] * gpus / 2
     volume = {name: value * scale for name, value in volume.items()}
+    volume["labels"] = 0.0  # as train records every category the comm layer counts
     volume["total"] = sum(volume.values())
     return volume
 
@@ -59,15 +61,19 @@ def prediction_error(model: str, network: str, strategy: str, gpus: int) -> floa
 
 # Repeat r of a configuration measures images_per_sec x REPEAT_FACTOR[r % 3]: mean 1, sample std 0.05.
 REPEAT_FACTOR = (1.0, 0.95, 1.05)
+MEASURE_STEPS = 3  # as many as steps() records
 
 
 def metrics(
     model: str, dataset: str, strategy: str, gpus: int, network: str = "1gbit", repeat: int = 0, overlap: bool = True
 ) -> dict[str, Any]:
-    """A metrics.json document of one run (repeat `repeat`; `overlap`=False: the sequential ablation at half speed)."""
+    """A metrics.json document of one run (repeat `repeat`; `overlap`=False: the sequential ablation at half speed),
+    its figures those train computes from the records steps() writes and the window they imply."""
     topo = topology(strategy, gpus)
     volume = gb_per_step(model, strategy, gpus)
     ips = images_per_sec(model, network, strategy, gpus) * REPEAT_FACTOR[repeat % 3] * (1.0 if overlap else 0.5)
+    images_per_step = 2 * topo.num_workers
+    window_s = images_per_step * MEASURE_STEPS / ips
     return {
         "model": model,
         "dataset": dataset,
@@ -78,15 +84,16 @@ def metrics(
         "num_ps": len(topo.ps),
         "split": 8 if strategy.startswith("ralp") else None,
         "network": network,
-        "rate": network,
+        "rate": "unlimited" if network == "loopback" else network,
         "batch_size": 2,
-        "global_batch": 2 * topo.num_workers,
+        "global_batch": images_per_step,
         "image_size": 32,
         "warmup_steps": 1,
-        "measure_steps": 2,
+        "measure_steps": MEASURE_STEPS,
         "images_per_sec": ips,
-        "images_per_step": 2 * topo.num_workers,
-        "step_time_s": 2 * topo.num_workers / ips,
+        "images_per_step": images_per_step,
+        "step_time_s": window_s / MEASURE_STEPS,
+        "window_s": window_s,
         "gb_per_step": volume,
         "analytic_gb_per_step": volume,
         "wire_gb_per_step": None if network == "loopback" else 1.02 * volume["total"],  # train writes the total
@@ -95,12 +102,22 @@ def metrics(
         "git_revision": "abc",
         "config_hash": "0123456789ab",
         "world_size": topo.world_size,
-        "config": {"model": {"name": model}, "strategy": {"overlap": overlap}, "train": {"repeat": repeat}},
+        "device": "cpu",
+        "backend": "gloo",
+        "loader": "dali",
+        "config": {
+            "model": {"name": model},
+            "strategy": {"overlap": overlap},
+            "train": {"repeat": repeat},
+            "cluster": {"kind": "emulated"},
+        },
     }
 
 
-def plan(model: str, network: str, strategies: Sequence[str], gpus: int) -> dict[str, Any]:
-    """A plan document with each strategy's predicted images/sec and GB/step."""
+def plan(
+    model: str, network: str, strategies: Sequence[str], gpus: int, dataset: str = "synthetic1k"
+) -> dict[str, Any]:
+    """A plan document for (dataset, model, N, network) with each strategy's predicted images/sec and GB/step."""
     entries = {}
     for s in strategies:
         volume = gb_per_step(model, s, gpus)
@@ -112,7 +129,7 @@ def plan(model: str, network: str, strategies: Sequence[str], gpus: int) -> dict
             "pays": True,
             "predicted_gb_per_step": {"gradients": volume["gradients"], "total": volume["total"]},
         }
-    return {"strategies": entries}
+    return {"dataset": dataset, "model": model, "gpus": gpus, "network": network, "strategies": entries}
 
 
 def write_results(
@@ -142,30 +159,38 @@ def write_results(
                     run.mkdir(parents=True, exist_ok=True)
                     doc = metrics(model, "synthetic1k", strategy, n, network, repeat, overlap)
                     (run / "metrics.json").write_text(json.dumps(doc))
-                    steps(doc["step_time_s"]).to_parquet(run / "steps.parquet")
+                    steps(doc).to_parquet(run / "steps.parquet")
                     runs.append(run)
     return runs
 
 
-# A measured step's time on each worker, as a multiple of the run's mean step time: p50 is the
-# slowest worker's time of the middle step, so taking rank 0 or the mean over workers gives others.
-STEP_SHAPE = {0: (0.8, 1.0, 1.6), 1: (0.9, 1.1, 1.2)}  # worker rank -> its 3 measured steps
+# A measured step's time on each worker, as a multiple of the run's mean step time (the window / its steps):
+# p50 is the slowest worker's time of the middle step, so taking rank 0 or the mean over workers gives others.
+# Each rank's steps fit in the window, as in a real run, where it also holds the gaps between steps.
+STEP_SHAPE = ((0.8, 1.0, 1.15), (0.9, 1.1, 0.95))  # worker k's 3 measured steps: STEP_SHAPE[k % 2]
+SERVER_STEP = 0.95  # every measured step of a server rank (ps or the PS device)
 STEP_PARTS = {"compute_s": 0.4, "comm_wait_s": 0.5, "data_wait_s": 0.1}  # shares of every step's time
 
 
-def steps(step_time_s: float) -> pd.DataFrame:
-    """steps.parquet of a run: one warm-up step (slow, to be ignored), three measured steps, two workers and a ps."""
+def steps(doc: dict[str, Any]) -> pd.DataFrame:
+    """steps.parquet of the run `doc` records, a row per rank of its topology and step: one warm-up step of rank 0
+    (slow, to be ignored) and three measured steps; rank 0 sends the run's GB/step in every measured step."""
+    step_time_s = doc["step_time_s"]
     rows = [dict(rank=0, role="worker", step=0, phase="warmup", step_time_s=10 * step_time_s)]
-    for rank, shape in STEP_SHAPE.items():
+    for rank, role in enumerate(topology(doc["strategy"], doc["gpus"]).roles):
+        shape = STEP_SHAPE[rank % len(STEP_SHAPE)] if role == "worker" else (SERVER_STEP,) * 3
         rows += [
-            dict(rank=rank, role="worker", step=i + 1, phase="measure", step_time_s=f * step_time_s)
+            dict(rank=rank, role=role, step=i + 1, phase="measure", step_time_s=f * step_time_s)
             for i, f in enumerate(shape)
         ]
-    rows += [dict(rank=2, role="ps", step=i + 1, phase="measure", step_time_s=5 * step_time_s) for i in range(3)]
     frame = pd.DataFrame(rows)
     for part, share in STEP_PARTS.items():
         frame[part] = share * frame["step_time_s"]
-    frame.loc[frame["role"] == "ps", "data_wait_s"] = 0.0  # a server reads no batches
+    frame.loc[frame["role"] != "worker", "data_wait_s"] = 0.0  # a server reads no batches
+    frame["compute_s"] = frame["step_time_s"] - frame["comm_wait_s"] - frame["data_wait_s"]  # what the waits leave
+    sends = (frame["rank"] == 0) & (frame["phase"] == "measure")
+    for name in CATEGORIES:
+        frame[f"bytes_{name}"] = sends * round(doc["gb_per_step"][name] * 1e9)
     return frame
 
 
