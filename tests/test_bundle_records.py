@@ -46,6 +46,11 @@ def halved_volume(doc: dict[str, Any]) -> None:
         doc["gb_per_step"][key] /= 2
 
 
+def halved_wire(doc: dict[str, Any]) -> None:
+    """Half the bytes the kernel's link counters saw."""
+    doc["wire_gb_per_step"] /= 2
+
+
 def reforged(root: Path, tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
     """A copy of the results below `root` with RUN's metrics.json edited, aggregated again and bundled again."""
     copy = tmp_path / "forged"
@@ -71,6 +76,7 @@ def reforged(root: Path, tmp_path: Path, edit: Callable[[dict[str, Any]], None])
         ),
         (doubled_workers, r"workers=2, but its step records give 1"),
         (halved_volume, r"gb_per_step\.gradients=0\.01, but its step records give 0\.02"),
+        (halved_wire, r"wire_gb_per_step=0\.0306.*, but its hosts' link counters give 0\.0612"),
     ],
 )
 def test_a_record_edited_consistently_and_reaggregated_is_refused(

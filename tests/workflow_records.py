@@ -97,6 +97,7 @@ def metrics(
         "gb_per_step": volume,
         "analytic_gb_per_step": volume,
         "wire_gb_per_step": None if network == "loopback" else 1.02 * volume["total"],  # train writes the total
+        "wire_per_host": None if network == "loopback" else {"h0": {"tx": 1.02 * volume["total"], "rx": 0.0}},
         "hardware": {"cpu": "test", "cpus": 2},
         "versions": {"torch": "x"},
         "git_revision": "abc",

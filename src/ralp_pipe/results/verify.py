@@ -45,6 +45,7 @@ from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.aggregate import RunInput, Tables, build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS, ENVIRONMENT
 from ralp_pipe.results.layout import CONCURRENT_FILE, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
+from ralp_pipe.runtime.emulated import wire_total
 
 CHUNK = 1 << 20
 TEXT_SUFFIXES = (".md", ".txt", ".lock")
@@ -207,11 +208,13 @@ def _check_text(path: Path, name: str) -> None:
         raise BundleRefused(f"member {name!r} is not UTF-8 text: {exc}") from None
 
 
-def _forged(run: RunInput, field: str, recorded: Any, recomputed: Any) -> BundleRefused:
-    """The refusal of a recorded figure that its step records do not give (`recomputed`: a value or a phrase)."""
+def _forged(
+    run: RunInput, field: str, recorded: Any, recomputed: Any, source: str = "its step records"
+) -> BundleRefused:
+    """The refusal of a recorded figure that `source` does not give (`recomputed`: a value or a phrase)."""
     given = recomputed if isinstance(recomputed, str) else repr(recomputed)
     return BundleRefused(
-        f"run {run.record.run}: metrics.json records {field}={recorded!r}, but its step records give {given}: "
+        f"run {run.record.run}: metrics.json records {field}={recorded!r}, but {source} give {given}: "
         f"the record or its steps.parquet was changed after the run"
     )
 
@@ -226,7 +229,8 @@ def check_record(run: RunInput) -> None:
     images/sec, images per step (and the global batch), step time and GB/step by category are
     recomputed with :func:`ralp_pipe.engine.metrics.summarize`, the workers counted from the step
     records; the window (rank 0's clock) must be at least rank 0's measured steps, which it holds;
-    every step's compute must be what its waits leave of it (:func:`ralp_pipe.engine.metrics.compute_time`).
+    every step's compute must be what its waits leave of it (:func:`ralp_pipe.engine.metrics.compute_time`);
+    the wire GB/step must be what its hosts' link counters sent (:func:`ralp_pipe.runtime.emulated.wire_total`).
     """
     record, steps = run.record, run.steps
     needed = ["rank", "compute_s", "comm_wait_s", *(f"bytes_{name}" for name in CATEGORIES)]
@@ -261,6 +265,10 @@ def check_record(run: RunInput) -> None:
         value = figures.gb_per_step.get(category, math.nan)
         if not _close(recorded_gb.get(category), value):
             raise _forged(run, f"gb_per_step.{category}", recorded_gb.get(category), value)
+    if record.wire_per_host is not None:
+        wire = wire_total(record.wire_per_host)
+        if not _close(record.wire_gb_per_step, wire):
+            raise _forged(run, "wire_gb_per_step", record.wire_gb_per_step, wire, "its hosts' link counters")
     in_window = float(measured.loc[measured["rank"] == 0, "step_time_s"].sum())
     if in_window > window * (1 + REL_TOLERANCE):
         raise _forged(run, "window_s", window, f"at least {in_window!r} (rank 0's measured steps, inside the window)")

@@ -324,7 +324,12 @@ def wire_gb_per_step(
         }
         for host in sorted(first.keys() & last.keys())
     }
-    return {"total": sum(link["tx"] for link in per_host.values()), "per_host": per_host}
+    return {"total": wire_total(per_host), "per_host": per_host}
+
+
+def wire_total(per_host: Mapping[str, Mapping[str, float]]) -> float:
+    """GB per step on the wire: what every host link sent (``per_host``'s tx), each byte counted once."""
+    return sum(link["tx"] for link in per_host.values())
 
 
 def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters]) -> list[LinkCounters]:
