@@ -178,6 +178,12 @@ def test_each_row_says_how_it_ran_loader_device_and_backend(tmp_path: Path) -> N
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))
     for frame in (tables.runs, tables.repeats):
         assert (frame.loader == "dali").all() and (frame.device == "cpu").all() and (frame.backend == "gloo").all()
+        assert (frame.profile_kind == "measured").all() and (frame.profile_device == "cpu").all()
+    plan_path = tmp_path / "plans" / "synthetic1k" / "vgg11" / "n2-1gbit.json"
+    modelled = {**json.loads(plan_path.read_text()), "profile_kind": "modelled", "profile_device": "v100"}
+    plan_path.write_text(json.dumps(modelled))
+    runs_table = build_tables(load_records(runs, [tmp_path / "plans"])).runs
+    assert list(runs_table.profile_kind) == ["modelled"] and list(runs_table.profile_device) == ["v100"]
     doc = json.loads((runs[1] / "metrics.json").read_text())
     (runs[1] / "metrics.json").write_text(json.dumps({**doc, "device": "cuda:0", "backend": "nccl"}))
     with pytest.raises(ConfigError, match="disagree on device \\(cpu, cuda:0\\)"):

@@ -130,7 +130,15 @@ def plan(
             "pays": True,
             "predicted_gb_per_step": {"gradients": volume["gradients"], "total": volume["total"]},
         }
-    return {"dataset": dataset, "model": model, "gpus": gpus, "network": network, "strategies": entries}
+    return {
+        "dataset": dataset,
+        "model": model,
+        "gpus": gpus,
+        "network": network,
+        "profile_kind": "measured",
+        "profile_device": "cpu",
+        "strategies": entries,
+    }
 
 
 def write_results(

@@ -59,7 +59,7 @@ SPEEDUP_METHOD = "delta"  # how speedup intervals are computed (ralp_pipe.result
 # Settings every repeat of a configuration must share (else the records mix two experiments).
 SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "devices", "batch_size",
           "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_step", "split", "device",
-          "backend", "loader"]  # fmt: skip
+          "backend", "loader", "profile_kind", "profile_device"]  # fmt: skip
 MEANS = ["step_time_s", "step_p50_s", "step_p95_s", "wire_gb_total"]
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
 STEP_QUANTILES = {"step_p50_s": 0.5, "step_p95_s": 0.95}  # of the per-step times within a run
@@ -241,6 +241,9 @@ def run_row(run: RunInput) -> dict[str, Any]:
     row["predicted_gb_per_step"] = _gb(volume, "total") if isinstance(volume, dict) else float(volume or math.nan)
     row["hardware"] = json.dumps(record.hardware, sort_keys=True)
     row["split_unit"] = split_unit(record, plan)
+    # what the prediction priced: a profile measured on this device, or modelled for a target GPU
+    row["profile_kind"] = None if plan is None else plan.profile_kind
+    row["profile_device"] = None if plan is None else plan.profile_device
     return row
 
 
@@ -253,7 +256,7 @@ def _order(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` with nullable integer and string types where a column may be null (split, names of things)."""
-    strings = ["split_unit", "link_source", "device", "backend", "loader"]
+    strings = ["split_unit", "link_source", "device", "backend", "loader", "profile_kind", "profile_device"]
     return frame.astype({"split": "Int64", "link_gbit": "float64", **dict.fromkeys(strings, "string")})
 
 
