@@ -89,8 +89,10 @@ def sbatch_line(resources: dict[str, Any]) -> str:
 
 
 def test_every_rule_asks_slurm_for_what_its_job_needs_at_n_2_8_16(tmp_path: Path) -> None:
-    status, jobs, log = dry_run(tmp_path, BASE)
+    status, jobs, log = dry_run(tmp_path, [*BASE, "cluster.slurm.account=proj_1"])
     assert status == 0, log[-4000:]
+    submitted = [j for j in jobs if j["rule"] not in ("all", "aggregate", "resolved_config", "bundle")]
+    assert submitted and all(j["resources"]["slurm_account"] == "proj_1" for j in submitted)  # sbatch -A
     trains = [j for j in jobs if j["rule"] == "train"]
     assert len(trains) == len(EXPECTED)
     for job in trains:
@@ -114,6 +116,18 @@ def test_every_rule_asks_slurm_for_what_its_job_needs_at_n_2_8_16(tmp_path: Path
     assert probe["slurm_extra"] == "--exclusive --ntasks-per-node=1"
     plans = [j["resources"] for j in jobs if j["rule"] == "plan"]
     assert len(plans) == 3 and all("slurm_extra" not in p and "gres" not in p for p in plans)
+
+
+def test_a_workstation_runs_the_paper_experiment_without_any_slurm_request_or_check(tmp_path: Path) -> None:
+    sources = {}
+    for name in ("imagenet1k", "imagenet22k"):
+        (tmp_path / name).mkdir()
+        sources[name] = [f"dataset.source={tmp_path / name}"]
+    config = {"experiment": "paper", "dataset_overrides": sources, "overrides": ["cluster.device=cuda"]}
+    result = snakemake(tmp_path, "--dry-run", "--cores", "all", config=config, timeout=240)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    asked = {line.strip() for line in result.stdout.splitlines() if line.strip().startswith("resources:")}
+    assert asked and not any(word in line for line in asked for word in ("gres", "slurm_", "nodes=", "mpi="))
 
 
 def test_colocated_parameter_servers_share_their_workers_nodes(tmp_path: Path) -> None:

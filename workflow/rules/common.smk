@@ -19,15 +19,25 @@ def stage_args(stage):
     return lambda wildcards: MATRIX.stage_command(stage, run_of(wildcards, stage))
 
 
-def slurm_resource(stage, name, default=None):
-    """One SLURM resource of a job of `stage` (ralp_pipe.workflow.slurm), or `default` where it asks none."""
-    return lambda wildcards: MATRIX.slurm_resources(
-        run_of(wildcards, stage), stage
-    ).get(name, default)
+PLACEMENT = (
+    "slurm_partition",
+    "slurm_account",
+)  # where every job goes (cluster.slurm.partition, .account)
 
 
-def concurrent_resource(name, default=None):
-    """One SLURM resource of a concurrent-workload job, or `default` where it asks none."""
-    return lambda wildcards: MATRIX.concurrent_resources(int(wildcards.index)).get(
-        name, default
-    )
+def slurm_resources(stage, *names):
+    """SLURM resources `names` of every job of `stage` (ralp_pipe.workflow.slurm), each a function of the job's
+    wildcards ("" where a job asks none), for the SLURM executor only: without it (launcher=local) no job asks
+    SLURM for anything, so nothing about SLURM is computed or checked."""
+    if not MATRIX.settings.slurm:
+        return {}
+    if stage == "concurrent":
+        resources = lambda wildcards: MATRIX.concurrent_resources(int(wildcards.index))
+    else:
+        resources = lambda wildcards: MATRIX.slurm_resources(
+            run_of(wildcards, stage), stage
+        )
+    return {
+        name: (lambda wildcards, name=name: resources(wildcards).get(name, ""))
+        for name in (*names, *PLACEMENT)
+    }

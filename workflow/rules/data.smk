@@ -13,9 +13,7 @@ rule prepare_shards:
             "prepare_shards", run_of(wildcards)
         ).dataset.shards.workers
     resources:
-        mem_mb=slurm_resource("prepare_shards", "mem_mb"),
-        runtime=slurm_resource("prepare_shards", "runtime"),
-        slurm_partition=slurm_resource("prepare_shards", "slurm_partition", ""),
+        **slurm_resources("prepare_shards", "mem_mb", "runtime"),
     params:
         key=stage_params("prepare_shards"),
         args=stage_args("prepare_shards"),

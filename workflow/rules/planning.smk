@@ -16,12 +16,9 @@ rule profile:
         ENV
     threads: workflow.cores  # timing measurements run alone here; under SLURM cpus_per_task bounds them
     resources:
-        mem_mb=slurm_resource("profile", "mem_mb"),
-        runtime=slurm_resource("profile", "runtime"),
-        slurm_partition=slurm_resource("profile", "slurm_partition", ""),
-        cpus_per_task=slurm_resource("profile", "cpus_per_task"),
-        gres=slurm_resource("profile", "gres", ""),
-        slurm_extra=slurm_resource("profile", "slurm_extra", ""),
+        **slurm_resources(
+            "profile", "mem_mb", "runtime", "cpus_per_task", "gres", "slurm_extra"
+        ),
     params:
         key=stage_params("profile"),
         args=stage_args("profile"),
@@ -40,14 +37,16 @@ rule probe:
         ENV
     threads: workflow.cores  # bandwidth measurements run alone
     resources:
-        mem_mb=slurm_resource("probe", "mem_mb"),
-        runtime=slurm_resource("probe", "runtime"),
-        slurm_partition=slurm_resource("probe", "slurm_partition", ""),
-        cpus_per_task=slurm_resource("probe", "cpus_per_task"),
-        nodes=slurm_resource("probe", "nodes"),
-        tasks=slurm_resource("probe", "tasks"),
-        mpi=slurm_resource("probe", "mpi"),
-        slurm_extra=slurm_resource("probe", "slurm_extra", ""),
+        **slurm_resources(
+            "probe",
+            "mem_mb",
+            "runtime",
+            "cpus_per_task",
+            "nodes",
+            "tasks",
+            "mpi",
+            "slurm_extra",
+        ),
     params:
         key=stage_params("probe"),
         args=stage_args("probe"),
@@ -66,9 +65,7 @@ rule plan:
     conda:
         ENV
     resources:
-        mem_mb=slurm_resource("plan", "mem_mb"),
-        runtime=slurm_resource("plan", "runtime"),
-        slurm_partition=slurm_resource("plan", "slurm_partition", ""),
+        **slurm_resources("plan", "mem_mb", "runtime"),
     params:
         key=stage_params("plan"),
         args=stage_args("plan"),

@@ -18,16 +18,18 @@ rule train:
         ENV
     threads: workflow.cores  # throughput measurements run alone
     resources:
-        mem_mb=slurm_resource("train", "mem_mb"),
-        runtime=slurm_resource("train", "runtime"),
-        slurm_partition=slurm_resource("train", "slurm_partition", ""),
-        nodes=slurm_resource("train", "nodes"),
-        tasks=slurm_resource("train", "tasks"),
-        cpus_per_task=slurm_resource("train", "cpus_per_task"),
-        mpi=slurm_resource("train", "mpi"),
-        tasks_per_gpu=slurm_resource("train", "tasks_per_gpu"),
-        gres=slurm_resource("train", "gres", ""),
-        slurm_extra=slurm_resource("train", "slurm_extra", ""),
+        **slurm_resources(
+            "train",
+            "mem_mb",
+            "runtime",
+            "nodes",
+            "tasks",
+            "cpus_per_task",
+            "mpi",
+            "tasks_per_gpu",
+            "gres",
+            "slurm_extra",
+        ),
     params:
         key=stage_params("train"),
         args=stage_args("train"),
@@ -49,13 +51,15 @@ rule concurrent:
         ENV
     threads: workflow.cores  # throughput measurements run alone
     resources:
-        mem_mb=concurrent_resource("mem_mb"),
-        runtime=concurrent_resource("runtime"),
-        slurm_partition=concurrent_resource("slurm_partition", ""),
-        nodes=concurrent_resource("nodes"),
-        tasks=concurrent_resource("tasks"),
-        cpus_per_task=concurrent_resource("cpus_per_task"),
-        slurm_extra=concurrent_resource("slurm_extra", ""),
+        **slurm_resources(
+            "concurrent",
+            "mem_mb",
+            "runtime",
+            "nodes",
+            "tasks",
+            "cpus_per_task",
+            "slurm_extra",
+        ),
     params:
         key=lambda wildcards: MATRIX.concurrent_params(int(wildcards.index)),
         args=lambda wildcards: shlex.join(MATRIX.concurrent_args(int(wildcards.index))),

@@ -142,8 +142,9 @@ def validate(cfg: Config) -> None:
         )
     _at_least("cluster.timeout_s", c.timeout_s, 1)
     _at_least("cluster.init_timeout_s", c.init_timeout_s, 1)
-    if c.slurm.partition is not None:
-        _safe_name("cluster.slurm.partition", c.slurm.partition)
+    for key in ("partition", "account"):
+        if getattr(c.slurm, key) is not None:
+            _safe_name(f"cluster.slurm.{key}", getattr(c.slurm, key))
     _at_least("cluster.slurm.gpus_per_node", c.slurm.gpus_per_node, 0)
     for key in ("cpus_per_task", "mem_mb", "time_min", "margin_min"):
         _at_least(f"cluster.slurm.{key}", getattr(c.slurm, key), 1)

@@ -100,6 +100,7 @@ class SlurmConfig:
     """What jobs ask SLURM for and what its nodes hold (``workflow/rules``; the numbers: ralp_pipe.workflow.slurm)."""
 
     partition: str | None = None
+    account: str | None = None  # the account every job is charged to (sbatch -A); None: the plugin guesses one
     gpus_per_node: int = 0  # GPUs of one node: ranks take one each, this many per node; 0: CPU nodes
     cpus_per_task: int = 1  # CPUs of one rank (and of a profile job, which times one rank's compute)
     mem_mb: int = 4000  # memory of one rank; a training job asks for this x its ranks on a node

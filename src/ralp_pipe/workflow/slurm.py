@@ -49,6 +49,13 @@ def ranks_per_node(cfg: Config) -> list[int]:
     return [counts[node] for node in range(len(counts))]
 
 
+def _placement(cfg: Config) -> dict[str, str]:
+    """Where every job goes: its partition and the account it is charged to, where set."""
+    s = cfg.cluster.slurm
+    named = {"slurm_partition": s.partition, "slurm_account": s.account}
+    return {name: value for name, value in named.items() if value}
+
+
 def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> dict[str, Any]:
     """The resources a job of `stage` passes to the SLURM executor plugin (see the module docstring);
     a link probe spans `probe_nodes` nodes (at most two: one where every training run fits on one)."""
@@ -59,8 +66,7 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
             f"set cluster.slurm.gpus_per_node to the GPUs of one node"
         )
     resources: dict[str, Any] = {"mem_mb": s.mem_mb, "runtime": s.time_min, "cpus_per_task": s.cpus_per_task}
-    if s.partition:
-        resources["slurm_partition"] = s.partition
+    resources.update(_placement(cfg))
     extra = ["--exclusive"] if s.exclusive and stage in MEASUREMENTS else []
     if stage == "train":
         per_node = ranks_per_node(cfg)
@@ -124,8 +130,7 @@ def concurrent_resources(cfg: Config, jobs: Sequence[Config]) -> dict[str, Any]:
         "mem_mb": ranks * s.mem_mb,
         "runtime": math.ceil((sum(bounds) + max(bounds)) / 60) + s.margin_min,
     }
-    if s.partition:
-        resources["slurm_partition"] = s.partition
+    resources.update(_placement(cfg))
     if s.exclusive:
         resources["slurm_extra"] = "--exclusive"
     check_fits(cfg, f"a concurrent workload of {len(jobs)} jobs", 1, ranks)
