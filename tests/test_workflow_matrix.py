@@ -202,6 +202,28 @@ def test_shell_metacharacters_in_config_values_are_refused_and_never_run(tmp_pat
     assert not marker.exists() and not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # a snakemake subprocess whose three ready jobs fail at once
+def test_a_job_that_never_started_shows_no_log_of_an_earlier_run(tmp_path: Path) -> None:
+    """Logs of the jobs a run will execute are emptied before any starts: a job that fails before its command
+    runs (cancelled while queued) shows no earlier run's success line."""
+    config = {
+        "experiment": "smoke",
+        "overrides": ["experiment.strategies=[allreduce]"],
+        "stage_options": {"prepare_shards": "--no-such-option", "profile": "--no-such-option"},  # fail at once
+    }
+    logs = tmp_path / "results" / "logs"
+    stale = [
+        logs / "plan/synthetic1k/resnet18/n2-loopback.log",
+        logs / "train/synthetic1k/resnet18/n2-loopback/allreduce/r0.log",
+    ]
+    for log in stale:
+        log.parent.mkdir(parents=True)
+        log.write_text("an earlier run: done\n")
+    result = snakemake(tmp_path, "--cores", "1", config=config)
+    assert result.returncode != 0 and "--no-such-option" in (logs / "probe/loopback.log").read_text()
+    assert [log.read_text() for log in stale] == ["", ""]  # neither job started, and neither shows the old log
+
+
 @pytest.mark.slow  # a snakemake dry-run subprocess
 def test_values_with_spaces_and_quotes_reach_the_stage_as_one_argument(tmp_path: Path) -> None:
     source = tmp_path / "image net; $(touch pwned) 'x'"

@@ -41,3 +41,17 @@ def slurm_resources(stage, *names):
         name: (lambda wildcards, name=name: resources(wildcards).get(name, ""))
         for name in (*names, *PLACEMENT)
     }
+
+
+def empty_logs(jobs):
+    """Empty the existing log of every job in `jobs` (those this invocation will run), before any starts.
+
+    A job that fails before its command starts (cancelled while queued on SLURM, its node lost)
+    would otherwise show the previous run's log, ending in that run's success line, in the failure report.
+    """
+    for job in jobs:
+        for log in job.log:
+            try:
+                os.truncate(log, 0)
+            except FileNotFoundError:
+                pass
