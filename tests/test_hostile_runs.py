@@ -284,13 +284,15 @@ def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hardware, "usable_cores", lambda: 64)
-    monkeypatch.setattr(hardware, "usable_memory_bytes", lambda: 8_000_000_000)
+    monkeypatch.setattr(hardware, "usable_memory", lambda: (8_000_000_000, "the limit of memory cgroup /x"))
     monkeypatch.setattr(train, "launch_local", _no_launch)
     cfg = load(
         ["cluster=local", "model=vgg16", "strategy=allreduce", "cluster.gpus=4", "train.loader=synthetic"]
     )  # 553 MB of parameters
-    with pytest.raises(ConfigError, match=r"8.0 GB / 2.16 GB a rank = 3, a rank taking 0.5 GB \+ 3 x 0.55 GB of vgg16"):
+    with pytest.raises(ConfigError) as refused:
         train.run(cfg, tmp_path / "run")
+    assert "8.0 GB of memory (the limit of memory cgroup /x): at most 3 ranks fit" in str(refused.value)
+    assert "8.0 GB / 2.16 GB a rank = 3, a rank taking 0.5 GB + 3 x 0.55 GB of vgg16" in str(refused.value)
     assert list(tmp_path.iterdir()) == []
 
 

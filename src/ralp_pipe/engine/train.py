@@ -293,7 +293,7 @@ def _finish(
 
 def check_host(cfg: Config, topo: Topology, units: list[models.Unit]) -> None:
     """Refuse more ranks than this host's cores and memory can run, when every rank runs here."""
-    cores, memory = hardware.usable_cores(), hardware.usable_memory_bytes()
+    cores, (memory, bound) = hardware.usable_cores(), hardware.usable_memory()
     parameters = sum(p.numel() * p.element_size() for u in units for p in u.module.parameters())
     per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters
     by_cores, by_memory = max(8, 4 * cores), memory // per_rank
@@ -301,7 +301,8 @@ def check_host(cfg: Config, topo: Topology, units: list[models.Unit]) -> None:
         return
     raise ConfigError(
         f"cluster.gpus={cfg.cluster.gpus} makes {topo.strategy} start {topo.world_size} ranks on this host "
-        f"(cluster.kind={cfg.cluster.kind}), which has {cores} CPU cores and {memory / 1e9:.1f} GB of memory: "
+        f"(cluster.kind={cfg.cluster.kind}), which has {cores} CPU cores and {memory / 1e9:.1f} GB of memory "
+        f"({bound}): "
         f"at most {min(by_cores, by_memory)} ranks fit (max(8, 4 x {cores} cores) = {by_cores}; "
         f"{memory / 1e9:.1f} GB / {per_rank / 1e9:.2f} GB a rank = {by_memory}, a rank taking "
         f"{RANK_BASE_BYTES / 1e9:.1f} GB + {PARAMETER_COPIES} x {parameters / 1e9:.2f} GB of {cfg.model.name} "

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ralp_pipe.runtime import cgroup
+
 # mallopt(3) parameters: never serve an allocation by mmap; give the heap's free top back only past 1 GiB
 _M_MMAP_MAX, _M_TRIM_THRESHOLD = -4, -1
 _TRIM_THRESHOLD_BYTES = 1 << 30
@@ -74,17 +76,14 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def usable_memory_bytes() -> int:
-    """Memory processes started here may use: the machine's, or its cgroup's limit (v2 or v1) when lower."""
+def usable_memory() -> tuple[int, str]:
+    """Memory processes started here may use, and what sets it (for messages): the machine's, or the limit
+    of this process's memory cgroup (v2 or v1, set on it or any cgroup above it) where lower."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            limit = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit():
-            total = min(total, int(limit))
-    return total
+    own = cgroup.memory_cgroup()
+    if own is None or own.limit_bytes is None or own.limit_bytes >= total:
+        return total, "this machine's"
+    return own.limit_bytes, f"the limit of memory cgroup {own.limit_folder}"
 
 
 def peak_rss_mb() -> float:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, NoReturn, Sequence
 
 from ralp_pipe.errors import RunFailure
+from ralp_pipe.runtime import cgroup
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
 SETTLE_S = 1.0  # after a first failure, time for the others failing of the same cause to exit
@@ -268,10 +269,13 @@ def _exit_order(procs: Sequence[Child], logs: Sequence[Path], seen: dict[int, in
 def supervise(procs: Sequence[Child], logs: Sequence[Path], timeout_s: float, what: str) -> None:
     """Wait for all `procs`; stop them all and raise :class:`RunFailure` at the first failure or the deadline.
 
-    The message names the child that failed first (by time), every failed child's cause, the
-    ones still running, and ends with the first one's last log lines.
+    The message names the child that failed first (by time), every failed child's cause (a SIGKILL
+    where the OOM killer struck in the children's memory cgroup meanwhile: killed for memory, with
+    the cgroup's peak and limit), the ones still running, and ends with the first one's last log lines.
     """
     deadline = time.monotonic() + timeout_s
+    memory = cgroup.memory_cgroup()  # the children's: they live in this process's cgroup
+    kills_before = memory.oom_kills() if memory else 0
     seen: dict[int, int] = {}
     tick = 0
     try:
@@ -287,8 +291,10 @@ def supervise(procs: Sequence[Child], logs: Sequence[Path], timeout_s: float, wh
                 running = [i for i, c in enumerate(codes) if c is None]
                 stop(procs)
                 order = _exit_order(procs, logs, seen)
+                oom = cgroup.oom_note(memory, kills_before)
                 causes = "; ".join(
-                    f"{what} {i} exited with status {codes[i]} ({describe_status(codes[i])}): {last_line(logs[i])}"
+                    f"{what} {i} exited with status {codes[i]} ({describe_status(codes[i])}"
+                    f"{f'; {oom}' if oom and codes[i] == -signal.SIGKILL else ''}): {last_line(logs[i])}"
                     for i in order
                 )
                 still = f"; stopped {what}s {running}, still running (hung?)" if running else ""
