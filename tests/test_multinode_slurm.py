@@ -91,11 +91,12 @@ def _up(folder: Path, nodes: int) -> tuple[ClusterState, float]:
     return state, time.monotonic() - began
 
 
-def _down(folder: Path) -> float:
+def _down(folder: Path) -> tuple[float, str]:
+    """Seconds `cluster down` took, and what it printed."""
     began = time.monotonic()
     result = _cli("cluster", "down", "--dir", str(folder))
     assert result.returncode == 0, result.stderr
-    return time.monotonic() - began
+    return time.monotonic() - began, result.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +157,20 @@ def test_a_cluster_whose_keeper_was_killed_does_not_block_the_next(tmp_path: Pat
     assert _leftovers(killed, folder), "a killed keeper left nothing to clean: the test proves nothing"
     state, _ = _up(folder, 2)
     try:
-        assert _cli("cluster", "status", "--dir", str(folder)).returncode == 0
+        shown = _cli("cluster", "status", "--dir", str(folder))
+        assert shown.returncode == 0 and "nsenter -t PID -n ip addr" in shown.stdout, shown.stdout
+        for index in (1, 2):  # every node's SLURM state, the PID to enter its namespace with, its link's bytes
+            line = re.search(rf"^n{index} +idle +namespace of PID (\d+) +eth0 tx \d+ B, rx \d+ B$", shown.stdout, re.M)
+            assert line, shown.stdout
+            inside = subprocess.run(["nsenter", "-t", line[1], "-n", "ip", "-o", "-4", "addr", "show", "dev", "eth0"],
+                                    capture_output=True, text=True, timeout=30)  # fmt: skip
+            assert f" 10.213.0.{index}/" in inside.stdout, inside.stdout + inside.stderr
     finally:
-        _down(folder)
+        _, said = _down(folder)
+    assert re.fullmatch(r"cluster down in [\d.]+ s", said), said  # a clean teardown leaves nothing to remove
     assert _leftovers(killed, folder) == [] and _leftovers(state, folder) == []
     assert _cli("cluster", "status", "--dir", str(folder)).returncode == 1
+    assert _down(folder)[1] == f"no cluster was up in {folder}"
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +181,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, slurm_installed: None) -> 
     try:
         yield state
     finally:
-        down_s = _down(folder)
+        down_s, _ = _down(folder)
         print(f"cluster up {up_s:.1f} s, down {down_s:.1f} s (CLI start included)")
     assert _leftovers(state, folder) == []
 

@@ -17,7 +17,10 @@ started, every slurmd, what is left in the node namespaces, slurmctld and munged
 link and the route below and then the namespaces, the munge folder and the cluster's folder.
 The slurm daemons die with the keeper (parent-death signal; munged, running as the munge user,
 does not); a ``down`` or ``up`` that finds a keeper gone (killed) stops what it left by the
-PIDs recorded in the cluster's ``state.json`` and removes the rest.
+PIDs recorded in the cluster's ``state.json`` and removes the rest (and names what it removed).
+``cluster status`` shows every node's SLURM state, link byte counters and the PID of a process in
+its network namespace: the namespaces are unnamed (``ip netns list`` does not list them), so
+``nsenter -t PID -n`` is the way in.
 
 Network safety: while the cluster is up, the machine's namespace has an ``unreachable`` route
 for ``10.213.0.0/16``, so no packet for the cluster's subnet ever follows the default route
@@ -478,10 +481,12 @@ def up(folder: Path, nodes: int, rate: str, burst: str) -> ClusterState:
         log.unlink(missing_ok=True)
 
 
-def down(folder: Path) -> list[str]:
-    """Stop the cluster in `folder` (SIGTERM to its keeper), then remove whatever is left; what was removed."""
+def down(folder: Path) -> tuple[bool, list[str]]:
+    """Stop the cluster in `folder` (SIGTERM to its keeper), then remove whatever is left: whether a keeper ran,
+    and the leftovers removed (none after a clean teardown)."""
     state = ClusterState.read(folder)
-    if state is not None and state.keeper_alive():
+    was_up = state is not None and state.keeper_alive()
+    if state is not None and was_up:
         os.kill(state.keeper, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while state.keeper_alive() and time.monotonic() < deadline:
@@ -489,11 +494,12 @@ def down(folder: Path) -> list[str]:
         if state.keeper_alive():
             os.kill(state.keeper, signal.SIGKILL)  # its daemons die with it (parent-death signal)
             time.sleep(0.5)
-    return clean_stale(folder)
+    return was_up, clean_stale(folder)
 
 
 def status(folder: Path) -> dict[str, Any]:
-    """State, nodes (SLURM state, link counters) and SLURM_CONF of the cluster in `folder`."""
+    """State, nodes (SLURM state, link counters, the PID holding each node's network namespace) and SLURM_CONF
+    of the cluster in `folder`."""
     state = ClusterState.read(folder)
     if state is None or not state.keeper_alive():
         return {"state": "down", "folder": str(folder)}
@@ -502,16 +508,44 @@ def status(folder: Path) -> dict[str, Any]:
         env = {**os.environ, "SLURM_CONF": state.slurm_conf}
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env).stdout
         doc["node_states"] = dict(zip(out.split()[::2], out.split()[1::2]))
-        doc["links"] = {node_name(i): counters.__dict__ for i, counters in enumerate(node_counters(state))}
+        holders = namespace_holders(state)
+        doc["namespace_pids"] = {node_name(i): pid for i, pid in enumerate(holders)}
+        doc["links"] = {node_name(i): node_link(pid).__dict__ for i, pid in enumerate(holders)}
     return doc
+
+
+def namespace_holders(state: ClusterState) -> list[int]:
+    """Per node, a process inside its network namespace (the namespaces are unnamed: ``nsenter -t PID -n``)."""
+    holders: dict[int | None, int] = {}
+    for pid in _pids_in_namespaces(set(state.namespaces)):
+        holders.setdefault(_net_namespace(pid), pid)
+    return [holders[ino] for ino in state.namespaces]
+
+
+def node_link(holder: int) -> LinkCounters:
+    """The kernel's byte counters, now, of ``eth0`` in the network namespace of process `holder`."""
+    return interface_counters(f"/proc/{holder}/net/dev")
 
 
 def node_counters(state: ClusterState) -> list[LinkCounters]:
     """Per node, the kernel's byte counters of its ``eth0`` now."""
-    holders = {}
-    for pid in _pids_in_namespaces(set(state.namespaces)):
-        holders.setdefault(_net_namespace(pid), pid)
-    return [interface_counters(f"/proc/{holders[ino]}/net/dev") for ino in state.namespaces]
+    return [node_link(pid) for pid in namespace_holders(state)]
+
+
+def describe(doc: dict[str, Any]) -> str:
+    """:func:`status` as lines of text: the cluster, then per node its SLURM state, namespace PID and link bytes."""
+    if doc["state"] == "down":
+        return f"no cluster is up in {doc['folder']}"
+    lines = [f"{doc['state']}: {doc['nodes']} nodes at {doc['rate']}; export SLURM_CONF={doc['slurm_conf']}"]
+    for node, pid in doc.get("namespace_pids", {}).items():
+        link = doc["links"][node]
+        lines.append(
+            f"{node}  {doc['node_states'].get(node, '?'):8s} namespace of PID {pid:<8d} "
+            f"eth0 tx {link['tx_bytes']} B, rx {link['rx_bytes']} B"
+        )
+    if doc.get("namespace_pids"):
+        lines.append("the node namespaces are unnamed (not in `ip netns list`): `nsenter -t PID -n ip addr` enters one")
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -537,17 +571,12 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.action == "down":
         began = time.monotonic()
-        removed = down(folder)
-        print(f"cluster down in {time.monotonic() - began:.1f} s; removed {', '.join(removed) or 'nothing'}")
+        was_up, removed = down(folder)
+        done = f"cluster down in {time.monotonic() - began:.1f} s" if was_up else f"no cluster was up in {folder}"
+        print(f"{done}; removed leftovers: {', '.join(removed)}" if removed else done)
         return 0
     doc = status(folder)
-    if args.json:
-        print(json.dumps(doc, indent=1))
-    elif doc["state"] == "down":
-        print(f"no cluster is up in {folder}")
-    else:
-        nodes = " ".join(f"{node}={state}" for node, state in doc.get("node_states", {}).items())
-        print(f"{doc['state']}: {doc['nodes']} nodes at {doc['rate']} ({nodes}); export SLURM_CONF={doc['slurm_conf']}")
+    print(json.dumps(doc, indent=1) if args.json else describe(doc))
     return 0 if doc["state"] == "up" else 1
 
 
