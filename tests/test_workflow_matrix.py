@@ -265,8 +265,8 @@ def test_an_explicit_cluster_choice_is_never_replaced(monkeypatch) -> None:
 
 @pytest.mark.slow  # composes a 64-run matrix (~3 s)
 def test_one_compute_profile_per_compute_key_and_one_link_probe_per_network(tmp_path: Path) -> None:
-    """imagenet1k and synthetic1k share a class count, so their compute profile; N and the network
-    change neither; synthetic22k's 21841 classes need one of their own. Each network is probed once."""
+    """imagenet1k and synthetic1k share a class count, so their compute profiles; the network changes
+    none; synthetic22k's 21841 classes need their own, and each N its own. Each network is probed once."""
     config = {
         "experiment": "smoke",
         "overrides": [
@@ -282,18 +282,47 @@ def test_one_compute_profile_per_compute_key_and_one_link_probe_per_network(tmp_
     matrix = Matrix(parse_settings(config))
     profiles = {matrix.path("profile", run) for run in matrix}
     assert sorted(profiles) == [
-        f"results/profiles/compute/resnet18/{classes}c-2b-32px-local-auto.json" for classes in (1000, 21841)
+        f"results/profiles/compute/resnet18/{classes}c-2b-32px-local-auto-n{n}.json"
+        for classes in (1000, 21841)
+        for n in (2, 4)
     ]
     assert {matrix.path("link", run) for run in matrix} == {
         f"results/profiles/links/{n}.json" for n in ("1gbit", "10gbit")
     }
     assert len({matrix.path("plan", run) for run in matrix}) == 3 * 2 * 2
-    key = {"model": "resnet18", "classes": "1000", "batch": "2", "size": "32", "hw": "local-auto"}
+    key = {"model": "resnet18", "classes": "1000", "batch": "2", "size": "32", "hw": "local-auto", "gpus": "2"}
     assert matrix.job_run("profile", key) == matrix.runs[0]  # the one job of a profile stands for its first run
     synthetic, imagenet = (matrix.first(dataset=d) for d in ("synthetic1k", "imagenet1k"))
     assert "dataset.synthetic.seed=5" in matrix.stage_args("prepare_shards", synthetic)
     assert "dataset.synthetic.seed=5" not in matrix.stage_args("profile", synthetic)  # images it never reads
     assert f"dataset.source={tmp_path}" in matrix.stage_args("profile", imagenet)  # needed to compose
+
+
+@pytest.mark.slow  # composes three smoke matrices (~4 s)
+def test_changing_experiment_gpus_keeps_every_other_n_s_profile_plan_and_runs() -> None:
+    """N=2's profile, plan and training runs keep their paths and rerun keys whether experiment.gpus is [2],
+    [2,3] or [3,2]; [3] has its own. Only the N=1 reference, one rank of the largest run, follows the largest N."""
+
+    def keys(gpus: str) -> tuple[Matrix, dict[str, str]]:
+        overrides = [f"experiment.gpus={gpus}", "experiment.reference=true"]
+        matrix = Matrix(parse_settings({"experiment": "smoke", "overrides": overrides}))
+        found = {}
+        for run in matrix:
+            for stage, name in (("profile", "profile"), ("plan", "plan"), ("train", "run")):
+                found[matrix.path(name, run)] = matrix.stage_params(stage, run)
+        return matrix, found
+
+    (two, alone), (_, more), (three, other) = keys("[2]"), keys("[2,3]"), keys("[3,2]")
+    n2 = {path: key for path, key in alone.items() if "-n2" in path or "/n2-" in path}
+    assert len(n2) == 1 + 1 + 4  # a profile, a plan, a run per strategy
+    assert {path: more[path] for path in n2} == n2 == {path: other[path] for path in n2}
+    profile = two.path("profile", two.first(gpus="2"))
+    assert profile.endswith("-n2.json") and "cluster.gpus=2" in two.stage_args("profile", two.first(gpus="2"))
+    reference = two.first(gpus="1")  # plans from the largest N's profile, with that N's rank share of threads
+    assert two.path("profile", reference) == profile and three.path("profile", three.first(gpus="1")).endswith(
+        "-n3.json"
+    )
+    assert alone[two.path("plan", reference)] != more[two.path("plan", reference)]
 
 
 def test_pairs_run_only_their_datasets_and_models_and_none_is_every_combination() -> None:

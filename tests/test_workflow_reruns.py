@@ -118,6 +118,19 @@ def test_a_dataset_option_reruns_that_dataset_downstream_and_nothing_else(workdi
     assert pending(workdir, changed) == expected
 
 
+def test_another_n_adds_its_own_profile_plan_and_runs_and_reruns_nothing_of_n_2(workdir: Path) -> None:
+    changed = {**CONFIG, "overrides": [*CONFIG["overrides"], "experiment.gpus=[2,3]"]}
+    added = {
+        ("profile", "model=resnet18, classes=40, batch=2, size=32, hw=local-auto, gpus=3"),
+        *(("plan", f"dataset={d}, model=resnet18, gpus=3, network=loopback") for d in ("synthetic1k", "synthetic22k")),
+        *(
+            ("train", RUN.format(d).replace("gpus=2", "gpus=3") + ", arm=allreduce, repeat=0")
+            for d in ("synthetic1k", "synthetic22k")
+        ),
+    }
+    assert pending(workdir, changed) == TAIL | {("resolved_config", "")} | added
+
+
 def test_report_shows_the_tables_and_plots(workdir: Path) -> None:
     report = workdir / "report.html"
     result = snakemake(workdir, "--report", str(report), config=CONFIG, timeout=200)

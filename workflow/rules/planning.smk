@@ -1,5 +1,5 @@
-# Profile compute once per model x classes x batch x image size x device kind (for every N of the
-# experiment), probe each network's link once, then plan the split per dataset x model x N x network.
+# Profile compute once per model x classes x batch x image size x device kind x N (N=1 plans from the
+# largest N's), probe each network's link once, then plan the split per dataset x model x N x network.
 
 
 rule profile:
@@ -22,10 +22,8 @@ rule profile:
     params:
         key=stage_params("profile"),
         args=stage_args("profile"),
-        gpus=" ".join(map(str, sorted(set(MATRIX.base.experiment.gpus)))),
     shell:
-        "ralp-pipe profile --no-bandwidth --out {output:q} {params.args} --gpus {params.gpus}"
-        " > {log:q} 2>&1"
+        "ralp-pipe profile --no-bandwidth --out {output:q} {params.args} > {log:q} 2>&1"
 
 
 rule probe:

@@ -2,8 +2,8 @@
 
 `ralp-pipe profile --out FILE.json <overrides>` writes one
 :class:`~ralp_pipe.results.records.Profile` per model x class count x batch x image size x
-hardware; the workflow profiles compute alone (``--no-bandwidth``) once for every N of the
-experiment (``--gpus``) and probes each network once (``--link-only``, a
+hardware; the workflow profiles compute alone (``--no-bandwidth``) once per N of the
+experiment (``cluster.gpus``) and probes each network once (``--link-only``, a
 :class:`~ralp_pipe.results.records.LinkProbe`), and the planner combines the two. For every
 placement unit it records forward and backward time (the fastest of `repeats` after `warmup`
 runs, each unit timed in isolation on an input of the right shape: a slower repeat here is the

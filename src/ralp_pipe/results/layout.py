@@ -11,8 +11,8 @@ from __future__ import annotations
 
 # What names one job's output (and its log) of each stage; the {wildcards} are a run's fields.
 SHARDS_ID = "{dataset}"
-# compute: one per model x classes x per-worker batch x image size x device kind (cluster kind-device)
-PROFILE_ID = "{model}/{classes}c-{batch}b-{size}px-{hw}"
+# compute: one per model x classes x per-worker batch x image size x device kind (cluster kind-device) x N
+PROFILE_ID = "{model}/{classes}c-{batch}b-{size}px-{hw}-n{gpus}"
 LINK_ID = "{network}"  # the link probe of one network
 PLAN_ID = "{dataset}/{model}/n{gpus}-{network}"
 PLAN_FILE = PLAN_ID + ".json"  # below the plans folder

@@ -48,7 +48,7 @@ from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
 STAGE_DIMS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset",),
-    "profile": ("dataset", "model"),  # one per compute key (profile_fields), for every N of the experiment
+    "profile": ("dataset", "model", "gpus"),  # one per compute key (profile_fields) and N (profile_gpus)
     "probe": ("network",),  # the link probe: one per network
     "plan": ("dataset", "model", "gpus", "network"),
     "train": ("dataset", "model", "strategy", "gpus", "network", "repeat"),
@@ -57,7 +57,7 @@ STAGE_DIMS: dict[str, tuple[str, ...]] = {
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "prepare_shards": ("dataset", "paths"),
     "profile": (
-        "experiment.gpus",  # --gpus: the PS-device batches of every N, the threads of the largest
+        "cluster.gpus",  # N: its PS-device batches, the threads of a rank of its largest run
         "experiment.target",  # a GPU to model the profile for instead of measuring this machine
         "device",  # the target's entry (read only where experiment.target is set)
         "dataset.num_classes",
@@ -87,7 +87,7 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "cluster.gpus",
         "cluster.device",
         "cluster.backend",
-        "experiment.gpus",  # the single-device reference's CPU share: one rank of the largest run
+        "experiment.gpus",  # the single-device reference's CPU share: one rank of the largest run (N=1 only)
         "train.batch_size",
         "train.image_size",
         "train.amp",
@@ -353,8 +353,8 @@ class Matrix:
 
     def profile_fields(self, run: Run) -> dict[str, str]:
         """What `run`'s compute profile depends on, as the profile path's fields: model, class count,
-        per-worker batch, image size and the device kind: cluster kind and device, or ``target-<entry>`` for a
-        profile modelled for ``experiment.target``."""
+        per-worker batch, image size, the device kind (cluster kind and device, or ``target-<entry>`` for a
+        profile modelled for ``experiment.target``) and the N it profiles."""
         cfg = self.stage_config("profile", run)
         return {
             "model": run.model,
@@ -364,6 +364,7 @@ class Matrix:
             "hw": f"target-{target}"
             if (target := cfg.experiment.target)
             else f"{cfg.cluster.kind}-{cfg.cluster.device}",
+            "gpus": str(self.profile_gpus(run)),
         }
 
     def job_run(self, stage: str, wildcards: Mapping[str, str]) -> Run:
@@ -424,15 +425,33 @@ class Matrix:
         """SLURM resources of concurrent workload `index` (:func:`ralp_pipe.workflow.slurm.concurrent_resources`)."""
         return concurrent_resources(self.base, self._workload_configs[index])
 
+    def profile_gpus(self, run: Run) -> int:
+        """The N whose compute profile `run` is planned from: its own, so changing experiment.gpus leaves every
+        other N's profile as it is; at N=1, which has no PS-device batch, the experiment's largest N, whose
+        profile times the worker batch with the threads the single-device reference gets (one rank's of the
+        largest run, :func:`ralp_pipe.engine.topology.cpu_share`)."""
+        return run.gpus if run.gpus > 1 else max(self.base.experiment.gpus)
+
+    def _stage_run(self, stage: str, run: Run) -> Run:
+        """The run a job of `stage` composes for `run`: a profile job, for the N it profiles."""
+        return dataclasses.replace(run, gpus=self.profile_gpus(run)) if stage == "profile" else run
+
+    def stage_keys(self, stage: str, run: Run) -> tuple[str, ...]:
+        """Config keys `stage` reads for `run` (:data:`STAGE_KEYS`): a plan reads experiment.gpus only at N=1,
+        for the reference's CPU share, so other plans (and the training runs after them) keep their keys."""
+        keys = STAGE_KEYS[stage]
+        return tuple(k for k in keys if k != "experiment.gpus") if stage == "plan" and run.gpus > 1 else keys
+
     def stage_config(self, stage: str, run: Run) -> Config:
         """The config `stage` composes for `run` (equal to the run's config on every key it reads)."""
-        return self.config(run) if stage == "train" else self._config(run, STAGE_DIMS[stage])
+        return self.config(run) if stage == "train" else self._config(self._stage_run(stage, run), STAGE_DIMS[stage])
 
     def stage_args(self, stage: str, run: Run) -> list[str]:
         """The Hydra overrides `stage` gets for `run`: the matrix choices it is keyed by, plus the
         user's overrides of keys it reads. Input files are no overrides: each rule passes its inputs'
         paths as options (training's plan as ``--plan``, which sets strategy.plan)."""
-        keys, dims = STAGE_KEYS[stage], STAGE_DIMS[stage]
+        run = self._stage_run(stage, run)
+        keys, dims = self.stage_keys(stage, run), STAGE_DIMS[stage]
         options = self.settings.stage_options.get(COMMAND_OF.get(stage, stage), ())
         args = [*options, f"experiment={self.settings.experiment}"]
         if relevant("cluster", keys):
@@ -455,7 +474,7 @@ class Matrix:
     def stage_params(self, stage: str, run: Run) -> str:
         """JSON of what `stage` reads for `run` (resolved values and arguments): Snakemake's rerun key."""
         data = {
-            "config": select(to_dict(self.stage_config(stage, run)), STAGE_KEYS[stage]),
+            "config": select(to_dict(self.stage_config(stage, run)), self.stage_keys(stage, run)),
             "args": self.stage_args(stage, run),
         }
         return json.dumps(data, sort_keys=True)
