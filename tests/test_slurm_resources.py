@@ -108,9 +108,11 @@ def test_every_rule_asks_slurm_for_what_its_job_needs_at_n_2_8_16(tmp_path: Path
             assert flag in line.split(), (flag, line)
         assert f"-t {TRAIN_MINUTES}" in line and f"--mem {fullest * 3000}" in line and "--exclusive" in line
         assert "--ntasks-per-gpu" not in line and "--gpus=" not in line, line
-    (profile,) = [j["resources"] for j in jobs if j["rule"] == "profile"]
-    assert profile["cpus_per_task"] == 2 and profile["gres"] == "gpu:1" and profile["slurm_extra"] == "--exclusive"
-    assert "--cpus-per-task=2" in sbatch_line(profile)  # one rank's CPUs, not the submit host's cores
+    profiles = [j["resources"] for j in jobs if j["rule"] == "profile"]
+    assert len(profiles) == 3  # one per N
+    for profile in profiles:
+        assert profile["cpus_per_task"] == 2 and profile["gres"] == "gpu:1" and profile["slurm_extra"] == "--exclusive"
+        assert "--cpus-per-task=2" in sbatch_line(profile)  # one rank's CPUs, not the submit host's cores
     (probe,) = [j["resources"] for j in jobs if j["rule"] == "probe"]
     assert (probe["nodes"], probe["tasks"], probe["mpi"]) == (2, 2, "srun")  # across the fabric
     assert probe["slurm_extra"] == "--exclusive --ntasks-per-node=1"
