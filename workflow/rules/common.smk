@@ -19,10 +19,8 @@ def stage_args(stage):
     return lambda wildcards: MATRIX.stage_command(stage, run_of(wildcards, stage))
 
 
-PLACEMENT = (
-    "slurm_partition",
-    "slurm_account",
-)  # where every job goes (cluster.slurm.partition, .account)
+# Where every job goes: cluster.slurm.partition and cluster.slurm.account.
+PLACEMENT = ("slurm_partition", "slurm_account")
 
 
 def slurm_resources(stage, *names):
