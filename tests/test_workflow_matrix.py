@@ -368,3 +368,17 @@ def test_rules_hand_stages_the_exact_paths_of_their_inputs_and_name_logs_from_th
                 command
             )
     assert sum(rule == "train" for rule, *_ in jobs) == len(matrix.runs)
+
+
+def test_a_target_device_models_the_profiles_and_its_entry_keys_their_reruns() -> None:
+    def matrix(*extra: str) -> Matrix:
+        return Matrix(parse_settings({"experiment": "smoke", "overrides": list(extra)}))
+
+    measured, v100 = matrix(), matrix("experiment.target=v100")
+    run = measured.runs[0]
+    assert "-target-" not in measured.path("profile", run)
+    assert "-target-v100-" in v100.path("profile", run)
+    assert "experiment.target=v100" in v100.stage_args("profile", run)
+    faster = matrix("experiment.target=v100", "device.memory_gbps=1800")
+    assert faster.stage_params("profile", run) != v100.stage_params("profile", run)
+    assert faster.stage_params("train", run) == v100.stage_params("train", run)
