@@ -14,7 +14,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from ralp_pipe.config import STRATEGIES
+from ralp_pipe.config import STRATEGIES, strategy_kind
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
@@ -32,7 +32,7 @@ def _rank(
     units = models.placement_units(models.build(model, classes))
     topo = topology(strategy, gpus)
     comm = Comm(rank, world, "gloo")
-    split = None if strategy in ("ps", "allreduce") else models.default_split(units)
+    split = models.default_split(units) if strategy_kind(strategy).places_layers else None
     engine = build(StepSetup(topo, comm, units, split, Optim(0.01, 0.9, 0.0), torch.device("cpu"), batch, size))
     del units
     images = torch.randn(batch, 3, size, size)
@@ -59,7 +59,7 @@ def main() -> None:
             units = models.placement_units(models.build(model, classes))
             for strategy in STRATEGIES:
                 topo = topology(strategy, args.gpus)
-                split = None if strategy in ("ps", "allreduce") else models.default_split(units)
+                split = models.default_split(units) if strategy_kind(strategy).places_layers else None
                 want = volume.step_bytes(strategy, units, split, topo, args.batch, args.size)
                 per_rank = spawn_function(
                     _rank, topo.world_size, (model, classes, strategy, args.gpus, args.batch, args.size), timeout_s=1800

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from ralp_pipe.config import RALP_STRATEGIES, Config
+from ralp_pipe.config import STRATEGY_KINDS, Config
 from ralp_pipe.engine.models import model_units, parameter_count
 from ralp_pipe.engine.topology import topology
 from ralp_pipe.planning.planner import build_plan
@@ -22,6 +22,7 @@ CPU_MACS = 5e10  # a few CPU cores: the workers and the PS device of the emulate
 MEMORY = 5e11  # bytes/s streamed by the parameter update
 PAPER_IMAGE = 224
 
+RALP_STRATEGIES = [name for name, kind in STRATEGY_KINDS.items() if kind.places_layers]
 LOCAL = Matrix(parse_settings({"experiment": "local"}))
 CELLS = sorted({(r.dataset, r.model, r.gpus, r.network) for r in LOCAL.runs if r.strategy in RALP_STRATEGIES})
 

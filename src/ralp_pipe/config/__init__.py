@@ -1,8 +1,10 @@
 """Configuration: the typed schema (:mod:`.schema`), Hydra composition and validation (:mod:`.compose`),
-units such as tc rates (:mod:`.units`) and what each cluster kind means (:mod:`.clusters`)."""
+units such as tc rates (:mod:`.units`), what each cluster kind means (:mod:`.clusters`) and what each
+strategy is (:mod:`.strategies`)."""
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS, ClusterKind, cluster_kind
 from ralp_pipe.config.compose import device_entries, digest, from_dict, load, to_dict, validate, workload
+from ralp_pipe.config.strategies import STRATEGY_KINDS, StrategyKind, strategy_kind
 from ralp_pipe.config.schema import (
     BACKENDS,
     CLUSTERS,
@@ -12,7 +14,6 @@ from ralp_pipe.config.schema import (
     LOADERS,
     MODELS,
     PS_PLACEMENTS,
-    RALP_STRATEGIES,
     REFERENCE,
     STRATEGIES,
     ClusterConfig,
@@ -41,9 +42,9 @@ __all__ = [
     "LOADERS",
     "MODELS",
     "PS_PLACEMENTS",
-    "RALP_STRATEGIES",
     "REFERENCE",
     "STRATEGIES",
+    "STRATEGY_KINDS",
     "ClusterConfig",
     "ClusterKind",
     "Config",
@@ -57,6 +58,7 @@ __all__ = [
     "ShardOptions",
     "SlurmConfig",
     "StrategyConfig",
+    "StrategyKind",
     "SyntheticSource",
     "TrainConfig",
     "cluster_kind",
@@ -64,6 +66,7 @@ __all__ = [
     "digest",
     "from_dict",
     "load",
+    "strategy_kind",
     "to_dict",
     "validate",
     "workload",

@@ -30,9 +30,9 @@ from ralp_pipe.config.schema import (
     MODELS,
     PS_PLACEMENTS,
     SAFE_NAME,
-    STRATEGIES,
     Config,
 )
+from ralp_pipe.config.strategies import STRATEGY_KINDS, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
 from ralp_pipe.errors import ConfigError
 
@@ -120,7 +120,7 @@ def validate(cfg: Config) -> None:
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout!r} must be in [0, 1)")
 
-    _choice("strategy.name", s.name, STRATEGIES)
+    _choice("strategy.name", s.name, tuple(STRATEGY_KINDS))
     _at_least("strategy.num_ps", s.num_ps, 1)
     if s.split is not None:
         _at_least("strategy.split", s.split, 1)
@@ -132,13 +132,10 @@ def validate(cfg: Config) -> None:
     _choice("cluster.device", c.device, DEVICES)
     _choice("cluster.backend", c.backend, BACKENDS)
     _at_least("cluster.gpus", c.gpus, 1)
-    if s.name == "ralp_h" and c.gpus < 2:
+    kind = strategy_kind(s.name)
+    if c.gpus < kind.min_gpus:
         raise ConfigError(
-            f"cluster.gpus={c.gpus} is too few for ralp_h: it needs at least 2 (⌈N/2⌉ workers + 1 PS device)"
-        )
-    if s.name == "ralp_n" and c.gpus < 2:
-        raise ConfigError(
-            f"cluster.gpus={c.gpus} is too few for ralp_n: it needs at least 2 (N-1 workers + 1 PS device)"
+            f"cluster.gpus={c.gpus} is too few for {s.name}: it needs at least {kind.min_gpus} ({kind.ranks})"
         )
     _at_least("cluster.timeout_s", c.timeout_s, 1)
     _at_least("cluster.init_timeout_s", c.init_timeout_s, 1)
@@ -185,7 +182,7 @@ def validate(cfg: Config) -> None:
     for model in e.models:
         _choice("experiment.models[]", model, MODELS)
     for strategy in e.strategies:
-        _choice("experiment.strategies[]", strategy, STRATEGIES)
+        _choice("experiment.strategies[]", strategy, tuple(STRATEGY_KINDS))
     for gpus in e.gpus:
         _at_least("experiment.gpus[]", gpus, 2)
     _at_least("experiment.repeats", e.repeats, 1)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS
+from ralp_pipe.config.strategies import STRATEGY_KINDS
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 
@@ -26,8 +27,7 @@ MODELS = (
     "resnet101",
     "resnet152",
 )
-STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
-RALP_STRATEGIES = ("ralp_h", "ralp_n")  # layer placement: workers run units[:split], one PS device the rest
+STRATEGIES = tuple(STRATEGY_KINDS)  # the built-in strategies in table order (what each is: config/strategies.py)
 REFERENCE = ("allreduce", 1)  # (strategy, N) of the single-device reference run: no communication
 PS_PLACEMENTS = ("dedicated", "colocated")  # where `ps` PS ranks run: hosts of their own, or beside workers
 LAYOUTS = ("folders", "tars", "synthetic")

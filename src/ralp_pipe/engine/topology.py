@@ -1,5 +1,7 @@
 """Which rank does what for each strategy: workers first (ranks 0..W-1), then PS ranks.
 
+The counts come from the strategy table (:mod:`ralp_pipe.config.strategies`); the built-in ones:
+
 | strategy    | workers | PS ranks              | world size    |
 |-------------|---------|-----------------------|---------------|
 | `ps`        | N       | `num_ps` PS processes | N + num_ps    |
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGIES, Config, cluster_kind
+from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGY_KINDS, Config, cluster_kind, strategy_kind
 from ralp_pipe.config.schema import StrategyConfig
 
 WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
@@ -67,25 +69,19 @@ class Topology:
 
 def topology(strategy: str, gpus: int, num_ps: int = 1, ps_placement: str = "dedicated") -> Topology:
     """Ranks, roles and hosts of `strategy` given `gpus` devices and, for `ps`, `num_ps` PS processes."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    kind = strategy_kind(strategy)
     if ps_placement not in PS_PLACEMENTS:
         raise ValueError(f"unknown ps_placement {ps_placement!r}; choose one of: {', '.join(PS_PLACEMENTS)}")
     if gpus < 1:
         raise ValueError(f"gpus={gpus} must be at least 1")
-    if strategy == "ps":
-        if num_ps < 1:
-            raise ValueError(f"num_ps={num_ps} must be at least 1 for the ps strategy")
-        n_workers, server_roles = gpus, [PS] * num_ps
-    elif strategy == "allreduce":
-        n_workers, server_roles = gpus, []
-    else:
-        if gpus < 2:
-            raise ValueError(f"gpus={gpus} is too few for {strategy}: it needs at least 2 (workers + 1 PS device)")
-        n_workers = (gpus + 1) // 2 if strategy == "ralp_h" else gpus - 1
-        server_roles = [PS_DEVICE]
+    if gpus < kind.min_gpus:
+        raise ValueError(f"gpus={gpus} is too few for {strategy}: it needs at least {kind.min_gpus} ({kind.ranks})")
+    if kind.has_ps and num_ps < 1:
+        raise ValueError(f"num_ps={num_ps} must be at least 1 for the {strategy} strategy")
+    n_workers = kind.workers(gpus)
+    server_roles = [PS if kind.has_ps else PS_DEVICE] * kind.servers(gpus, num_ps)
     roles = [WORKER] * n_workers + server_roles
-    colocated = strategy == "ps" and ps_placement == "colocated"
+    colocated = kind.has_ps and ps_placement == "colocated"
     hosts = [
         rank if rank < n_workers or not colocated else (rank - n_workers) % n_workers for rank in range(len(roles))
     ]
@@ -106,7 +102,7 @@ def of_strategy(strategy: StrategyConfig, gpus: int) -> Topology:
 
 def largest_world(gpus: int, num_ps: int = 1) -> int:
     """Ranks of the largest run any strategy makes at `gpus` (with `num_ps` servers): what a profile stands for."""
-    return max(topology(s, gpus, num_ps).world_size for s in STRATEGIES)
+    return max(topology(s, gpus, num_ps).world_size for s, kind in STRATEGY_KINDS.items() if gpus >= kind.min_gpus)
 
 
 def cpu_share(cfg: Config, strategy: str, gpus: int) -> int | None:

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
-from ralp_pipe.config import Config, cluster_kind, digest, load, to_dict, workload
+from ralp_pipe.config import Config, cluster_kind, digest, load, strategy_kind, to_dict, workload
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import models, volume
@@ -125,7 +125,7 @@ def resolve_split(cfg: Config, units: list[models.Unit]) -> int | None:
     """
     name = cfg.strategy.name
     entry = plan_entry(cfg)
-    if name in ("ps", "allreduce"):
+    if not strategy_kind(name).places_layers:
         return None
     if cfg.strategy.split is not None:
         split, source = cfg.strategy.split, "strategy.split"

@@ -1,7 +1,8 @@
 """Analytic bytes sent per training step, by category, counted once at the sender.
 
 These are the figures :mod:`ralp_pipe.engine.comm` counts where tensors are sent; the byte tests
-prove the two agree exactly. Per step, with W workers, P model parameters, P_low parameters
+prove the two agree exactly. Each strategy names its function in the strategy table
+(:mod:`ralp_pipe.config.strategies`). Per step, with W workers, P model parameters, P_low parameters
 below the split, A activation elements per image at the split and batch b per worker:
 
 - `ps`: every worker pushes P gradients and every worker receives P parameters (sent by the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from ralp_pipe.config import RALP_STRATEGIES
+from ralp_pipe.config import strategy_kind
 from ralp_pipe.engine.models import Unit, activation_shapes, check_split, parameter_count
 from ralp_pipe.engine.topology import Topology
 
@@ -62,29 +63,44 @@ def step_bytes(
     image_size: int,
     bytes_per_element: int = 4,
 ) -> dict[str, int]:
-    """Bytes sent per step by all ranks together, by category and in "total"."""
+    """Bytes sent per step by all ranks together, by category and in "total" (the strategy's volume function)."""
     if strategy != topology.strategy:
         raise ValueError(f"strategy {strategy!r} does not match the topology's {topology.strategy!r}")
-    workers = topology.num_workers
-    elements = dict.fromkeys(CATEGORIES, 0)
-    if strategy == "ps":
-        params = sum(parameter_count(u.module) for u in units)
-        elements["gradients"] = workers * params
-        elements["parameters"] = workers * params
-    elif strategy == "allreduce":
-        params = sum(parameter_count(u.module) for u in units)
-        elements["gradients"] = 2 * (workers - 1) * params
-    else:
-        if split is None:
-            raise ValueError(f"strategy {strategy!r} needs a split point")
-        lower = sum(parameter_count(u.module) for u in units[:split])
-        activations = batch_size * split_activation_elements(units, split, image_size)
-        elements["gradients"] = workers * lower
-        elements["parameters"] = workers * lower
-        elements["activations"] = workers * activations
-        elements["activation_gradients"] = workers * activations
-    result = {name: count * bytes_per_element for name, count in elements.items()}
-    if strategy in RALP_STRATEGIES:
-        result["labels"] = workers * batch_size * LABEL_BYTES
+    sent = strategy_kind(strategy).volume_function(units, split, topology, batch_size, image_size, bytes_per_element)
+    result = {**dict.fromkeys(CATEGORIES, 0), **sent}
     result["total"] = sum(result.values())
     return result
+
+
+def push_pull_bytes(
+    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+) -> dict[str, int]:
+    """`ps`: every worker pushes all gradients and receives all parameters."""
+    params = sum(parameter_count(u.module) for u in units) * bytes_per_element
+    return {"gradients": topology.num_workers * params, "parameters": topology.num_workers * params}
+
+
+def ring_bytes(
+    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+) -> dict[str, int]:
+    """`allreduce`: a ring all-reduce of all gradients over the workers."""
+    params = sum(parameter_count(u.module) for u in units)
+    return {"gradients": 2 * (topology.num_workers - 1) * params * bytes_per_element}
+
+
+def placement_bytes(
+    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+) -> dict[str, int]:
+    """Layer placement: activations, labels and lower-unit gradients up, their gradients and parameters down."""
+    if split is None:
+        raise ValueError(f"strategy {topology.strategy!r} needs a split point")
+    workers = topology.num_workers
+    lower = workers * sum(parameter_count(u.module) for u in units[:split]) * bytes_per_element
+    activations = workers * batch_size * split_activation_elements(units, split, image_size) * bytes_per_element
+    return {
+        "gradients": lower,
+        "parameters": lower,
+        "activations": activations,
+        "activation_gradients": activations,
+        "labels": workers * batch_size * LABEL_BYTES,
+    }

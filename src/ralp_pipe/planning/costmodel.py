@@ -52,7 +52,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ralp_pipe.config import RALP_STRATEGIES
+from ralp_pipe.config import strategy_kind
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.engine.models import check_split
 
@@ -254,13 +254,14 @@ def predict(
     total_param = costs.param_bytes
     add = costs.aggregate_s_per_byte  # one in-place pass over a gradient set, per byte
     sent = volume["total"]
-    if strategy in ("ps", "allreduce"):
+    kind = strategy_kind(strategy)
+    if not kind.places_layers:
         # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP)
-        passes = 1 if strategy == "ps" else 2
+        passes = 1 if kind.has_ps else 2
         compute = costs.fwd(slice(None), b) + costs.bwd(slice(None), b) + passes * total_param * add
-        world = w + num_ps if strategy == "ps" else w
+        world = w + kind.servers(gpus, num_ps)
         compute *= _slowdown(shared, w, world)
-    if strategy == "ps":
+    if kind.has_ps:
         # add the W gradient sets into the first and average them, SGD; each server holds 1/num_ps
         reduce_passes = w if w > 1 else 0
         server = (
@@ -278,10 +279,10 @@ def predict(
                 w - 1 if colocated else w,
                 link,
             )
-    elif strategy == "allreduce":
+    elif not kind.places_layers:  # ring all-reduce
         server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
         comm = (sent / w / link.ring_bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
-    elif strategy in RALP_STRATEGIES:
+    else:
         check_split(split, len(costs.units), f"the {strategy} prediction")
         lower, upper = slice(0, split), slice(split, None)
         lower_param = sum(u.param_bytes for u in costs.units[lower])
@@ -294,8 +295,6 @@ def predict(
             + total_param * costs.update_s_per_byte
         ) * _slowdown(shared, 1, w + 1)
         comm = sent / link.bytes_per_s + 4 * link.latency_s
-    else:
-        raise ValueError(f"unknown strategy {strategy!r}")
     return Prediction(strategy, gpus, split, w * b, compute, server, comm, dict(volume))
 
 

@@ -19,7 +19,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ralp_pipe.config import RALP_STRATEGIES, REFERENCE, STRATEGIES, Config, ConfigError, cluster_kind, load, workload
+from ralp_pipe.config import (
+    REFERENCE,
+    STRATEGY_KINDS,
+    Config,
+    ConfigError,
+    cluster_kind,
+    load,
+    strategy_kind,
+    workload,
+)
 from ralp_pipe.engine import models
 from ralp_pipe.engine.topology import cpu_share, topology
 from ralp_pipe.engine.volume import step_bytes
@@ -98,8 +107,8 @@ def shared_cpu(cfg: Config, profile: Profile, gpus: int) -> SharedCpu | None:
 def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
     """``(strategy, gpus, split) -> volume.step_bytes(...)``, memoised, computing each split's shape once.
 
-    volume.step_bytes defines every `ps` and RALP category as workers x per-worker bytes, so
-    those are its one-worker figures times the workers (the split's activation shape, the
+    Where a strategy's bytes are workers x per-worker bytes (``per_worker_volume`` in the strategy
+    table: `ps` and RALP), they are its figures at its fewest devices scaled to the workers (the split's activation shape, the
     costly part, is then computed once per split rather than once per split and N); the
     planner's tests compare every figure with a direct call.
     """
@@ -112,11 +121,12 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
         return cache[key]
 
     def volume(strategy: str, gpus: int, split: int | None) -> dict[str, int]:
-        if strategy == "allreduce":
+        kind = strategy_kind(strategy)
+        if not kind.per_worker_volume:
             return exact(strategy, gpus, split)
-        one_worker = exact(strategy, 1 if strategy == "ps" else 2, split)
+        fewest, few = exact(strategy, kind.min_gpus, split), kind.workers(kind.min_gpus)
         workers = topology(strategy, gpus, num_ps).num_workers
-        return {k: v * workers for k, v in one_worker.items()}
+        return {k: v // few * workers for k, v in fewest.items()}
 
     return volume
 
@@ -147,7 +157,7 @@ def best_prediction(
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
     topo = topology(strategy, gpus, num_ps)
-    splits: Sequence[int | None] = range(1, len(costs.units)) if strategy in RALP_STRATEGIES else [None]
+    splits: Sequence[int | None] = range(1, len(costs.units)) if strategy_kind(strategy).places_layers else [None]
     table = [
         predict(
             strategy,
@@ -198,8 +208,8 @@ def plan_gpus(
     """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
     entries: dict[str, dict[str, Any]] = {}
     baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared, pipelining, colocated)
-    for strategy in STRATEGIES:
-        if strategy in RALP_STRATEGIES and gpus < 2:
+    for strategy, kind in STRATEGY_KINDS.items():
+        if gpus < kind.min_gpus:
             continue
         best, table = best_prediction(
             strategy, costs, volume, gpus, batch_size, link, num_ps, shared, pipelining, colocated
@@ -215,7 +225,7 @@ def plan_gpus(
             "pays": None if strategy == "ps" else speedup > 1.0,
             "reason": "the baseline" if strategy == "ps" else _reason(strategy, best, baseline, unit_names),
         }
-        if strategy in RALP_STRATEGIES:
+        if kind.places_layers:
             entry["split_after_unit"] = unit_names[best.split - 1]
             entry["table"] = [{**p.as_dict(), "after_unit": unit_names[p.split - 1]} for p in table]
         entries[strategy] = entry
@@ -295,7 +305,7 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"{name:9s}{split}  {entry['predicted_images_per_sec']:10.2f} img/s  "
             f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
-            f"{entry['reason'] if name in RALP_STRATEGIES else ''}"
+            f"{entry['reason'] if strategy_kind(name).places_layers else ''}"
         )
     print(
         f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} on {plan.profile_device} ({plan.profile_kind} profile, "

@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ralp_pipe.config import RALP_STRATEGIES, ConfigError, cluster_kind, device_entries, load, workload
+from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, workload
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
@@ -382,10 +382,10 @@ def profile_batches(batch_size: int, gpus: Sequence[int]) -> dict[str, int]:
 
 
 def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
-    """Per-worker batch and the PS device's concatenated batch of ralp_n and ralp_h at `gpus`."""
+    """Per-worker batch and the PS device's concatenated batch of every layer-placing strategy at `gpus`."""
     batches = {"worker": batch_size}
-    if gpus >= 2:
-        for strategy in RALP_STRATEGIES:
+    for strategy, kind in STRATEGY_KINDS.items():
+        if kind.places_layers and gpus >= kind.min_gpus:
             batches[f"ps_{strategy}"] = batch_size * topology(strategy, gpus).num_workers
     return batches
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from ralp_pipe.atomic import atomic_path
-from ralp_pipe.config import RALP_STRATEGIES, STRATEGIES, ConfigError, load
+from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
 from ralp_pipe.engine import models
 from ralp_pipe.planning import devicemodel
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
@@ -62,8 +62,8 @@ def simulate(
         link = Link(gbit * 1e9 / 8 * TCP_PAYLOAD_PER_WIRE_BYTE, latency_s, f"{gbit} Gbit/s")
         for n in gpus:
             baseline = None
-            for strategy in STRATEGIES:
-                servers, beside = (n, True) if ps_per_host and strategy == "ps" else (num_ps, colocated)
+            for strategy, kind in STRATEGY_KINDS.items():
+                servers, beside = (n, True) if ps_per_host and kind.has_ps else (num_ps, colocated)
                 best, _ = best_prediction(
                     strategy, costs, volume, n, batch_size, link, servers, pipelining=pipelining, colocated=beside
                 )
@@ -75,10 +75,10 @@ def simulate(
                         "strategy": strategy,
                         "gpus": n,
                         "link_gbit": gbit,
-                        "num_ps": servers if strategy == "ps" else None,
-                        "ps_placement": ("colocated" if beside else "dedicated") if strategy == "ps" else None,
+                        "num_ps": servers if kind.has_ps else None,
+                        "ps_placement": ("colocated" if beside else "dedicated") if kind.has_ps else None,
                         "split": best.split,
-                        "split_after_unit": names[best.split - 1] if strategy in RALP_STRATEGIES else None,
+                        "split_after_unit": names[best.split - 1] if kind.places_layers else None,
                         "images_per_sec": best.images_per_sec,
                         "step_time_s": best.step_time_s,
                         "compute_s": best.compute_s,
@@ -147,8 +147,8 @@ def write_outputs(frame: pd.DataFrame, out: Path, device: str) -> list[Path]:
     with atomic_path(table) as tmp:
         frame.to_parquet(tmp, index=False)
     throughput, speedup = out / "images_per_sec.png", out / "speedup_over_ps.png"
-    plot(frame, "images_per_sec", "images/sec", throughput, STRATEGIES, log_y=True, device=device)
-    others = [s for s in STRATEGIES if s != "ps"]
+    plot(frame, "images_per_sec", "images/sec", throughput, list(STRATEGY_KINDS), log_y=True, device=device)
+    others = [s for s in STRATEGY_KINDS if s != "ps"]
     plot(frame, "speedup_over_ps", "speedup over ps", speedup, others, log_y=True, device=device)
     return [table, throughput, speedup]
 
@@ -160,7 +160,7 @@ def summary(frame: pd.DataFrame) -> str:
         for n in (frame.gpus.min(), frame.gpus.max()):
             part = frame[(frame.link_gbit == gbit) & (frame.gpus == n)]
             best = part.loc[part.images_per_sec.idxmax()]
-            split = f" split {int(best.split)}" if best.strategy in RALP_STRATEGIES else ""
+            split = f" split {int(best.split)}" if strategy_kind(best.strategy).places_layers else ""
             lines.append(
                 f"{gbit:>5g} Gbit/s N={n:<5d} best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, "
                 f"{best.speedup_over_ps:.2f}x ps, {best.gb_per_step:.3g} GB/step"

@@ -26,9 +26,9 @@ from ralp_pipe.engine.topology import PS, Topology
 
 
 def holds_model(topo: Topology, rank: int) -> bool:
-    """Whether `rank` builds the whole model: every rank but a `ps` PS rank, which holds only its buckets,
+    """Whether `rank` builds the whole model: every rank but a PS rank (role "ps"), which holds only its buckets,
     initialised from the first worker (VGG-11/21841, 4 PSes of one worker: 1315 instead of 1727 MiB each)."""
-    return not (topo.strategy == "ps" and topo.role(rank) == PS)
+    return topo.role(rank) != PS
 
 
 class ParameterServerStrategy(Strategy):

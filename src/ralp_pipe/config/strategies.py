@@ -1,0 +1,111 @@
+"""What each training strategy is, decided once: its ranks at N devices, what its servers do, its step and volume.
+
+Every stage asks :func:`strategy_kind` for a property instead of comparing names. A new strategy
+is an entry of :data:`STRATEGY_KINDS` plus its own step class (``engine/strategies/``), volume
+function (``engine/volume.py``) and ``config/strategy/<name>.yaml``. The step class and the volume
+function are named as ``module:attribute`` and imported on first use, so reading the table
+imports neither torch nor the engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ralp_pipe.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StrategyKind:
+    """The properties of one strategy that stages decide on."""
+
+    name: str
+    has_ps: bool  # `strategy.num_ps` parameter-server ranks that hold parameters and apply SGD (placeable)
+    places_layers: bool  # one PS device runs the units above a split point on the workers' concatenated batch
+    min_gpus: int  # fewest devices it runs on
+    workers: Callable[[int], int]  # data-parallel workers at N devices
+    servers: Callable[[int, int], int]  # server ranks (PS processes or the PS device) at N devices and `num_ps`
+    per_worker_volume: bool  # bytes per step are the workers x one worker's (the planner scales one figure)
+    step: str  # "module:Class" of its step (engine.strategies.base.Strategy), imported on use
+    volume: str  # "module:function" giving its bytes per step by category (engine.volume), imported on use
+    ranks: str  # its ranks with N devices, in words
+
+    @property
+    def step_class(self) -> Any:
+        """The class whose instance runs this strategy's step on one rank."""
+        return _resolve(self.step)
+
+    @property
+    def volume_function(self) -> Callable[..., dict[str, int]]:
+        """``(units, split, topology, batch_size, image_size, bytes_per_element) -> bytes by category``."""
+        return _resolve(self.volume)  # type: ignore[no-any-return]
+
+
+def _resolve(target: str) -> Any:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+_ENGINE = "ralp_pipe.engine"
+STRATEGY_KINDS: dict[str, StrategyKind] = {
+    kind.name: kind
+    for kind in (
+        StrategyKind(
+            "ps",
+            has_ps=True,
+            places_layers=False,
+            min_gpus=1,
+            workers=lambda n: n,
+            servers=lambda n, num_ps: num_ps,
+            per_worker_volume=True,
+            step=f"{_ENGINE}.strategies.ps:ParameterServerStrategy",
+            volume=f"{_ENGINE}.volume:push_pull_bytes",
+            ranks="N workers + `num_ps` parameter servers",
+        ),
+        StrategyKind(
+            "allreduce",
+            has_ps=False,
+            places_layers=False,
+            min_gpus=1,
+            workers=lambda n: n,
+            servers=lambda n, num_ps: 0,
+            per_worker_volume=False,
+            step=f"{_ENGINE}.strategies.allreduce:AllReduceStrategy",
+            volume=f"{_ENGINE}.volume:ring_bytes",
+            ranks="N workers",
+        ),
+        StrategyKind(
+            "ralp_h",
+            has_ps=False,
+            places_layers=True,
+            min_gpus=2,
+            workers=lambda n: (n + 1) // 2,
+            servers=lambda n, num_ps: 1,
+            per_worker_volume=True,
+            step=f"{_ENGINE}.strategies.ralp:LayerPlacementStrategy",
+            volume=f"{_ENGINE}.volume:placement_bytes",
+            ranks="⌈N/2⌉ workers + 1 PS device",
+        ),
+        StrategyKind(
+            "ralp_n",
+            has_ps=False,
+            places_layers=True,
+            min_gpus=2,
+            workers=lambda n: n - 1,
+            servers=lambda n, num_ps: 1,
+            per_worker_volume=True,
+            step=f"{_ENGINE}.strategies.ralp:LayerPlacementStrategy",
+            volume=f"{_ENGINE}.volume:placement_bytes",
+            ranks="N-1 workers + 1 PS device",
+        ),
+    )
+}
+
+
+def strategy_kind(name: str) -> StrategyKind:
+    """The description of strategy `name`; an unknown one raises naming the choices."""
+    try:
+        return STRATEGY_KINDS[name]
+    except KeyError:
+        raise ConfigError(f"strategy.name={name!r} is not allowed; choose one of: {', '.join(STRATEGY_KINDS)}") from None
