@@ -43,6 +43,8 @@ from ralp_pipe.errors import ConfigError, DataError
 from ralp_pipe.results.layout import PATHS
 from ralp_pipe.runtime.process import process_pool
 
+CONFIG_KEYS = ("dataset", "paths")  # what this stage reads of the config (a key covers those below it)
+
 FORMAT_VERSION = 1
 SHUFFLE_SEED = 0
 MANIFEST = "manifest.json"

@@ -45,6 +45,24 @@ from ralp_pipe.planning.costmodel import (
 )
 from ralp_pipe.results.records import LinkProbe, Plan, Profile
 
+# what `ralp-pipe plan` reads of the config (a key covers those below it)
+CONFIG_KEYS = (
+    "dataset.name",
+    "dataset.num_classes",
+    "model",
+    "strategy.num_ps",
+    "strategy.overlap",
+    "strategy.bucket_mb",
+    "strategy.ps_placement",
+    "network",
+    "cluster.kind",
+    "cluster.gpus",
+    "experiment.gpus",  # the single-device reference's CPU share: one rank of the largest run
+    "train.batch_size",
+    "train.image_size",
+    "train.cpu_share",
+)
+
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
 

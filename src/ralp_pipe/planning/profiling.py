@@ -49,6 +49,28 @@ from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import free_port, start_logged, supervise
 
+# what a compute profile reads of the config (a key covers those below it)
+CONFIG_KEYS = (
+    "experiment.target",  # a GPU to model the profile for instead of measuring this machine
+    "device",  # the target's entry (read only where experiment.target is set)
+    "dataset.name",
+    "dataset.num_classes",
+    "model",
+    "strategy.num_ps",
+    "cluster.kind",
+    "cluster.gpus",  # N: its PS-device batches, the threads of a rank of its largest run
+    "cluster.device",
+    "cluster.backend",
+    "cluster.slurm.gpus_per_node",
+    "train.batch_size",
+    "train.image_size",
+    "train.lr",
+    "train.momentum",
+    "train.weight_decay",
+    "train.seed",
+)
+LINK_CONFIG_KEYS = ("network", "cluster.kind")  # what the link probe (--link-only) reads
+
 DEFAULT_MESSAGE_BYTES = 64 * 2**20
 
 

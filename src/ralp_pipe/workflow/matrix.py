@@ -22,7 +22,9 @@ only when something it reads changed.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.util
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.cli import STAGES
 from ralp_pipe.config import (
     CONFIG_DIR,
     REFERENCE,
@@ -53,50 +56,25 @@ STAGE_DIMS: dict[str, tuple[str, ...]] = {
     "plan": ("dataset", "model", "gpus", "network"),
     "train": ("dataset", "model", "strategy", "gpus", "network", "repeat"),
 }
-# Config keys each stage reads; a key covers everything below it ("train" covers "train.lr").
-STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "prepare_shards": ("dataset", "paths"),
-    "profile": (
-        "cluster.gpus",  # N: its PS-device batches, the threads of a rank of its largest run
-        "experiment.target",  # a GPU to model the profile for instead of measuring this machine
-        "device",  # the target's entry (read only where experiment.target is set)
-        "dataset.num_classes",
-        "model",
-        "strategy.num_ps",
-        "cluster.kind",
-        "cluster.device",
-        "cluster.backend",
-        "train.batch_size",
-        "train.image_size",
-        "train.lr",
-        "train.momentum",
-        "train.seed",
-        "train.amp",
-    ),
-    "probe": ("network", "cluster.kind"),
-    "plan": (
-        "dataset.name",
-        "dataset.num_classes",
-        "model",
-        "strategy.num_ps",
-        "strategy.overlap",
-        "strategy.bucket_mb",
-        "strategy.ps_placement",
-        "network",
-        "cluster.kind",
-        "cluster.gpus",
-        "cluster.device",
-        "cluster.backend",
-        "experiment.gpus",  # the single-device reference's CPU share: one rank of the largest run (N=1 only)
-        "train.batch_size",
-        "train.image_size",
-        "train.amp",
-        "train.cpu_share",
-    ),
-    "train": ("dataset", "model", "strategy", "cluster", "network", "train", "paths"),
-}
-COMPOSE_KEYS = ("dataset.layout", "dataset.source")  # a real dataset composes only with its path
 COMMAND_OF = {"probe": "profile"}  # stages run by another stage's command (`ralp-pipe profile --link-only`)
+KEYS_OF = {"probe": "LINK_CONFIG_KEYS"}  # the declaration of a stage's keys in its module, where not CONFIG_KEYS
+
+
+def declared_keys(stage: str) -> tuple[str, ...]:
+    """The config keys workflow stage `stage` reads: those its command's module (``cli.STAGES``) declares
+    next to the code reading them, read from its source so that parsing the workflow imports no stage."""
+    module = importlib.util.find_spec(STAGES[COMMAND_OF.get(stage, stage).replace("_", "-")][0])
+    assert module is not None and module.origin is not None
+    name = KEYS_OF.get(stage, "CONFIG_KEYS")
+    for node in ast.parse(Path(module.origin).read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return tuple(ast.literal_eval(node.value))
+    raise LookupError(f"{module.origin} declares no {name}")
+
+
+# Config keys each stage reads; a key covers everything below it ("train" covers "train.lr").
+STAGE_KEYS: dict[str, tuple[str, ...]] = {stage: declared_keys(stage) for stage in STAGE_DIMS}
+COMPOSE_KEYS = ("dataset.layout", "dataset.source")  # a real dataset composes only with its path
 MATRIX_GROUPS = ("dataset", "model", "strategy", "network")
 WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
 SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"  # the --config keys
