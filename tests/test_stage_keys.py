@@ -50,6 +50,6 @@ def test_a_weight_decay_override_reaches_the_profile_job_and_amp_reaches_neither
     matrix = Matrix(parse_settings({"experiment": "smoke", "overrides": ["train.weight_decay=0.001", "train.amp=true"]}))
     run = matrix.runs[0]
     assert "train.weight_decay=0.001" in matrix.stage_args("profile", run)
-    assert '"weight_decay": 0.001' in matrix.stage_params("profile", run)
+    assert '"train.weight_decay": 0.001' in matrix.stage_params("profile", run)
     for stage in ("profile", "plan"):
         assert "train.amp=true" not in matrix.stage_args(stage, run) and '"train.amp"' not in matrix.stage_params(stage, run)
