@@ -11,7 +11,7 @@ test: setup
 	@bash scripts/lint.sh
 	@bash scripts/test.sh $(ARGS)
 
-# Static checks: ruff (lint and format), snakefmt and snakemake --lint.
+# Static checks: ruff (lint and format), snakefmt, mypy and snakemake --lint.
 lint: setup
 	@bash scripts/lint.sh
 

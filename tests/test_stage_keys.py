@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from support.config_reads import OPAQUE, config_reads
 
 from ralp_pipe.workflow.matrix import STAGE_KEYS, WORKFLOW_STAGE_KEYS
+from support.config_reads import OPAQUE, config_reads
 
 PROFILING = "ralp_pipe.planning.profiling"
 # stage -> the functions it enters with the config (module, function, parameter holding the config or None)
@@ -47,9 +47,13 @@ def test_the_two_drifts_are_gone() -> None:
 def test_a_weight_decay_override_reaches_the_profile_job_and_amp_reaches_neither_profile_nor_plan() -> None:
     from ralp_pipe.workflow.matrix import Matrix, parse_settings
 
-    matrix = Matrix(parse_settings({"experiment": "smoke", "overrides": ["train.weight_decay=0.001", "train.amp=true"]}))
+    matrix = Matrix(
+        parse_settings({"experiment": "smoke", "overrides": ["train.weight_decay=0.001", "train.amp=true"]})
+    )
     run = matrix.runs[0]
     assert "train.weight_decay=0.001" in matrix.stage_args("profile", run)
     assert '"train.weight_decay": 0.001' in matrix.stage_params("profile", run)
     for stage in ("profile", "plan"):
-        assert "train.amp=true" not in matrix.stage_args(stage, run) and '"train.amp"' not in matrix.stage_params(stage, run)
+        assert "train.amp=true" not in matrix.stage_args(stage, run) and '"train.amp"' not in matrix.stage_params(
+            stage, run
+        )

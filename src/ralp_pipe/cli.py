@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser, stage_parsers = _parser(stage)
             if stage is None or argv.index(stage) > 0:
                 parser.parse_args(argv)  # no stage, or options before it: argparse answers (help/usage) and exits
+            assert stage is not None
             # The stage's own parser does the intermixed parsing (options between overrides): Python
             # 3.11's parse_intermixed_args refuses a parser that has subparsers.
             args = stage_parsers[stage].parse_intermixed_args(argv[1:])
@@ -138,15 +139,15 @@ def _send_again(signum: int) -> None:
 
     def send() -> None:
         if signal.getsignal(signum) is _raise_interrupted:
-            signal.pthread_kill(main, signum)
+            signal.pthread_kill(main_thread, signum)
 
-    main = threading.main_thread().ident or 0
+    main_thread = threading.main_thread().ident or 0
     timer = threading.Timer(REDELIVER_S, send)
     timer.daemon = True
     timer.start()
 
 
-def _report(stage: str, exc: RalpError) -> int:
+def _report(stage: str | None, exc: RalpError) -> int:
     """Print a foreseeable failure as one line on stderr and return its exit status."""
     print(f"ralp-pipe {stage}: {exc.kind}: {exc}", file=sys.stderr)
     return exc.exit_code

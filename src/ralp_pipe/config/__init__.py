@@ -30,6 +30,7 @@ from ralp_pipe.config.schema import (
     SyntheticSource,
     TrainConfig,
 )
+from ralp_pipe.config.strategies import STRATEGY_KINDS, StrategyKind, strategy_kind
 from ralp_pipe.errors import ConfigError
 
 __all__ = [

@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -47,7 +47,7 @@ def load(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Config
             raw = compose(config_name="config", overrides=list(overrides))
     except HydraException as exc:
         raise ConfigError(f"cannot compose the configuration from {config_dir}: {exc}") from exc
-    return from_dict(OmegaConf.to_container(raw, resolve=True))
+    return from_dict(cast(dict[str, Any], OmegaConf.to_container(raw, resolve=True)))
 
 
 def from_dict(data: dict[str, Any]) -> Config:

@@ -39,7 +39,7 @@ class StrategyKind:
     @property
     def volume_function(self) -> Callable[..., dict[str, int]]:
         """``(units, split, topology, batch_size, image_size, bytes_per_element) -> bytes by category``."""
-        return _resolve(self.volume)  # type: ignore[no-any-return]
+        return _resolve(self.volume)
 
 
 def _resolve(target: str) -> Any:
@@ -108,4 +108,6 @@ def strategy_kind(name: str) -> StrategyKind:
     try:
         return STRATEGY_KINDS[name]
     except KeyError:
-        raise ConfigError(f"strategy.name={name!r} is not allowed; choose one of: {', '.join(STRATEGY_KINDS)}") from None
+        raise ConfigError(
+            f"strategy.name={name!r} is not allowed; choose one of: {', '.join(STRATEGY_KINDS)}"
+        ) from None

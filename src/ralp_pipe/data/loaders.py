@@ -116,7 +116,7 @@ def _dali(
 
     @pipeline_def
     def pipeline() -> tuple[Any, Any]:
-        jpegs, labels = fn.readers.webdataset(
+        jpegs, labels = fn.readers.webdataset(  # type: ignore[misc]  # DALI types its nodes loosely
             paths=[str(tar) for tar, _ in shards],
             index_paths=[str(idx) for _, idx in shards],
             ext=["jpg", "cls"],
@@ -128,11 +128,11 @@ def _dali(
             stick_to_shard=True,
             name="reader",
         )
-        images = fn.decoders.image_random_crop(jpegs, device="mixed" if on_gpu else "cpu", output_type=types.RGB)
-        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
+        images = fn.decoders.image_random_crop(jpegs, device="mixed" if on_gpu else "cpu", output_type=types.RGB)  # type: ignore[attr-defined]
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size)  # type: ignore[assignment]
         images = fn.crop_mirror_normalize(
             images,
-            dtype=types.FLOAT,
+            dtype=types.FLOAT,  # type: ignore[attr-defined]
             output_layout="CHW",
             mirror=fn.random.coin_flip(),
             mean=[255 * m for m in MEAN],

@@ -129,7 +129,7 @@ def _scan_tar_entry(entry: os.DirEntry[str], result: Scan) -> None:
     try:
         with tarfile.open(entry.path, "r:") as archive:
             complete = _read_members(archive, rel, result)
-            for member in archive.members:
+            for member in archive.members:  # type: ignore[attr-defined]  # read by _read_members
                 _add_tar_member(member, rel, synset, entry.path, stat.st_mtime_ns, result)
             if complete:
                 _check_tar_end(entry.path, archive, stat.st_size, rel, result)
@@ -159,7 +159,8 @@ def _check_tar_end(path: str, archive: tarfile.TarFile, size: int, rel: str, res
     tarfile reads a missing or cut header as the end of the archive, so a tar cut at a block
     boundary or inside a header would otherwise lose its remaining members without a word.
     """
-    last = archive.members[-1] if archive.members else None
+    members = archive.members  # type: ignore[attr-defined]  # those read so far (not in the stubs)
+    last = members[-1] if members else None
     end = archive.offset  # where tarfile looked for the next header: just after the last member's data
     with open(path, "rb") as handle:
         handle.seek(end)
@@ -180,7 +181,7 @@ def _read_members(archive: tarfile.TarFile, rel: str, result: Scan) -> bool:
         while archive.next() is not None:
             pass
     except tarfile.TarError as exc:
-        result.skip(rel, f"tar damaged after {len(archive.members)} members: {exc}", damaged=True)
+        result.skip(rel, f"tar damaged after {len(archive.members)} members: {exc}", damaged=True)  # type: ignore[attr-defined]
         return False
     return True
 

@@ -42,13 +42,14 @@ class StepTraffic:
 class Handle:
     """A pending send or receive; a staged receive copies into its target when waited on."""
 
-    work: dist.Work
+    work: dist.Work | None  # None: torch started nothing (it returns None for ranks outside the group)
     target: torch.Tensor | None = None
     staging: torch.Tensor | None = None
 
     def finish(self) -> None:
         """Block until the transfer is complete (and copy a staged receive into place)."""
-        self.work.wait()
+        if self.work is not None:
+            self.work.wait()
         if self.target is not None and self.staging is not None:
             self.target.copy_(self.staging)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from ralp_pipe.config import (
     REFERENCE,
@@ -244,8 +244,8 @@ def plan_gpus(
             "reason": "the baseline" if strategy == "ps" else _reason(strategy, best, baseline, unit_names),
         }
         if kind.places_layers:
-            entry["split_after_unit"] = unit_names[best.split - 1]
-            entry["table"] = [{**p.as_dict(), "after_unit": unit_names[p.split - 1]} for p in table]
+            entry["split_after_unit"] = unit_names[cast(int, best.split) - 1]
+            entry["table"] = [{**p.as_dict(), "after_unit": unit_names[cast(int, p.split) - 1]} for p in table]
         entries[strategy] = entry
     return entries
 
@@ -278,6 +278,7 @@ def build_plan(
         str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared[n], pipelining, colocated)
         for n in gpus
     }
+    first_shared = shared[gpus[0]]
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(
         **workload(cfg),
@@ -288,7 +289,7 @@ def build_plan(
         bandwidth_source=link.source,
         latency_s=link.latency_s,
         allreduce_bytes_per_s=link.ring_bytes_per_s,
-        shared_cpu=None if shared[gpus[0]] is None else dataclasses.asdict(shared[gpus[0]]),
+        shared_cpu=None if first_shared is None else dataclasses.asdict(first_shared),
         profile=str(profile_path),
         profile_kind=profile.kind,
         profile_device=(profile.target or {}).get("name", profile.device),
@@ -327,6 +328,6 @@ def main(args: argparse.Namespace) -> int:
         )
     print(
         f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} on {plan.profile_device} ({plan.profile_kind} profile, "
-        f"{plan.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}"
+        f"{(plan.bandwidth_bytes_per_s or 0.0) / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}"
     )
     return 0

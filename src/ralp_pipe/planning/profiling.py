@@ -136,7 +136,7 @@ def profile_unit(
     }
 
 
-def _peak_memory(module: nn.Module, x: torch.Tensor, params: list[torch.Tensor], device: torch.device) -> int:
+def _peak_memory(module: nn.Module, x: torch.Tensor, params: Sequence[torch.Tensor], device: torch.device) -> int:
     """Peak bytes of one forward+backward (see the module docstring for the CPU measure)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -216,7 +216,7 @@ def unit_macs(units: Sequence[models.Unit], image_size: int) -> list[int]:
 
     def count(module: nn.Module, _: Any, output: torch.Tensor) -> None:
         spatial = output.shape[2] * output.shape[3] if output.dim() == 4 else 1
-        counts[id(module)] = module.weight.numel() * spatial
+        counts[id(module)] = module.get_parameter("weight").numel() * spatial
 
     for unit in units:
         hooks += [

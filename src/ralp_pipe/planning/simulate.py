@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import pandas as pd
 
@@ -78,7 +78,7 @@ def simulate(
                         "num_ps": servers if kind.has_ps else None,
                         "ps_placement": ("colocated" if beside else "dedicated") if kind.has_ps else None,
                         "split": best.split,
-                        "split_after_unit": names[best.split - 1] if kind.places_layers else None,
+                        "split_after_unit": names[cast(int, best.split) - 1] if kind.places_layers else None,
                         "images_per_sec": best.images_per_sec,
                         "step_time_s": best.step_time_s,
                         "compute_s": best.compute_s,

@@ -39,7 +39,7 @@ CATEGORY_LABELS = {
     "gb_labels": "labels",
 }
 PART_LABELS = {"compute_s": "compute", "comm_wait_s": "communication wait", "data_wait_s": "data wait"}
-COLOURS = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))
+COLOURS = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))  # type: ignore[attr-defined]  # a ListedColormap
 NO_REFERENCE = "no single-device reference run (allreduce at N=1) in this experiment"
 
 
@@ -111,7 +111,8 @@ def _lines(group: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     order = list(dict.fromkeys(group["strategy"]))
     curves = group.groupby(["strategy", "network"], sort=False)
     return sorted(
-        ((s, net, line.sort_values("gpus")) for (s, net), line in curves), key=lambda c: (order.index(c[0]), c[1])
+        ((str(s), str(net), line.sort_values("gpus")) for (s, net), line in curves),
+        key=lambda c: (order.index(c[0]), c[1]),
     )
 
 

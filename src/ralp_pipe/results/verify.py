@@ -105,7 +105,7 @@ def read_headers(tar: tarfile.TarFile, path: Path, limits: Limits, scratch: Path
                 )
     except _UNREADABLE as exc:
         raise BundleRefused(f"{path} is truncated or corrupt: {exc}") from exc
-    return tar.members
+    return tar.members  # type: ignore[attr-defined]  # filled by the complete read above
 
 
 def check_members(members: list[tarfile.TarInfo]) -> str:

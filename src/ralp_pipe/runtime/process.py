@@ -156,7 +156,7 @@ def _forked_child(target: Callable[..., None], args: tuple[Any, ...], log: str) 
         os._exit(1)
     # The server hands each child its clients' "alive" pipe. Closed here, the pipe's last writer
     # is the process that started the server: when that dies the server exits, and so does this child.
-    server = multiprocessing.forkserver._forkserver
+    server: Any = multiprocessing.forkserver._forkserver  # private: its alive pipe
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
@@ -205,7 +205,7 @@ def stop(procs: Sequence[Child], grace: float = GRACE_S) -> None:
 class _Pool(ProcessPoolExecutor):
     """A process pool whose workers are killed, and whose queued work is dropped, when its block fails."""
 
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> bool | None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: Any) -> bool | None:
         if exc_type is None:
             return super().__exit__(exc_type, *rest)
         workers = list((getattr(self, "_processes", None) or {}).values())  # ours: started by this pool

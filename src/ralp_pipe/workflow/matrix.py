@@ -354,7 +354,7 @@ class Matrix:
             for run in self.runs:
                 self._profile_runs.setdefault(self.path("profile", run), run)
         try:
-            return self._profile_runs[self.path("profile", **wildcards)]
+            return self._profile_runs[self.path("profile", None, **wildcards)]
         except KeyError:
             raise ConfigError(f"no run of experiment '{self.settings.experiment}' profiles {dict(wildcards)}") from None
 

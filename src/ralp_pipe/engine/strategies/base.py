@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -146,7 +147,7 @@ class FlatSgd:
     very class, so the cost model prices what the server runs.
     """
 
-    def __init__(self, tensors: list[torch.Tensor], sets: int, optim: Optim, mean: bool):
+    def __init__(self, tensors: Sequence[torch.Tensor], sets: int, optim: Optim, mean: bool):
         self.flat = nn.Parameter(torch.cat([t.detach().reshape(-1) for t in tensors]))
         self.inbox = [torch.empty_like(self.flat.data) for _ in range(sets)]
         self.flat.grad = self.inbox[0]
@@ -234,7 +235,7 @@ def bucket_elements(bucket_mb: float, element_size: int) -> int:
 
 
 def _bucket_values(
-    named: list[tuple[str, torch.Tensor]], layout: FlatLayout, offsets: dict[int, int], bucket: Bucket
+    named: Sequence[tuple[str, torch.Tensor]], layout: FlatLayout, offsets: dict[int, int], bucket: Bucket
 ) -> list[torch.Tensor]:
     """Views of the parameter elements `bucket` covers, in flat order (no copy of the whole model)."""
     views = []
@@ -260,7 +261,7 @@ class PushPullServer:
     def __init__(
         self,
         comm: Comm,
-        named: list[tuple[str, torch.Tensor]],
+        named: Sequence[tuple[str, torch.Tensor]],
         buckets: list[Bucket],
         workers: list[int],
         optim: Optim,
@@ -355,7 +356,9 @@ class PushPullClient:
     PS's upload idle for a third of the step).
     """
 
-    def __init__(self, comm: Comm, params: list[torch.Tensor], buckets: list[Bucket], overlap: bool, credit: int = 0):
+    def __init__(
+        self, comm: Comm, params: Sequence[torch.Tensor], buckets: list[Bucket], overlap: bool, credit: int = 0
+    ):
         self.comm, self.buckets, self.overlap = comm, buckets, overlap
         self.credit = credit
         layout = FlatLayout(tuple(p.numel() for p in params))
