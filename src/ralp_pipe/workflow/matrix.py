@@ -40,12 +40,12 @@ from ralp_pipe.config import (
     ConfigError,
     TrainConfig,
     digest,
-    load,
     to_dict,
     validate,
 )
 from ralp_pipe.engine.topology import cpu_share
 from ralp_pipe.results.layout import PATHS, RUN_ID, arm, log_path
+from ralp_pipe.workflow.compositions import cached_load
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
 # Matrix dimensions each stage's outputs are keyed by (one job per distinct combination).
@@ -195,7 +195,7 @@ class Matrix:
     def __init__(self, settings: Settings, config_dir: Path = CONFIG_DIR) -> None:
         self.settings = settings
         head = [f"experiment={settings.experiment}", *self.launcher_args(), *settings.overrides]
-        self.base = load(head, config_dir)
+        self.base = cached_load(head, config_dir)
         e = self.base.experiment
         unknown = sorted(set(settings.dataset_overrides) - set(e.datasets))
         if unknown:
@@ -276,7 +276,7 @@ class Matrix:
     @staticmethod
     def _compose(overrides: list[str], group: str, option: str) -> Config:
         try:
-            return load(overrides)
+            return cached_load(overrides)
         except ConfigError as exc:
             raise ConfigError(f"experiment {group} '{option}': {exc}") from exc
 
