@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Callable
@@ -13,6 +14,8 @@ from PIL import Image
 
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import Config, load
+
+BUNDLE = "bundles/smoke-0123.tar.gz"  # the `bundle` fixture, below its results folder
 
 
 def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
@@ -71,13 +74,19 @@ def make_config(tmp_path: Path) -> Callable[..., Config]:
     return build
 
 
-@pytest.fixture
-def bundle(tmp_path: Path) -> Path:
-    """A complete bundle of 8 runs, made through the CLI after `aggregate`."""
+@pytest.fixture(scope="session")
+def bundled_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results folder of 8 runs, aggregated and bundled through the CLI once per session (do not change it)."""
     from workflow_records import write_aggregated  # pandas: imported only by the tests using it
 
-    root = write_aggregated(tmp_path / "results", models=("vgg11",), gpus=(2, 4))
-    out = root / "bundles" / "smoke-0123.tar.gz"
+    root = write_aggregated(tmp_path_factory.mktemp("bundled") / "results", models=("vgg11",), gpus=(2, 4))
     includes = [str(root / name) for name in ("configs", "runs", "plans", "concurrent", "tables")]
-    assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(out)]) == 0
-    return out
+    assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(root / BUNDLE)]) == 0
+    return root
+
+
+@pytest.fixture
+def bundle(tmp_path: Path, bundled_results: Path) -> Path:
+    """A complete bundle of 8 runs, made through the CLI after `aggregate`: in this test's own copy of
+    :func:`bundled_results`, so `bundle.parents[1]` is its results folder."""
+    return Path(shutil.copytree(bundled_results, tmp_path / "results")) / BUNDLE

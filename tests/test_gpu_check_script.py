@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 RUNS = [
     "ps",
@@ -24,6 +26,7 @@ RUNS = [
 ]
 
 
+@pytest.mark.slow  # every strategy trained in subprocesses, a profile, DALI shards: 95 s on a quiet machine
 def test_the_gpu_check_script_runs_every_check_on_the_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "PYTHON": sys.executable}
     proc = subprocess.run(

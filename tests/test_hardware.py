@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 # Steady-state training steps of one layer whose 64 MiB weight gradient is allocated and freed
 # every step; prints the median page faults of a step once the heap has settled.
 STEPS = """
@@ -30,6 +32,7 @@ def _faults_per_step(mode: str) -> int:
     return int(done.stdout.split()[-1])
 
 
+@pytest.mark.slow  # two Python subprocesses timing a training step each
 def test_a_step_reuses_the_memory_the_last_one_freed_instead_of_faulting_fresh_pages_in() -> None:
     assert _faults_per_step("default") > GRADIENT_PAGES // 2  # glibc's default: a fresh mapping every step
     assert _faults_per_step("keep") < GRADIENT_PAGES // 100

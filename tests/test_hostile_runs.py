@@ -105,6 +105,7 @@ def _start_train(out: Path, *overrides: str) -> subprocess.Popen[str]:
 # --- 1: an unusable --out is refused before any rank starts ----------------------------------------------------------
 
 
+@pytest.mark.slow  # a `ralp-pipe train` subprocess (it imports torch before it refuses)
 @pytest.mark.parametrize("where", ["file", "below a file"])
 def test_out_that_is_or_lies_below_a_file_is_refused_before_the_ranks_start(tmp_path: Path, where: str) -> None:
     (tmp_path / "taken").write_text("not a folder\n")
@@ -121,6 +122,7 @@ def test_out_that_is_or_lies_below_a_file_is_refused_before_the_ranks_start(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], "a staging folder was made"
 
 
+@pytest.mark.slow  # a `ralp-pipe train` subprocess (it imports torch before it refuses)
 @pytest.mark.parametrize("loader", ["dali", "torchvision"])
 def test_a_shard_loader_without_prepared_shards_is_refused_before_the_ranks_start(tmp_path: Path, loader: str) -> None:
     results = tmp_path / "results"
@@ -190,6 +192,7 @@ def test_shards_given_with_the_option_are_the_ones_checked(tmp_path: Path) -> No
 # --- 2: full and read-only disks: one line naming the path and errno, nothing half-written -----------------------------
 
 
+@pytest.mark.slow  # a `ralp-pipe train` subprocess (it imports torch before it refuses)
 def test_out_on_a_disk_without_room_for_the_records_is_refused_naming_it(tmp_path: Path) -> None:
     with _tmpfs(tmp_path / "disk", "20m") as disk:
         _fill(disk)
@@ -204,6 +207,7 @@ def test_out_on_a_disk_without_room_for_the_records_is_refused_naming_it(tmp_pat
         assert sorted(p.name for p in (disk / "runs").iterdir()) == [], "a staging folder was left"
 
 
+@pytest.mark.slow  # a `ralp-pipe train` subprocess (it imports torch before it refuses)
 @pytest.mark.parametrize("out_is_the_mount", [False, True])
 def test_read_only_out_is_refused_naming_the_path_and_erofs(tmp_path: Path, out_is_the_mount: bool) -> None:
     with _tmpfs(tmp_path / "disk", "20m", read_only=True) as disk:
