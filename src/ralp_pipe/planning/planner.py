@@ -126,9 +126,9 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
     """``(strategy, gpus, split) -> volume.step_bytes(...)``, memoised, computing each split's shape once.
 
     Where a strategy's bytes are workers x per-worker bytes (``per_worker_volume`` in the strategy
-    table: `ps` and RALP), they are its figures at its fewest devices scaled to the workers (the split's activation shape, the
-    costly part, is then computed once per split rather than once per split and N); the
-    planner's tests compare every figure with a direct call.
+    table: `ps` and RALP), they are its figures at its fewest devices scaled to the workers (the
+    split's activation shape, the costly part, is then computed once per split rather than once
+    per split and N); the planner's tests compare every figure with a direct call.
     """
     cache: dict[tuple[str, int, int | None], dict[str, int]] = {}
 
