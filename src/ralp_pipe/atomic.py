@@ -32,12 +32,12 @@ def atomic_paths(paths: Sequence[str | os.PathLike[str]]) -> Iterator[list[Path]
             temps.append(Path(tmp))
             os.chmod(tmp, 0o644)
         yield temps
-        for tmp, target in zip(temps, targets):
-            os.replace(tmp, target)
+        for temp, target in zip(temps, targets):
+            os.replace(temp, target)
     finally:
-        for tmp in temps:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        for temp in temps:
+            if os.path.exists(temp):
+                os.unlink(temp)
 
 
 @contextmanager

@@ -2,9 +2,11 @@
 
 Starting from a stage's entry functions, a name bound to the :class:`~ralp_pipe.config.Config` (assigned from
 ``load``/``from_dict``) or to part of it is followed through attribute chains, local aliases and calls into
-the package's own functions (the callee's parameter is then bound). Any other use of a bound value is a read of
+the package's own functions (the callee's parameter is then bound; every callee is also read for a config
+it loads itself, and one annotated to return a ``Config`` returns the whole config). Any other use of a bound value is a read of
 its path: an attribute chain ending in a value, a config group handed to code outside the package, a
-``getattr`` on a group. Serialising the whole config (``to_dict``, ``digest``) is not a read: what the ranks
+``getattr`` on a group. Serialising the whole config (``to_dict``, ``digest``) or copying it with some keys set
+(``dataclasses.replace``) is not a read: what the ranks
 read of the config they receive is followed from their own entry.
 """
 
@@ -19,6 +21,7 @@ from typing import Sequence
 PACKAGE = "ralp_pipe"
 CONFIG_SOURCES = ("load", "from_dict")  # calls that return the whole Config
 SERIALISERS = ("to_dict", "digest", "asdict")  # take the whole config as data, read nothing of it themselves
+COPIES = ("replace",)  # dataclasses.replace: the same config with some keys set, read nothing of it
 OPAQUE = "*"  # the whole config handed to code this reader cannot follow
 
 
@@ -78,14 +81,19 @@ class _Reader:
                 return _function(origin[0], func.attr)
         return None
 
-    def _path(self, node: ast.expr, env: dict[str, str]) -> str | None:
+    def _path(self, node: ast.expr, env: dict[str, str], module: str = "") -> str | None:
         if isinstance(node, ast.Name):
             return env.get(node.id)
         if isinstance(node, ast.Attribute):
-            base = self._path(node.value, env)
+            base = self._path(node.value, env, module)
             return None if base is None else f"{base}.{node.attr}".lstrip(".")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONFIG_SOURCES:
             return ""
+        if isinstance(node, ast.Call) and _name(node.func) in COPIES and node.args:
+            return self._path(node.args[0], env, module)
+        if isinstance(node, ast.Call) and module and (callee := self._resolve(node.func, module)):
+            returns = callee[1].returns
+            return "" if isinstance(returns, ast.Name) and returns.id == "Config" else None
         return None
 
     def _bind(self, target: ast.expr, value: ast.expr, module: str, env: dict[str, str]) -> None:
@@ -93,7 +101,7 @@ class _Reader:
             for t, v in zip(target.elts, value.elts):
                 self._bind(t, v, module, env)
             return
-        path = self._path(value, env)
+        path = self._path(value, env, module)
         if isinstance(target, ast.Name) and path is not None:
             env[target.id] = path
             if isinstance(value, ast.Call):
@@ -110,7 +118,7 @@ class _Reader:
         if isinstance(node, ast.Call):
             self._call(node, module, env)
             return
-        path = self._path(node, env) if isinstance(node, ast.expr) else None
+        path = self._path(node, env, module) if isinstance(node, ast.expr) else None
         if path is not None and not isinstance(node, ast.Call):
             if path:
                 self.reads.add(path)
@@ -123,17 +131,19 @@ class _Reader:
 
     def _call(self, node: ast.Call, module: str, env: dict[str, str]) -> None:
         callee = self._resolve(node.func, module)
-        serialiser = _name(node.func) in SERIALISERS
+        serialiser = _name(node.func) in (*SERIALISERS, *COPIES)
         params = [a.arg for a in (*callee[1].args.posonlyargs, *callee[1].args.args)] if callee else []
-        func_path = self._path(node.func, env)
+        func_path = self._path(node.func, env, module)
         if func_path is not None:  # a method of a config value
             self.reads.add(func_path.rsplit(".", 1)[0])
         else:
             self._visit(node.func, module, env)
         arguments = [(params[i] if i < len(params) else None, a) for i, a in enumerate(node.args)]
         arguments += [(k.arg, k.value) for k in node.keywords]
+        if callee:  # what it reads of a config it loads itself
+            self.function(callee[0], callee[1].name, {})
         for param, value in arguments:
-            path = self._path(value, env)
+            path = self._path(value, env, module)
             if path is None or isinstance(value, ast.Call):
                 self._visit(value, module, env)
                 if path is None:

@@ -4,7 +4,6 @@ strategy is (:mod:`.strategies`)."""
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS, ClusterKind, cluster_kind
 from ralp_pipe.config.compose import device_entries, digest, from_dict, load, to_dict, validate, workload
-from ralp_pipe.config.strategies import STRATEGY_KINDS, StrategyKind, strategy_kind
 from ralp_pipe.config.schema import (
     BACKENDS,
     CLUSTERS,

@@ -16,7 +16,7 @@ import functools
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ralp_pipe.planning.devicemodel import Kernels, trace_model, trace_update
 
 FITTED = ("conv_efficiency", "conv3x3_efficiency", "matmul_efficiency", "memory_efficiency", "launch_overhead_us")
 Group = tuple[str, ...]  # fields fitted as one value
+SEPARATE: tuple[Group, ...] = tuple((name,) for name in FITTED)  # every fitted field a group of its own
 BOUNDS = {
     "launch_overhead_us": (0.5, 30.0),
     "memory_efficiency": (0.05, 1.0),
@@ -86,9 +87,7 @@ def predict(figure: Figure, device: DeviceConfig) -> float:
     return figure.batch / step_kernels(figure.model, figure.batch, figure.momentum).seconds(device)
 
 
-def fit(
-    figures: Sequence[Figure], start: DeviceConfig, groups: Sequence[Group] = tuple((n,) for n in FITTED)
-) -> DeviceConfig:
+def fit(figures: Sequence[Figure], start: DeviceConfig, groups: Sequence[Group] = SEPARATE) -> DeviceConfig:
     """`start` with the fields of `groups` chosen to minimise the squared log error of `figures`' predictions.
 
     The fields of one group take one value; each stays within the :data:`BOUNDS` of its group's first
@@ -100,8 +99,9 @@ def fit(
     high = [math.log(BOUNDS[g[0]][1]) for g in groups]
     x0 = [min(max(math.log(getattr(start, g[0])), lo + 1e-6), hi - 1e-6) for g, lo, hi in zip(groups, low, high)]
 
-    def device_at(x: Sequence[float]) -> DeviceConfig:
-        return dataclasses.replace(start, **{n: float(math.exp(v)) for g, v in zip(groups, x) for n in g})
+    def device_at(x: Sequence[float] | np.ndarray) -> DeviceConfig:
+        fields: dict[str, Any] = {n: float(math.exp(v)) for g, v in zip(groups, x) for n in g}
+        return dataclasses.replace(start, **fields)
 
     def residuals(x: np.ndarray) -> list[float]:
         device = device_at(x)

@@ -177,7 +177,8 @@ def trace_model(
 ) -> tuple[list[models.Unit], list[UnitTrace]]:
     """The placement units of model `name` (on the meta device) and the trace of each at `batch`."""
     units = models.model_units(name, num_classes, dropout, "meta")
-    traces, shape = [], (batch, 3, image_size, image_size)
+    traces: list[Any] = []
+    shape: tuple[int, ...] = (batch, 3, image_size, image_size)
     for index, unit in enumerate(units):
         traces.append(trace_unit(unit, shape, input_grad=index > 0))
         shape = traces[-1].output_shape
