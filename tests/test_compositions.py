@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.config import CONFIG_DIR, load
+from ralp_pipe.config import CONFIG_DIR, ConfigError, load
 from ralp_pipe.workflow import compositions
 from ralp_pipe.workflow.compositions import cache_dir, cached_load
 
@@ -25,7 +25,7 @@ def _no_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> None:
         raise AssertionError("composed again")
 
-    monkeypatch.setattr(compositions, "compose_tree", refuse)
+    monkeypatch.setattr(compositions, "load", refuse)
 
 
 def test_a_stored_composition_equals_hydras_and_is_reused(config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,8 +57,17 @@ def test_a_damaged_or_unwritable_cache_is_only_skipped(config_dir: Path, monkeyp
     assert cached_load(OVERRIDES, config_dir) == expected
 
 
-def test_a_bad_setting_is_still_refused_after_its_tree_was_stored(config_dir: Path) -> None:
-    with pytest.raises(Exception, match="train.lr=-1.0"):
-        cached_load([*OVERRIDES[:2], "train.lr=-1"], config_dir)
-    with pytest.raises(Exception, match="train.lr=-1.0"):
-        cached_load([*OVERRIDES[:2], "train.lr=-1"], config_dir)
+def test_a_bad_setting_is_refused_every_time_and_a_stored_config_is_validated_again(
+    config_dir: Path, tmp_path: Path
+) -> None:
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="train.lr=-1.0"):
+            cached_load([*OVERRIDES[:2], "train.lr=-1"], config_dir)
+    assert list(cache_dir().glob("*.json")) == []
+    source = tmp_path / "imagenet"
+    source.mkdir()
+    real = ["dataset=imagenet1k", f"dataset.source={source}"]
+    assert cached_load(real, config_dir).dataset.source == str(source)
+    source.rmdir()
+    with pytest.raises(ConfigError, match="is not a readable folder"):
+        cached_load(real, config_dir)

@@ -39,11 +39,6 @@ from ralp_pipe.errors import ConfigError
 
 def load(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Config:
     """Compose `config/` with Hydra `overrides`, type-check it and validate its values."""
-    return from_dict(compose_tree(overrides, config_dir))
-
-
-def compose_tree(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
-    """The resolved tree Hydra composes from `config/` with `overrides`, as plain data (not yet checked)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -52,7 +47,7 @@ def compose_tree(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -
             raw = compose(config_name="config", overrides=list(overrides))
     except HydraException as exc:
         raise ConfigError(f"cannot compose the configuration from {config_dir}: {exc}") from exc
-    return cast(dict[str, Any], OmegaConf.to_container(raw, resolve=True))
+    return from_dict(cast(dict[str, Any], OmegaConf.to_container(raw, resolve=True)))
 
 
 def from_dict(data: dict[str, Any]) -> Config:
