@@ -45,6 +45,15 @@ def test_an_edited_config_file_or_another_override_composes_afresh(config_dir: P
     assert cached_load([*OVERRIDES, "train.lr=0.1"], config_dir).train.lr == 0.1
 
 
+def test_a_changed_schema_composes_afresh(config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cached_load(OVERRIDES, config_dir)
+    schema = tmp_path / "schema.py"
+    schema.write_text(compositions.SCHEMA_SOURCE.read_text() + "\n# a default changed\n")
+    monkeypatch.setattr(compositions, "SCHEMA_SOURCE", schema)
+    cached_load(OVERRIDES, config_dir)
+    assert len(list(cache_dir().glob("*.json"))) == 2
+
+
 def test_a_damaged_or_unwritable_cache_is_only_skipped(config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = cached_load(OVERRIDES, config_dir)
     [stored] = cache_dir().glob("*.json")

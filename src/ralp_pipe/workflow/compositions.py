@@ -3,7 +3,7 @@
 Composing ``config/`` takes Hydra a few tenths of a second, and the matrix composes once per
 experiment and per option of every matrix group, so a rerun with nothing to do spent most of its
 time composing what it had composed before. A composition is a function of the overrides, the
-files of ``config/`` and the Hydra and OmegaConf versions; the typed config is stored under a
+files of ``config/``, the schema's source and the Hydra and OmegaConf versions; the typed config is stored under a
 digest of all of them (``$XDG_CACHE_HOME/ralp-pipe/compose/``, default ``~/.cache``), so an edited
 config file or another override is composed afresh. Its values are validated on every use
 (:func:`ralp_pipe.config.validate`: a dataset folder may have gone); a cache that cannot be read
@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence, TypeVar, get_type_hints
 
 from ralp_pipe.atomic import write_json_atomic
-from ralp_pipe.config import CONFIG_DIR, Config, digest, load, to_dict, validate
+from ralp_pipe.config import CONFIG_DIR, Config, digest, load, schema, to_dict, validate
 
+SCHEMA_SOURCE = Path(schema.__file__)  # its dataclasses' defaults are part of every composition
 T = TypeVar("T")
 
 
@@ -34,7 +35,8 @@ def cache_dir() -> Path:
 def _tree_digest(config_dir: Path) -> str:
     files = sorted(p for p in config_dir.rglob("*") if p.is_file())
     sums = {p.relative_to(config_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-    return digest({"files": sums, "hydra": version("hydra-core"), "omegaconf": version("omegaconf")})
+    schema = hashlib.sha256(SCHEMA_SOURCE.read_bytes()).hexdigest()
+    return digest({"files": sums, "schema": schema, "hydra": version("hydra-core"), "omegaconf": version("omegaconf")})
 
 
 def cached_load(overrides: Sequence[str], config_dir: Path = CONFIG_DIR) -> Config:
