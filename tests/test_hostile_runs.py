@@ -134,6 +134,7 @@ def test_a_shard_loader_without_prepared_shards_is_refused_before_the_ranks_star
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "a staging folder was made"
 
 
+@pytest.mark.slow  # `ralp-pipe train` subprocesses (each imports torch)
 def test_a_second_driver_of_the_same_out_is_refused_at_once_naming_the_folder_and_the_holder(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "run"
     lock = tmp_path / "runs" / ".run.lock"
@@ -170,6 +171,7 @@ def test_two_drivers_of_one_out_at_once_one_runs_and_the_other_is_refused(tmp_pa
     assert list(runs.iterdir()) == [], "the lock file, a staging folder or a record was left"
 
 
+@pytest.mark.slow  # `ralp-pipe train` subprocesses (each imports torch)
 def test_shards_given_with_the_option_are_the_ones_checked(tmp_path: Path) -> None:
     """--shards names the folder the ranks read; the configured results folder is not looked at."""
     given = tmp_path / "shards"
