@@ -46,3 +46,11 @@ def test_a_forked_child_never_collects_the_objects_it_inherited_from_the_server(
     # every object the server held: its imports (the first server of a process fixes them: the whole suite
     # shares one) and the interpreter's own, at least thousands; none without the freeze
     assert frozen > 1000, log.read_text()
+
+
+def test_a_forked_child_takes_sigint_though_its_server_blocks_it(tmp_path: Path) -> None:
+    """The server imports with SIGINT blocked (a Ctrl-C to the group must not print its traceback); its children
+    take SIGINT again."""
+    log = tmp_path / "child.log"
+    assert _wait(start_forked(forked.blocked, (), log, PRELOAD)) == 0
+    assert log.read_text().split() == ["sigint-blocked", "False"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 
 
@@ -21,3 +22,8 @@ def fail() -> None:
 def frozen() -> None:
     """Print how many objects the garbage collector leaves alone (inherited from the server)."""
     print(f"frozen {gc.get_freeze_count()} collected {sum(gc.get_count())}", flush=True)
+
+
+def blocked() -> None:
+    """Print whether SIGINT is blocked in this child (the server runs with it blocked)."""
+    print(f"sigint-blocked {signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}", flush=True)

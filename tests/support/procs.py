@@ -72,3 +72,8 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def group(pgid: int) -> list[int]:
+    """Live processes (zombies excluded) of process group `pgid`."""
+    return [pid for pid in pids() if (fields := _stat(pid)) and fields[0] != "Z" and int(fields[2]) == pgid]

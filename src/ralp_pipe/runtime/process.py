@@ -18,6 +18,7 @@ import ctypes
 import gc
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import signal
 import socket
@@ -110,9 +111,21 @@ Child = Process | Forked
 
 
 def start_fork_server(preload: Sequence[str]) -> None:
-    """Start the server :func:`start_forked` forks from, importing `preload`, now: beside this process's own imports."""
+    """Start the server :func:`start_forked` forks from, importing `preload`, now: beside this process's own imports.
+
+    The server starts with SIGINT blocked (a blocked signal stays blocked across exec), as
+    multiprocessing's resource tracker does: a Ctrl-C reaching the whole process group while it
+    imports `preload` would otherwise print its KeyboardInterrupt's traceback beside the driver's
+    one line. The driver gets its own SIGINT once unblocked; the server ignores it once running,
+    and :func:`_forked_child` unblocks it in each child.
+    """
     _FORKSERVER.set_forkserver_preload(list(preload))
-    multiprocessing.forkserver.ensure_running()
+    multiprocessing.resource_tracker.ensure_running()  # first: it unblocks SIGINT after starting its own process
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def start_forked(target: Callable[..., None], args: tuple[Any, ...], log: Path, preload: Sequence[str]) -> Forked:
@@ -150,6 +163,7 @@ def _forked_child(target: Callable[..., None], args: tuple[Any, ...], log: str) 
     """In the forked child: the session, parent-death signal and output a started command gets, then `target`."""
     os.setsid()
     die_with_parent()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked in the server (start_fork_server)
     try:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     except OSError:  # the run was stopped and its log folder removed before this child got going
