@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.procs import group
+from support.procs import cmdline, group
 
 RALP_PIPE = Path(sys.executable).with_name("ralp-pipe")
 SMALL = [
@@ -38,6 +38,14 @@ def one_line(stderr: str, stage: str, kind: str) -> str:
 def ralp_pipe(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the `ralp-pipe` command with `argv`."""
     return subprocess.run([str(RALP_PIPE), *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def left_running(pgid: int, wait_s: float = 10.0) -> list[str]:
+    """The command lines of processes of group `pgid` still running after up to `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [cmdline(pid) for pid in group(pgid)]
 
 
 # --- Ctrl-C in a terminal: SIGINT to the whole process group ----------------------------------------------------------
@@ -76,7 +84,76 @@ def test_ctrl_c_to_the_process_group_during_train_start_up_prints_one_line(tmp_p
             proc.wait()
     assert proc.returncode == 130, stderr
     assert one_line(stderr, "train", "stopped") == "ralp-pipe train: stopped: interrupted by SIGINT"
-    deadline = time.monotonic() + 10
-    while group(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert group(proc.pid) == [], "processes of the interrupted command's group were left running"
+    assert left_running(proc.pid) == [], "processes of the interrupted command's group were left running"
+
+
+# --- overrides: one line naming the key and what is allowed -----------------------------------------------------------
+
+MODEL_CHOICES = "alexnet, resnet101, resnet152, resnet18, resnet34, resnet50, vgg11, vgg11_bn, vgg13, vgg13_bn, vgg16"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["train.batch_size=abc"], "train.batch_size='abc' is not allowed: it must be an integer"),
+        (["model="], f"model='' is not allowed; choose one of: {MODEL_CHOICES}"),
+        (["strategy=bogus"], "strategy='bogus' is not allowed; choose one of: allreduce, ps, ralp_h, ralp_n"),
+        (
+            ["+unknown.key=1"],
+            "there is no config key 'unknown.key'; the keys of the configuration are: dataset, model, strategy, ",
+        ),
+        (
+            ["paths.results=${oc.env:RALP_PIPE_TEST_UNSET}/r"],
+            "paths.results='${oc.env:RALP_PIPE_TEST_UNSET}/r' cannot be resolved: ",
+        ),
+        (
+            ["train.batch_size=2", "train.batch_size=3"],
+            "train.batch_size is given twice (train.batch_size=2, then train.batch_size=3): give it once",
+        ),
+    ],
+)
+def test_a_bad_override_is_one_line_naming_the_key_and_what_is_allowed(
+    tmp_path: Path, overrides: list[str], expected: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RALP_PIPE_TEST_UNSET"}
+    shards = ["dataset.num_classes=2", "dataset.synthetic.images_per_class=1", "dataset.shards.workers=1"]
+    proc = subprocess.run(
+        [str(RALP_PIPE), "prepare-shards", "--no-progress", *shards, *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # the default results folder would be made here
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = one_line(proc.stderr, "prepare-shards", "configuration error")
+    assert expected in line, line
+    assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+@pytest.mark.slow  # generates a few thousand JPEGs, then packs them in a pool
+def test_ctrl_c_while_prepare_shards_packs_in_its_pool_prints_one_line_and_nothing_after(tmp_path: Path) -> None:
+    argv = [
+        str(RALP_PIPE),
+        "prepare-shards",
+        "--no-progress",
+        "dataset.synthetic.images_per_class=8",
+        "dataset.shards.images_per_shard=64",
+        "dataset.shards.workers=2",
+        f"paths.results={tmp_path}",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any((tmp_path / "data" / "synthetic1k" / "parts").glob("shard-*.json")):  # the pool is packing
+            assert proc.poll() is None and time.monotonic() < deadline, "no shard was ever finished"
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)  # to the end of stderr: every process holding it has exited
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert stderr == "ralp-pipe prepare-shards: stopped: interrupted by SIGINT\n", stderr
+    assert left_running(proc.pid) == [], "processes of the interrupted command's group were left running"

@@ -25,5 +25,5 @@ def frozen() -> None:
 
 
 def blocked() -> None:
-    """Print whether SIGINT is blocked in this child (the server runs with it blocked)."""
-    print(f"sigint-blocked {signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}", flush=True)
+    """Print the signals blocked in this child (the server runs with SIGINT and SIGTERM blocked)."""
+    print("blocked", *sorted(s.name for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)

@@ -318,16 +318,11 @@ def _build_all(
 def _collect(
     futures: dict[Future[dict[str, Any]], PlannedShard], records: dict[str, dict[str, Any]], bar: tqdm
 ) -> None:
-    """Gather finished shards as they complete; on the first failure cancel the rest and re-raise."""
-    try:
-        for future in as_completed(futures):
-            shard = futures[future]
-            records[shard.name] = future.result()
-            bar.update(len(shard.items))
-    except BaseException:
-        for future in futures:
-            future.cancel()
-        raise
+    """Gather finished shards as they complete; the first failure is raised (the pool then drops the rest)."""
+    for future in as_completed(futures):
+        shard = futures[future]
+        records[shard.name] = future.result()
+        bar.update(len(shard.items))
 
 
 def _remove_leftovers(out: Path, planned: set[str]) -> None:

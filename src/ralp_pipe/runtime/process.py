@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, NoReturn, Sequence
@@ -113,19 +113,14 @@ Child = Process | Forked
 def start_fork_server(preload: Sequence[str]) -> None:
     """Start the server :func:`start_forked` forks from, importing `preload`, now: beside this process's own imports.
 
-    The server starts with SIGINT blocked (a blocked signal stays blocked across exec), as
-    multiprocessing's resource tracker does: a Ctrl-C reaching the whole process group while it
-    imports `preload` would otherwise print its KeyboardInterrupt's traceback beside the driver's
-    one line. The driver gets its own SIGINT once unblocked; the server ignores it once running,
-    and :func:`_forked_child` unblocks it in each child.
+    It starts with SIGINT and SIGTERM blocked (:func:`stops_blocked`), so a Ctrl-C reaching the whole
+    process group while it imports `preload` stops the driver alone instead of printing the server's
+    KeyboardInterrupt; :func:`_forked_child` unblocks them in each child.
     """
     _FORKSERVER.set_forkserver_preload(list(preload))
-    multiprocessing.resource_tracker.ensure_running()  # first: it unblocks SIGINT after starting its own process
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
+    multiprocessing.resource_tracker.ensure_running()  # first: it unblocks both signals once its own process runs
+    with stops_blocked():
         multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def start_forked(target: Callable[..., None], args: tuple[Any, ...], log: Path, preload: Sequence[str]) -> Forked:
@@ -139,6 +134,21 @@ def start_forked(target: Callable[..., None], args: tuple[Any, ...], log: Path, 
     process = _FORKSERVER.Process(target=_forked_child, args=(target, args, str(log)))
     process.start()
     return Forked(process)
+
+
+@contextmanager
+def stops_blocked() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread during the block; a stop sent meanwhile arrives at its end.
+
+    A process started in the block inherits the mask (across exec too), as multiprocessing's resource
+    tracker is started: a Ctrl-C to the whole process group then reaches only this process, which stops
+    its children itself, and never interrupts a child's start-up into a traceback.
+    """
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @contextmanager
@@ -163,7 +173,7 @@ def _forked_child(target: Callable[..., None], args: tuple[Any, ...], log: str) 
     """In the forked child: the session, parent-death signal and output a started command gets, then `target`."""
     os.setsid()
     die_with_parent()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked in the server (start_fork_server)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DEFERRED)  # blocked in the server (start_fork_server)
     try:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     except OSError:  # the run was stopped and its log folder removed before this child got going
@@ -217,17 +227,25 @@ def stop(procs: Sequence[Child], grace: float = GRACE_S) -> None:
 
 
 class _Pool(ProcessPoolExecutor):
-    """A process pool whose workers are killed, and whose queued work is dropped, when its block fails."""
+    """A process pool whose workers never see a Ctrl-C and are killed, their queued work dropped, when its block fails."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Submit work; the workers this starts have SIGINT and SIGTERM blocked (:func:`stops_blocked`)."""
+        with stops_blocked():
+            return super().submit(fn, *args, **kwargs)
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: Any) -> bool | None:
         if exc_type is None:
             return super().__exit__(exc_type, *rest)
         workers = list((getattr(self, "_processes", None) or {}).values())  # ours: started by this pool
-        self.shutdown(wait=False, cancel_futures=True)
         for worker in workers:
             worker.kill()
         for worker in workers:
             worker.join(GRACE_S)
+        # With its workers gone the pool's thread drops the queued work and closes its queues, so their
+        # semaphores are released before this process ends (else multiprocessing's resource tracker warns
+        # of "leaked semaphore objects" after the command's last line).
+        self.shutdown(wait=True, cancel_futures=True)
         return None
 
 
