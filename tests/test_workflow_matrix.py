@@ -382,3 +382,16 @@ def test_a_target_device_models_the_profiles_and_its_entry_keys_their_reruns() -
     faster = matrix("experiment.target=v100", "device.memory_gbps=1800")
     assert faster.stage_params("profile", run) != v100.stage_params("profile", run)
     assert faster.stage_params("train", run) == v100.stage_params("train", run)
+
+
+def test_a_key_twice_in_the_users_overrides_is_refused_and_stage_commands_give_each_key_once() -> None:
+    with pytest.raises(ConfigError, match=r"train.lr is given twice \(train.lr=0.1, then train.lr=0.2\)"):
+        parse_settings({"experiment": "smoke", "overrides": ["train.lr=0.1", "train.lr=0.2"]})
+    with pytest.raises(ConfigError, match=r"dataset.source is given twice"):
+        parse_settings({"dataset_overrides": {"imagenet1k": ["dataset.source=/a", "dataset.source=/b"]}})
+    # the user's strategy.overlap=false, then the matrix's for every run: the command gets it once
+    matrix = Matrix(parse_settings({"experiment": "smoke", "overrides": ["strategy.overlap=false", "train.repeat=0"]}))
+    run = matrix.runs[0]
+    args = matrix.stage_args("train", run)
+    assert args.count("strategy.overlap=false") == 1 and args[-1] == "train.repeat=0", args
+    assert matrix.config(run).strategy.overlap is False

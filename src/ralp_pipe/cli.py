@@ -77,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # 3.11's parse_intermixed_args refuses a parser that has subparsers.
             args = stage_parsers[stage].parse_intermixed_args(argv[1:])
             args.stage = stage
+            from ralp_pipe.config import refuse_repeated  # here, not at the top: `--help` stays fast
+
+            refuse_repeated(args.overrides)
             return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
         except KeyboardInterrupt:
             return _report(stage, Interrupted(signal.SIGINT))

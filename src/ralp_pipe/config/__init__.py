@@ -3,7 +3,16 @@ units such as tc rates (:mod:`.units`), what each cluster kind means (:mod:`.clu
 strategy is (:mod:`.strategies`)."""
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS, ClusterKind, cluster_kind
-from ralp_pipe.config.compose import device_entries, digest, from_dict, load, to_dict, validate, workload
+from ralp_pipe.config.compose import (
+    device_entries,
+    digest,
+    from_dict,
+    load,
+    refuse_repeated,
+    to_dict,
+    validate,
+    workload,
+)
 from ralp_pipe.config.schema import (
     BACKENDS,
     CLUSTERS,
@@ -66,6 +75,7 @@ __all__ = [
     "digest",
     "from_dict",
     "load",
+    "refuse_repeated",
     "strategy_kind",
     "to_dict",
     "validate",

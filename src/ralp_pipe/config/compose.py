@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict
+import re
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, Sequence, cast, get_args, get_origin, get_type_hints
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ralp_pipe.config.clusters import cluster_kind
 from ralp_pipe.config.schema import (
@@ -38,16 +39,129 @@ from ralp_pipe.errors import ConfigError
 
 
 def load(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Config:
-    """Compose `config/` with Hydra `overrides`, type-check it and validate its values."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
+    """Compose `config/` with Hydra `overrides`, type-check it and validate its values.
 
+    Every failure is one line naming the override or key at fault and what is allowed there.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+
+    _check_keys(overrides, config_dir)
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             raw = compose(config_name="config", overrides=list(overrides))
+    except MissingConfigException as exc:
+        raise ConfigError(_missing_option(exc, config_dir)) from exc
     except HydraException as exc:
-        raise ConfigError(f"cannot compose the configuration from {config_dir}: {exc}") from exc
-    return from_dict(cast(dict[str, Any], OmegaConf.to_container(raw, resolve=True)))
+        raise ConfigError(f"cannot compose the configuration from {config_dir}: {_one_line(str(exc))}") from exc
+    try:
+        data = OmegaConf.to_container(raw, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_unresolved(exc, raw)) from exc
+    return from_dict(cast(dict[str, Any], data))
+
+
+def parse_overrides(overrides: Sequence[str]) -> list[Any]:
+    """Hydra's reading of `overrides` (its ``Override`` objects); a malformed one is refused naming it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        return list(OverridesParser.create().parse_overrides(list(overrides)))
+    except OverrideParseException as exc:
+        raise ConfigError(
+            f"override {exc.override!r} is not of the form key=value (or group=option, +key=value, ~key): "
+            f"{_one_line(exc.message)}"
+        ) from exc
+
+
+def refuse_repeated(overrides: Sequence[str]) -> None:
+    """Refuse a key given twice in one list of overrides, which Hydra would silently settle by the last."""
+    seen: dict[str, str] = {}
+    for override in parse_overrides(overrides):
+        key = override.key_or_group
+        if key in seen:
+            raise ConfigError(f"{key} is given twice ({seen[key]}, then {override.input_line}): give it once")
+        seen[key] = override.input_line
+
+
+def _check_keys(overrides: Sequence[str], config_dir: Path) -> None:
+    """Refuse an override of a key the schema does not have, or of a section as if it were a value."""
+    groups = {p.name for p in config_dir.iterdir() if p.is_dir()}
+    for override in parse_overrides(overrides):
+        key = override.key_or_group
+        if key in groups or key.split(".")[0] == "hydra" or override.is_delete():
+            continue  # a group's option (checked by Hydra), Hydra's own settings, a deletion
+        kind = schema_type(key)
+        if is_dataclass(kind):
+            raise ConfigError(
+                f"{override.input_line}: {key} is a section, not a value; set its keys "
+                f"({', '.join(f.name for f in fields(kind))}), e.g. {key}.{fields(kind)[0].name}=..."
+            )
+
+
+def schema_type(key: str) -> Any:
+    """The schema's type of dotted config `key` (list indices ignored); refused naming what is there if none."""
+    kind: Any = Config
+    parts = re.sub(r"\[\d+\]", "", key).split(".")
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth])
+        if not is_dataclass(kind):
+            raise ConfigError(f"there is no config key {key!r}: {where} holds {_describe(kind)}, not keys")
+        hints = get_type_hints(kind)
+        if part not in hints:
+            raise ConfigError(
+                f"there is no config key {key!r}; the keys of {where or 'the configuration'} are: "
+                f"{', '.join(f.name for f in fields(kind))}"
+            )
+        kind = hints[part]
+    return kind
+
+
+_WORDS = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans")}
+
+
+def _describe(kind: Any, plural: bool = False) -> str:
+    """Words for a schema type: "an integer", "a list of integers", "a string or null"."""
+    args = [a for a in get_args(kind) if a is not type(None)]
+    if len(args) < len(get_args(kind)):  # Optional
+        return f"{_describe(args[0], plural)} or null"
+    if get_origin(kind) is list:
+        return f"{'lists' if plural else 'a list'} of {_describe(args[0], True)}"
+    if is_dataclass(kind):
+        return f"a section (keys: {', '.join(f.name for f in fields(kind))})"
+    return _WORDS.get(kind, ("a string", "strings"))[plural]
+
+
+def _one_line(text: str) -> str:
+    """Hydra's or OmegaConf's message in one line: its lines joined, without the search path and links."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(("Config search path", "    full_key:")):
+            break
+        if line.strip() and not line.startswith("See https://"):
+            lines.append(line.strip())
+    return ": ".join(lines)
+
+
+def _missing_option(exc: Any, config_dir: Path) -> str:
+    """The message for a group option that has no file: the group, the option and the group's options."""
+    group, _, option = str(exc.missing_cfg_file or "").rpartition("/")
+    options = list(exc.options or []) or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+    if not (group and options):
+        return f"cannot compose the configuration from {config_dir}: {_one_line(str(exc))}"
+    return f"{group}={option!r} is not allowed; choose one of: {', '.join(options)}"
+
+
+def _unresolved(exc: OmegaConfBaseException, raw: Any) -> str:
+    """The message for a value whose interpolation fails (``${oc.env:UNSET}``): the key, its value and why."""
+    key = getattr(exc, "full_key", None) or "?"
+    node: Any = OmegaConf.to_container(raw, resolve=False)
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    cause = exc.__cause__
+    reason = str(cause.args[0]) if isinstance(cause, Exception) and cause.args else _one_line(str(exc))
+    return f"{key}={node!r} cannot be resolved: {reason}; set what it refers to, or give the value itself"
 
 
 def from_dict(data: dict[str, Any]) -> Config:
@@ -55,9 +169,16 @@ def from_dict(data: dict[str, Any]) -> Config:
     schema = OmegaConf.structured(Config)
     try:
         merged = OmegaConf.merge(schema, data)
+    except ConfigKeyError as exc:
+        schema_type(exc.full_key)  # raises, naming the keys that are there
+        raise ConfigError(f"config key {exc.full_key!r}: {_one_line(exc.msg)}") from exc
     except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError(f"config key '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+        key = getattr(exc, "full_key", None)
+        if not key:
+            raise ConfigError(f"configuration: {_one_line(str(exc))}") from exc
+        base = re.sub(r"\[\d+\]", "", key)
+        must = f"{'it' if base == key else base} must be {_describe(schema_type(key))}"
+        raise ConfigError(f"{key}={getattr(exc, 'value', None)!r} is not allowed: {must}") from exc
     cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     validate(cfg)
     return cfg

@@ -40,6 +40,7 @@ from ralp_pipe.config import (
     ConfigError,
     TrainConfig,
     digest,
+    refuse_repeated,
     to_dict,
     validate,
 )
@@ -150,6 +151,7 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
     slurm = config["launcher"] == "slurm"
     experiment = str(config["experiment"])
     overrides = _override_list(config["overrides"])
+    refuse_repeated(overrides)
     for override in overrides:
         key = override_key(override)
         if key in MATRIX_GROUPS or key in WORKFLOW_KEYS:
@@ -162,6 +164,7 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
             raise ConfigError(f"override {override!r}: the slurm profile runs every stage with cluster=slurm")
     per_dataset = {str(name): _override_list(value) for name, value in config["dataset_overrides"].items()}
     for name, values in per_dataset.items():
+        refuse_repeated(values)
         for override in values:
             if not override_key(override).startswith("dataset."):
                 raise ConfigError(f"dataset_overrides.{name}: {override!r} is not a dataset.* override")
@@ -431,7 +434,7 @@ class Matrix:
         run = self._stage_run(stage, run)
         keys, dims = self.stage_keys(stage, run), STAGE_DIMS[stage]
         options = self.settings.stage_options.get(COMMAND_OF.get(stage, stage), ())
-        args = [*options, f"experiment={self.settings.experiment}"]
+        args = [f"experiment={self.settings.experiment}"]
         if relevant("cluster", keys):
             args += self.launcher_args()
         for group in MATRIX_GROUPS:
@@ -447,7 +450,10 @@ class Matrix:
             share = self.config(run).train.cpu_share
             if share != self.base.train.cpu_share:
                 args.append(f"train.cpu_share={share}")
-        return args
+        # a key set twice (a per-dataset or the user's override, then the matrix's) once, as its last value:
+        # the command refuses a key given twice
+        last = {override_key(o): i for i, o in enumerate(args)}
+        return [*options, *(o for i, o in enumerate(args) if last[override_key(o)] == i)]
 
     def stage_params(self, stage: str, run: Run) -> str:
         """JSON of what `stage` reads for `run` (resolved values and arguments): Snakemake's rerun key."""
