@@ -94,7 +94,24 @@ def read_runs(path: Path) -> pd.DataFrame:
             f"runs table of {name} lacks column {', '.join(missing)}: it predates repeats; "
             f"re-run `ralp-pipe aggregate` on its records"
         )
+    _check_values(frame, name)
     return frame
+
+
+def _check_values(frame: pd.DataFrame, name: str) -> None:
+    """Refuse a row whose repeats is not a whole number of at least 1, or whose images/sec is not finite."""
+    repeats = pd.to_numeric(frame["repeats"], errors="coerce")
+    rate = pd.to_numeric(frame["images_per_sec"], errors="coerce")
+    usable = (repeats >= 1) & (repeats % 1 == 0) & rate.abs().lt(math.inf)  # NaN compares False
+    if usable.all():
+        return
+    row = frame[~usable].iloc[0]
+    where = ", ".join(f"{key}={row[key]}" for key in CONFIGURATION)
+    raise DataError(
+        f"runs table of {name}: the row {where} has repeats={row['repeats']!r} and "
+        f"images_per_sec={row['images_per_sec']!r} (repeats must be a whole number >= 1, images_per_sec finite): "
+        f"the table is damaged; re-run `ralp-pipe aggregate` on its records"
+    )
 
 
 def verdict(a: Estimate, b: Estimate) -> str:
