@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ralp_pipe import cli
+from ralp_pipe.engine import train
+from ralp_pipe.runtime import hardware
 from support.procs import cmdline, group
 
 RALP_PIPE = Path(sys.executable).with_name("ralp-pipe")
@@ -157,3 +160,29 @@ def test_ctrl_c_while_prepare_shards_packs_in_its_pool_prints_one_line_and_nothi
     assert proc.returncode == 130, stderr
     assert stderr == "ralp-pipe prepare-shards: stopped: interrupted by SIGINT\n", stderr
     assert left_running(proc.pid) == [], "processes of the interrupted command's group were left running"
+
+
+def test_a_batch_whose_activations_cannot_fit_in_memory_is_refused_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 64)
+    monkeypatch.setattr(hardware, "usable_memory", lambda: (8_000_000_000, "this machine's"))
+    monkeypatch.delitem(cli.LOCAL_RANKS, "train")  # no rank server: the refusal must come before ranks are needed
+
+    def no_launch(command: list[str], world_size: int, *_: object) -> None:
+        raise AssertionError(f"the driver launched {world_size} ranks with train.batch_size=1000000")
+
+    monkeypatch.setattr(train, "launch_local", no_launch)
+    out = tmp_path / "run"
+    small = [o for o in SMALL if not o.startswith("train.batch_size=")]
+    status = cli.main(["train", "--out", str(out), *small, "cluster.device=cpu", "train.batch_size=1000000"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    line = one_line(err, "train", "configuration error")
+    assert line.startswith(
+        "ralp-pipe train: configuration error: train.batch_size=1000000 does not fit in this host's 8.0 GB of memory "
+        "(this machine's): a rank taking 0.5 GB + 3 x 0.05 GB of resnet18 parameters + "
+    ), line
+    assert "GB of activations (train.batch_size=1000000 at train.image_size=32)" in line, line
+    assert line.endswith("use a smaller train.batch_size or train.image_size"), line
+    assert list(tmp_path.iterdir()) == []

@@ -34,6 +34,12 @@ SMALL = [
 ]
 
 
+def _small(*overrides: str) -> list[str]:
+    """SMALL without the keys `overrides` set (the command refuses a key given twice), then `overrides`."""
+    keys = {o.partition("=")[0] for o in overrides}
+    return [*(o for o in SMALL if o.partition("=")[0] not in keys), *overrides]
+
+
 def _default_sigint() -> None:
     """In the child before exec: take SIGINT's default (a background shell leaves it ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -42,7 +48,7 @@ def _default_sigint() -> None:
 def _train(out: Path, *overrides: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run `ralp-pipe train --out OUT` on the small model in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, *overrides],
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *_small(*overrides)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -94,7 +100,7 @@ def _wait_for_ranks(proc: subprocess.Popen[str], runs: Path, name: str = "run") 
 
 def _start_train(out: Path, *overrides: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *SMALL, *overrides],
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *_small(*overrides)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -294,11 +300,14 @@ def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
     monkeypatch.setattr(train, "launch_local", _no_launch)
     cfg = load(
         ["cluster=local", "model=vgg16", "strategy=allreduce", "cluster.gpus=4", "train.loader=synthetic"]
-    )  # 553 MB of parameters
+    )  # 553 MB of parameters; 44.5 MB of unit outputs an image at 192 px
     with pytest.raises(ConfigError) as refused:
         train.run(cfg, tmp_path / "run")
     assert "8.0 GB of memory (the limit of memory cgroup /x): at most 3 ranks fit" in str(refused.value)
-    assert "8.0 GB / 2.16 GB a rank = 3, a rank taking 0.5 GB + 3 x 0.55 GB of vgg16" in str(refused.value)
+    assert (
+        "8.0 GB / 2.34 GB a rank = 3, a rank taking 0.5 GB + 3 x 0.55 GB of vgg16 parameters + 0.18 GB of "
+        "activations (train.batch_size=4 at train.image_size=192)): use fewer cluster.gpus or a smaller"
+    ) in str(refused.value)
     assert list(tmp_path.iterdir()) == []
 
 

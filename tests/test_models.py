@@ -80,3 +80,16 @@ def test_split_out_of_range_says_which_points_are_allowed() -> None:
     units = models.placement_units(models.build("resnet18", 10))
     with pytest.raises(ValueError, match=rf"choose 1..{len(units) - 1}"):
         models.split(units, len(units))
+
+
+def test_activation_bytes_are_the_unit_outputs_of_a_real_batch() -> None:
+    """The estimate from meta units equals the float32 outputs every unit produces for a real batch of 3."""
+    units = models.placement_units(models.build("resnet18", 10).eval())
+    x, produced = torch.zeros(3, 3, 40, 40), 0
+    with torch.no_grad():
+        for unit in units:
+            x = unit.module(x)
+            produced += x.numel() * x.element_size()
+    meta = models.model_units("resnet18", 10, 0.0, "meta")
+    assert models.activation_bytes(meta, 40, 3) == produced
+    assert models.activation_bytes(meta, 40, 3, value_bytes=2) == produced // 2

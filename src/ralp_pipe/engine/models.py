@@ -158,3 +158,14 @@ def unit_rows(units: Sequence[Unit], shapes: Sequence[tuple[int, ...]]) -> list[
             }
         )
     return rows
+
+
+def activation_bytes(units: list[Unit], image_size: int, batch: int, value_bytes: int = 4) -> int:
+    """Memory a training step keeps for backward, at least: every unit's output for `batch` images.
+
+    `units` are on the meta device (their shapes cost nothing to compute); values take `value_bytes`.
+    Layers inside a unit keep more, so the true figure is higher.
+    """
+    with torch.device("meta"):
+        shapes = activation_shapes(units, image_size)
+    return sum(math.prod(shape) for shape in shapes) * batch * value_bytes

@@ -293,22 +293,38 @@ def _finish(
     return metrics
 
 
-def check_host(cfg: Config, topo: Topology, units: list[models.Unit]) -> None:
-    """Refuse more ranks than this host's cores and memory can run, when every rank runs here."""
+def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bool) -> None:
+    """Refuse more ranks, or larger batches, than this host's cores and memory can run, when every rank runs here.
+
+    A rank's memory: a base, its parameter copies and, where it computes on the CPU, its activations.
+    """
     cores, (memory, bound) = hardware.usable_cores(), hardware.usable_memory()
     parameters = sum(p.numel() * p.element_size() for u in units for p in u.module.parameters())
-    per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters
+    t = cfg.train
+    activations = models.activation_bytes(units, t.image_size, t.batch_size, 2 if t.amp else 4) if on_cpu else 0
+    per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters + activations
     by_cores, by_memory = max(8, 4 * cores), memory // per_rank
     if topo.world_size <= min(by_cores, by_memory):
         return
+    rank = (
+        f"a rank taking {RANK_BASE_BYTES / 1e9:.1f} GB + {PARAMETER_COPIES} x {parameters / 1e9:.2f} GB of "
+        f"{cfg.model.name} parameters + {activations / 1e9:.2f} GB of activations "
+        f"(train.batch_size={t.batch_size} at train.image_size={t.image_size})"
+    )
+    if by_memory == 0:
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} does not fit in this host's {memory / 1e9:.1f} GB of memory ({bound}): "
+            f"{rank} "
+            f"= {per_rank / 1e9:.2f} GB for one rank: use a smaller train.batch_size or train.image_size"
+        )
     raise ConfigError(
         f"cluster.gpus={cfg.cluster.gpus} makes {topo.strategy} start {topo.world_size} ranks on this host "
         f"(cluster.kind={cfg.cluster.kind}), which has {cores} CPU cores and {memory / 1e9:.1f} GB of memory "
         f"({bound}): "
         f"at most {min(by_cores, by_memory)} ranks fit (max(8, 4 x {cores} cores) = {by_cores}; "
-        f"{memory / 1e9:.1f} GB / {per_rank / 1e9:.2f} GB a rank = {by_memory}, a rank taking "
-        f"{RANK_BASE_BYTES / 1e9:.1f} GB + {PARAMETER_COPIES} x {parameters / 1e9:.2f} GB of {cfg.model.name} "
-        f"parameters): use fewer cluster.gpus, or cluster=slurm to spread the ranks over nodes"
+        f"{memory / 1e9:.1f} GB / {per_rank / 1e9:.2f} GB a rank = {by_memory}, {rank}): use fewer cluster.gpus"
+        f"{' or a smaller train.batch_size' if by_memory < by_cores else ''}, "
+        f"or cluster=slurm to spread the ranks over nodes"
     )
 
 
@@ -515,7 +531,7 @@ def run(
         result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards)
         return None if result is None else _finish(cfg, topo, out, split, analytic, result)
     if kind.shares_host_cpus:
-        check_host(cfg, topo, units)
+        check_host(cfg, topo, units, device_type == "cpu")
     with out_locked(out):
         staging = make_staging(out, record_bytes(cfg, topo))
         try:
