@@ -15,7 +15,9 @@ import pytest
 from ralp_pipe import cli
 from ralp_pipe.engine import train
 from ralp_pipe.runtime import hardware
+from support.disks import fill, tmpfs
 from support.procs import cmdline, group
+from workflow_records import write_results
 
 RALP_PIPE = Path(sys.executable).with_name("ralp-pipe")
 SMALL = [
@@ -186,3 +188,82 @@ def test_a_batch_whose_activations_cannot_fit_in_memory_is_refused_before_any_ra
     assert "GB of activations (train.batch_size=1000000 at train.image_size=32)" in line, line
     assert line.endswith("use a smaller train.batch_size or train.image_size"), line
     assert list(tmp_path.iterdir()) == []
+
+
+# --- full and read-only result folders: refused up front, or one line with nothing half-written ----------------------
+
+SHARDS = [  # JPEGs of 9.5 kB, 4 a class: the source of 30 classes fits in 2 MB, source and shards do not
+    "dataset.synthetic.images_per_class=4",
+    "dataset.synthetic.height=128",
+    "dataset.synthetic.width=128",
+    "dataset.shards.images_per_shard=30",
+]
+
+
+def _stage(stage: str, inputs: Path, out: Path) -> list[str]:
+    """The arguments of `stage` reading what :func:`write_results` wrote to `inputs`, writing below `out`."""
+    if stage == "prepare-shards":
+        return ["prepare-shards", "--no-progress", *SHARDS, f"paths.results={out}"]
+    if stage == "aggregate":
+        return ["aggregate", "--runs", str(inputs / "runs"), "--plans", str(inputs / "plans"), "--out", str(out)]
+    return ["bundle", "--root", str(inputs), "--include", str(inputs / "runs"), "--out", str(out / "b.tar.gz")]
+
+
+def _files(folder: Path) -> list[str]:
+    """The files below `folder` (relative paths, sorted)."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("stage", ["prepare-shards", "aggregate", "bundle"])
+def test_a_read_only_result_folder_is_refused_before_any_work(tmp_path: Path, stage: str) -> None:
+    write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
+    with tmpfs(tmp_path / "disk", "2m", read_only=True) as disk:
+        proc = ralp_pipe(*_stage(stage, tmp_path / "in", disk / "out"))
+        assert proc.returncode == 2, proc.stderr
+        line = one_line(proc.stderr, stage, "configuration error")
+        option = "paths.results" if stage == "prepare-shards" else "--out"
+        assert f": {option}" in line and f"cannot write there: {disk}/out: Read-only file system (EROFS)" in line, line
+        assert list(disk.iterdir()) == []
+
+
+@pytest.mark.parametrize("stage", ["aggregate", "bundle"])
+def test_a_full_disk_under_the_output_is_one_line_and_leaves_nothing_half_written(tmp_path: Path, stage: str) -> None:
+    write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        fill(disk)
+        proc = ralp_pipe(*_stage(stage, tmp_path / "in", disk / "out"))
+        assert proc.returncode == 3, proc.stderr
+        line = one_line(proc.stderr, stage, "data error")
+        assert "No space left on device (ENOSPC); " in line and "free space there (or choose another --out)" in line, (
+            line
+        )
+        assert _files(disk) == ["filler"], "a temporary or partial file was left"
+
+
+@pytest.mark.slow  # generates and packs 120 JPEGs
+@pytest.mark.parametrize(
+    ("classes", "workers"),
+    [(30, 1), (30, 2), (100, 2)],
+    ids=["packing", "packing-in-a-pool", "generating-the-source"],  # 100 classes of source take 4.8 MB
+)
+def test_prepare_shards_filling_its_disk_is_one_line_and_leaves_nothing_half_written(
+    tmp_path: Path, classes: int, workers: int
+) -> None:
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        argv = _stage("prepare-shards", tmp_path, disk)
+        proc = ralp_pipe(*argv, f"dataset.num_classes={classes}", f"dataset.shards.workers={workers}")
+        assert proc.returncode == 3, proc.stderr
+        line = one_line(proc.stderr, "prepare-shards", "data error")
+        assert line.startswith(
+            f"ralp-pipe prepare-shards: data error: cannot write the shards of synthetic1k: {disk}/data/synthetic1k"
+        ), line
+        assert "No space left on device (ENOSPC); nothing half-written was left (finished shards are kept)" in line, (
+            line
+        )
+        out = disk / "data" / "synthetic1k"
+        left = _files(out)
+        assert "manifest.json" not in left and not [f for f in left if f.endswith(".tmp")], left
+        records = {f.removeprefix("parts/").removesuffix(".json") for f in left if f.startswith("parts/")}
+        packed = {f.removesuffix(".tar") for f in left if f.endswith(".tar")}
+        assert packed == records, "a shard without its record, or a record without its shard"  # finished ones stay
+        assert not (out / ".source.building").exists(), "the half-generated source was left"

@@ -9,9 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -20,6 +18,7 @@ from ralp_pipe.config import load
 from ralp_pipe.engine import train
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime import hardware
+from support.disks import fill, tmpfs
 from support.procs import processes_using
 
 SMALL = [
@@ -62,32 +61,6 @@ def _one_line(stderr: str, kind: str) -> str:
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
     assert lines[0].startswith(f"ralp-pipe train: {kind}: "), stderr
     return lines[0]
-
-
-@contextmanager
-def _tmpfs(where: Path, size: str, read_only: bool = False) -> Iterator[Path]:
-    """A tmpfs of `size` mounted on folder `where` (made here), read-only if asked; unmounted afterwards."""
-    where.mkdir(parents=True, exist_ok=True)
-    options = f"size={size}" + (",ro" if read_only else "")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.fail(f"these tests need to mount a tmpfs (as root): mount said {mounted.stderr.strip()!r}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "--lazy", str(where)], check=True)
-
-
-def _fill(folder: Path) -> None:
-    """Write into `folder` until its filesystem is full."""
-    with open(folder / "filler", "wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-        except OSError:
-            pass
 
 
 def _wait_for_ranks(proc: subprocess.Popen[str], runs: Path, name: str = "run") -> None:
@@ -202,8 +175,8 @@ def test_shards_given_with_the_option_are_the_ones_checked(tmp_path: Path) -> No
 
 @pytest.mark.slow  # a `ralp-pipe train` subprocess (it imports torch before it refuses)
 def test_out_on_a_disk_without_room_for_the_records_is_refused_naming_it(tmp_path: Path) -> None:
-    with _tmpfs(tmp_path / "disk", "20m") as disk:
-        _fill(disk)
+    with tmpfs(tmp_path / "disk", "20m") as disk:
+        fill(disk)
         proc = _train(disk / "runs" / "run", "train.measure_steps=3")
         assert proc.returncode == 2, proc.stderr
         line = _one_line(proc.stderr, "configuration error")
@@ -218,7 +191,7 @@ def test_out_on_a_disk_without_room_for_the_records_is_refused_naming_it(tmp_pat
 @pytest.mark.slow  # a `ralp-pipe train` subprocess (it imports torch before it refuses)
 @pytest.mark.parametrize("out_is_the_mount", [False, True])
 def test_read_only_out_is_refused_naming_the_path_and_erofs(tmp_path: Path, out_is_the_mount: bool) -> None:
-    with _tmpfs(tmp_path / "disk", "20m", read_only=True) as disk:
+    with tmpfs(tmp_path / "disk", "20m", read_only=True) as disk:
         out = disk if out_is_the_mount else disk / "runs" / "run"
         proc = _train(out, "train.measure_steps=3")
         assert proc.returncode == 2, proc.stderr
@@ -231,12 +204,12 @@ def test_read_only_out_is_refused_naming_the_path_and_erofs(tmp_path: Path, out_
 
 @pytest.mark.slow  # a `ralp-pipe train` subprocess with 3 ranks
 def test_disk_filling_under_the_rank_logs_during_the_run_is_named_not_an_empty_log(tmp_path: Path) -> None:
-    with _tmpfs(tmp_path / "disk", "20m") as disk:
+    with tmpfs(tmp_path / "disk", "20m") as disk:
         runs = disk / "runs"
         proc = _start_train(runs / "run", "train.measure_steps=50")
         try:
             _wait_for_ranks(proc, runs)
-            _fill(disk)
+            fill(disk)
             _, stderr = proc.communicate(timeout=120)
         finally:
             proc.kill()
@@ -251,11 +224,11 @@ def test_disk_filling_under_the_rank_logs_during_the_run_is_named_not_an_empty_l
 @pytest.mark.slow  # a `ralp-pipe train` subprocess with 3 ranks
 def test_disk_full_when_the_driver_writes_the_records_is_one_line_and_leaves_no_half_record(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    with _tmpfs(runs / "run", "20m") as out:  # --out is a disk of its own, the staging folder lies next to it
+    with tmpfs(runs / "run", "20m") as out:  # --out is a disk of its own, the staging folder lies next to it
         proc = _start_train(out, "train.measure_steps=50")
         try:
             _wait_for_ranks(proc, runs)
-            _fill(out)
+            fill(out)
             _, stderr = proc.communicate(timeout=120)
         finally:
             proc.kill()

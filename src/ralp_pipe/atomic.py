@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from ralp_pipe.errors import ConfigError, os_problem
+
 Writer = Callable[[Path], object]  # writes one file's contents to the path it is given
 
 
@@ -60,3 +62,17 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     """Write `data` as indented JSON to `path` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Before any work: make `folder` and a file in it, or refuse `option` (the setting naming it) in one line."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"{option}: cannot write there: {os_problem(exc, folder)}; choose another {option.partition('=')[0]} "
+            f"or fix that path"
+        ) from exc

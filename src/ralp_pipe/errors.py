@@ -2,10 +2,18 @@
 
 A stage raises one of these with a message that names the file, key or rank at fault and
 what to do; the command line prints ``ralp-pipe <stage>: <kind>: <message>`` on stderr and
-exits with the type's ``exit_code``. Anything else is a bug and keeps its traceback.
+exits with the type's ``exit_code``. Anything else is a bug and keeps its traceback. A full or
+read-only disk met while writing is unusable data, worded by :func:`disk_error`.
 """
 
 from __future__ import annotations
+
+import errno
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})  # a full (or quota-full) or read-only disk
 
 
 class RalpError(Exception):
@@ -53,3 +61,31 @@ class Interrupted(RalpError):
         self.exit_code = 128 + signum
 
     kind = "stopped"
+
+
+def os_problem(exc: OSError, path: Path | None = None) -> str:
+    """`path: strerror (ERRNO)` of an OSError for one-line messages; `path` where the error names no file."""
+    name = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
+    return f"{exc.filename or path or '?'}: {exc.strerror or exc} ({name})"
+
+
+def disk_error(exc: OSError, what: str, where: Path, advice: str) -> DataError | None:
+    """The one-line error for a full or read-only disk met while writing `what` below `where`, else None.
+
+    `advice` says what was kept (the writers of :mod:`ralp_pipe.atomic` leave nothing half-written) and what to do.
+    """
+    if exc.errno not in DISK_ERRNOS:
+        return None
+    return DataError(f"cannot write {what}: {os_problem(exc, where)}; {advice}")
+
+
+@contextmanager
+def disk_errors(what: str, where: Path, advice: str) -> Iterator[None]:
+    """Turn a full or read-only disk met in the block into :func:`disk_error`'s one line; other errors pass."""
+    try:
+        yield
+    except OSError as exc:
+        error = disk_error(exc, what, where, advice)
+        if error is None:
+            raise
+        raise error from exc

@@ -34,12 +34,12 @@ from typing import Any, Iterator
 
 from tqdm import tqdm
 
-from ralp_pipe.atomic import atomic_path
+from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import Config, DatasetConfig, load
 from ralp_pipe.data import imaging, synthetic
 from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
 from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
-from ralp_pipe.errors import ConfigError, DataError
+from ralp_pipe.errors import ConfigError, DataError, disk_errors
 from ralp_pipe.results.layout import PATHS
 from ralp_pipe.runtime.process import process_pool
 
@@ -422,7 +422,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Prepare the shards of the configured dataset and print a one-line summary."""
     cfg = load(args.overrides)
-    out = prepare(cfg, progress=not args.no_progress, lock_wait_s=args.lock_wait)
+    check_writable(output_dir(cfg), f"paths.results={cfg.paths.results}")
+    advice = (
+        "nothing half-written was left (finished shards are kept): free space there (or set paths.results "
+        "elsewhere) and run prepare-shards again"
+    )
+    with disk_errors(f"the shards of {cfg.dataset.name}", output_dir(cfg), advice):
+        out = prepare(cfg, progress=not args.no_progress, lock_wait_s=args.lock_wait)
     manifest = read_manifest(out)
     print(
         f"{manifest['images']} images of {manifest['classes_found']} classes in {len(manifest['shards'])} shards, "

@@ -56,13 +56,17 @@ def generate(target: Path, num_classes: int, options: SyntheticSource, workers: 
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     bounds = [num_classes * part // workers for part in range(workers + 1)]
-    if workers == 1:
-        _write_classes(building, 0, num_classes, options)
-    else:
-        with process_pool(workers) as pool:
-            for done in [pool.submit(_write_classes, building, a, b, options) for a, b in zip(bounds, bounds[1:])]:
-                done.result()
-    _check_complete(building, num_classes, options.images_per_class)
+    try:
+        if workers == 1:
+            _write_classes(building, 0, num_classes, options)
+        else:
+            with process_pool(workers) as pool:
+                for done in [pool.submit(_write_classes, building, a, b, options) for a, b in zip(bounds, bounds[1:])]:
+                    done.result()
+        _check_complete(building, num_classes, options.images_per_class)
+    except BaseException:  # a full disk, an interrupt: no half-built collection is left taking the space
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     stamp.unlink(missing_ok=True)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(building, target)

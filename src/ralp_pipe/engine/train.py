@@ -39,7 +39,7 @@ from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.metrics import summarize
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.topology import Topology, of_strategy
-from ralp_pipe.errors import ConfigError, DataError, RunFailure
+from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
 from ralp_pipe.locks import LockHeld, exclusive
 from ralp_pipe.results.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.results.records import Plan, RunMetrics
@@ -256,12 +256,6 @@ def build_metrics(
         config_hash=digest(config),
         config=config,
     )
-
-
-def os_problem(exc: OSError, path: Path | None = None) -> str:
-    """`path: strerror (ERRNO)` of an OSError for one-line messages; `path` where the error names no file."""
-    name = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
-    return f"{exc.filename or path or '?'}: {exc.strerror or exc} ({name})"
 
 
 def write_run(out: Path, metrics: RunMetrics, rows: list[dict[str, Any]]) -> None:

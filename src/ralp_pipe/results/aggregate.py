@@ -30,11 +30,11 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from ralp_pipe.atomic import Writer, write_together
+from ralp_pipe.atomic import Writer, check_writable, write_together
 from ralp_pipe.config import STRATEGIES, ConfigError, cluster_kind
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine.volume import CATEGORIES
-from ralp_pipe.errors import DataError
+from ralp_pipe.errors import DataError, disk_error
 from ralp_pipe.results.accuracy import median_abs_error, relative_error
 from ralp_pipe.results.breakdown import breakdown_markdown, breakdown_table
 from ralp_pipe.results.intervals import LEVEL, Estimate, mean_interval, ratio_interval
@@ -547,6 +547,10 @@ def write_tables(tables: Tables, out: Path, plots: bool = True) -> list[Path]:
     try:
         return write_together(writers)
     except OSError as exc:
+        advice = "the previous tables and plots are left as they were: free space there (or choose another --out)"
+        full = disk_error(exc, f"the tables in {out}", out, advice)
+        if full is not None:
+            raise full from exc
         raise ConfigError(
             f"--out {out}: cannot write the tables there ({exc}); the previous tables and plots are left as they "
             f"were: fix that path or choose another --out"
@@ -573,6 +577,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Aggregate the given runs into tables and plots."""
+    check_writable(args.out, f"--out {args.out}")
     tables = build_tables(load_records(args.runs, args.plans), load_workloads(args.concurrent))
     write_tables(tables, args.out)
     print(f"aggregate: {len(tables.repeats)} runs of {len(tables.runs)} configurations -> {args.out}")

@@ -29,9 +29,9 @@ import tarfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from ralp_pipe.atomic import atomic_path
+from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import CONFIG_DIR
-from ralp_pipe.errors import BundleRefused, ConfigError
+from ralp_pipe.errors import BundleRefused, ConfigError, disk_errors
 from ralp_pipe.runtime import hardware
 
 CHECKSUMS = "SHA256SUMS"
@@ -164,6 +164,9 @@ def main(args: argparse.Namespace) -> int:
     """Write the bundle."""
     if not args.out.name.endswith(".tar.gz"):
         raise ConfigError(f"--out {args.out} must end in .tar.gz")
-    top = make_bundle(args.out, args.root, args.include, args.lock)
+    check_writable(args.out.parent, f"--out {args.out}")
+    advice = "no partial bundle was left: free space there (or choose another --out) and run bundle again"
+    with disk_errors(f"bundle {args.out}", args.out.parent, advice):
+        top = make_bundle(args.out, args.root, args.include, args.lock)
     print(f"bundle: {top} -> {args.out}")
     return 0
