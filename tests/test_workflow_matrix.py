@@ -387,8 +387,15 @@ def test_a_target_device_models_the_profiles_and_its_entry_keys_their_reruns() -
 def test_a_key_twice_in_the_users_overrides_is_refused_and_stage_commands_give_each_key_once() -> None:
     with pytest.raises(ConfigError, match=r"train.lr is given twice \(train.lr=0.1, then train.lr=0.2\)"):
         parse_settings({"experiment": "smoke", "overrides": ["train.lr=0.1", "train.lr=0.2"]})
-    with pytest.raises(ConfigError, match=r"dataset.source is given twice"):
+    with pytest.raises(ConfigError, match=r"dataset_overrides.imagenet1k \(with overrides\): dataset.source is given"):
         parse_settings({"dataset_overrides": {"imagenet1k": ["dataset.source=/a", "dataset.source=/b"]}})
+    with pytest.raises(ConfigError, match=r"\(dataset.shards.workers=1, then dataset.shards.workers=4\)"):
+        parse_settings(
+            {
+                "overrides": ["dataset.shards.workers=1"],
+                "dataset_overrides": {"imagenet1k": ["dataset.shards.workers=4"]},
+            }
+        )
     # the user's strategy.overlap=false, then the matrix's for every run: the command gets it once
     matrix = Matrix(parse_settings({"experiment": "smoke", "overrides": ["strategy.overlap=false", "train.repeat=0"]}))
     run = matrix.runs[0]

@@ -164,7 +164,10 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
             raise ConfigError(f"override {override!r}: the slurm profile runs every stage with cluster=slurm")
     per_dataset = {str(name): _override_list(value) for name, value in config["dataset_overrides"].items()}
     for name, values in per_dataset.items():
-        refuse_repeated(values)
+        try:
+            refuse_repeated([*overrides, *values])  # one dataset's keys once, and not in overrides too
+        except ConfigError as exc:
+            raise ConfigError(f"dataset_overrides.{name} (with overrides): {exc}") from exc
         for override in values:
             if not override_key(override).startswith("dataset."):
                 raise ConfigError(f"dataset_overrides.{name}: {override!r} is not a dataset.* override")
@@ -450,8 +453,8 @@ class Matrix:
             share = self.config(run).train.cpu_share
             if share != self.base.train.cpu_share:
                 args.append(f"train.cpu_share={share}")
-        # a key set twice (a per-dataset or the user's override, then the matrix's) once, as its last value:
-        # the command refuses a key given twice
+        # a key the user's overrides set and the matrix sets after them once, as the matrix's: the command
+        # refuses a key given twice
         last = {override_key(o): i for i, o in enumerate(args)}
         return [*options, *(o for i, o in enumerate(args) if last[override_key(o)] == i)]
 
