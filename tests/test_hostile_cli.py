@@ -3,6 +3,7 @@ Ctrl-C to the whole process group, full and read-only result folders, bad overri
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -267,3 +268,43 @@ def test_prepare_shards_filling_its_disk_is_one_line_and_leaves_nothing_half_wri
         packed = {f.removesuffix(".tar") for f in left if f.endswith(".tar")}
         assert packed == records, "a shard without its record, or a record without its shard"  # finished ones stay
         assert not (out / ".source.building").exists(), "the half-generated source was left"
+
+
+FILLING_STAGE = """
+import errno, os
+
+
+def add_arguments(parser):
+    parser.add_argument("--out")
+
+
+def main(args):
+    raise OSError(errno.{code}, os.strerror(errno.{code}), *([args.out] if args.out else []))
+"""
+
+
+@pytest.mark.parametrize(("code", "named"), [("ENOSPC", True), ("EROFS", True), ("EDQUOT", False)])
+def test_any_stage_meeting_a_full_or_read_only_disk_ends_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], code: str, named: bool
+) -> None:
+    module = f"filling_stage_{code.lower()}"
+    (tmp_path / f"{module}.py").write_text(FILLING_STAGE.replace("{code}", code))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.STAGES, "plan", (module, "test stage"))
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *(["--out", str(out)] if named else [])]) == 3
+    line = one_line(capsys.readouterr().err, "plan", "data error")
+    reason = f"{os.strerror(getattr(errno, code))} ({code})"
+    assert line == (
+        f"ralp-pipe plan: data error: cannot write the output of plan: {f'{out}: ' if named else ''}{reason}; "
+        f"free space there (or write elsewhere) and rerun"
+    ), line
+
+
+def test_any_other_os_error_of_a_stage_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a foreseeable failure of the disk: a bug, shown with its traceback."""
+    (tmp_path / "denied_stage.py").write_text(FILLING_STAGE.replace("{code}", "EACCES"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.STAGES, "plan", ("denied_stage", "test stage"))
+    with pytest.raises(PermissionError):
+        cli.main(["plan"])

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Callable, Iterator, Sequence
 
-from ralp_pipe.errors import Interrupted, RalpError
+from ralp_pipe.errors import Interrupted, RalpError, disk_error
 from ralp_pipe.runtime.process import exit_now, start_fork_server
 
 STAGES: dict[str, tuple[str, str]] = {
@@ -87,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report(stage, Interrupted(stopped.signum))
         except RalpError as exc:
             return _report(stage, exc)
+        except OSError as exc:  # a full or read-only disk under a stage that does not word it itself
+            full = disk_error(exc, f"the output of {stage}", None, "free space there (or write elsewhere) and rerun")
+            if full is None:
+                raise
+            return _report(stage, full)
 
 
 def _start_rank_server(stage: str | None, argv: list[str]) -> None:

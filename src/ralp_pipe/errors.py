@@ -64,12 +64,13 @@ class Interrupted(RalpError):
 
 
 def os_problem(exc: OSError, path: Path | None = None) -> str:
-    """`path: strerror (ERRNO)` of an OSError for one-line messages; `path` where the error names no file."""
+    """`file: strerror (ERRNO)` of an OSError for one-line messages; `path` where the error names no file."""
     name = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
-    return f"{exc.filename or path or '?'}: {exc.strerror or exc} ({name})"
+    where = exc.filename or path
+    return f"{f'{where}: ' if where else ''}{exc.strerror or exc} ({name})"
 
 
-def disk_error(exc: OSError, what: str, where: Path, advice: str) -> DataError | None:
+def disk_error(exc: OSError, what: str, where: Path | None, advice: str) -> DataError | None:
     """The one-line error for a full or read-only disk met while writing `what` below `where`, else None.
 
     `advice` says what was kept (the writers of :mod:`ralp_pipe.atomic` leave nothing half-written) and what to do.
