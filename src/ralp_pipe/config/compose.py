@@ -61,7 +61,7 @@ def load(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Config
     return from_dict(cast(dict[str, Any], data))
 
 
-def parse_overrides(overrides: Sequence[str]) -> list[Any]:
+def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
     """Hydra's reading of `overrides` (its ``Override`` objects); a malformed one is refused naming it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
@@ -78,7 +78,7 @@ def parse_overrides(overrides: Sequence[str]) -> list[Any]:
 def refuse_repeated(overrides: Sequence[str]) -> None:
     """Refuse a key given twice in one list of overrides, which Hydra would silently settle by the last."""
     seen: dict[str, str] = {}
-    for override in parse_overrides(overrides):
+    for override in _parse_overrides(overrides):
         key = override.key_or_group
         if key in seen:
             raise ConfigError(f"{key} is given twice ({seen[key]}, then {override.input_line}): give it once")
@@ -88,11 +88,11 @@ def refuse_repeated(overrides: Sequence[str]) -> None:
 def _check_keys(overrides: Sequence[str], config_dir: Path) -> None:
     """Refuse an override of a key the schema does not have, or of a section as if it were a value."""
     groups = {p.name for p in config_dir.iterdir() if p.is_dir()}
-    for override in parse_overrides(overrides):
+    for override in _parse_overrides(overrides):
         key = override.key_or_group
         if key in groups or key.split(".")[0] == "hydra" or override.is_delete():
             continue  # a group's option (checked by Hydra), Hydra's own settings, a deletion
-        kind = schema_type(key)
+        kind = _schema_type(key)
         if is_dataclass(kind):
             raise ConfigError(
                 f"{override.input_line}: {key} is a section, not a value; set its keys "
@@ -100,7 +100,7 @@ def _check_keys(overrides: Sequence[str], config_dir: Path) -> None:
             )
 
 
-def schema_type(key: str) -> Any:
+def _schema_type(key: str) -> Any:
     """The schema's type of dotted config `key` (list indices ignored); refused naming what is there if none."""
     kind: Any = Config
     parts = re.sub(r"\[\d+\]", "", key).split(".")
@@ -170,14 +170,14 @@ def from_dict(data: dict[str, Any]) -> Config:
     try:
         merged = OmegaConf.merge(schema, data)
     except ConfigKeyError as exc:
-        schema_type(exc.full_key)  # raises, naming the keys that are there
+        _schema_type(exc.full_key)  # raises, naming the keys that are there
         raise ConfigError(f"config key {exc.full_key!r}: {_one_line(exc.msg)}") from exc
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
         if not key:
             raise ConfigError(f"configuration: {_one_line(str(exc))}") from exc
         base = re.sub(r"\[\d+\]", "", key)
-        must = f"{'it' if base == key else base} must be {_describe(schema_type(key))}"
+        must = f"{'it' if base == key else base} must be {_describe(_schema_type(key))}"
         raise ConfigError(f"{key}={getattr(exc, 'value', None)!r} is not allowed: {must}") from exc
     cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     validate(cfg)
