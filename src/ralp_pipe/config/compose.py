@@ -170,7 +170,7 @@ def from_dict(data: dict[str, Any]) -> Config:
     try:
         merged = OmegaConf.merge(schema, data)
     except ConfigKeyError as exc:
-        _schema_type(exc.full_key)  # raises, naming the keys that are there
+        _schema_type(exc.full_key or "")  # raises, naming the keys that are there
         raise ConfigError(f"config key {exc.full_key!r}: {_one_line(exc.msg)}") from exc
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
