@@ -114,6 +114,10 @@ def test_target_names_and_values_are_checked() -> None:
     with pytest.raises(ConfigError, match="two devices"):
         devicemodel.target_overrides("v100", ["device=a100"])
     assert devicemodel.target_overrides("v100", ["device.memory_gb=32"]) == ["device=v100", "device.memory_gb=32"]
+    assert load(devicemodel.target_overrides("v100", ["device=v100"])).device.name == "v100"  # given once
+    h200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=150_000_000_000)
+    auto = devicemodel.target_overrides("auto", ["device.memory_gb=100"], lambda: h200)
+    assert load(auto).device.memory_gb == 100  # the user's value, not the probed one
     with pytest.raises(ConfigError, match="experiment.target"):
         load(["experiment.target=v101"])
     with pytest.raises(ConfigError, match="device.memory_efficiency"):

@@ -287,20 +287,27 @@ def _priced(trace: UnitTrace, device: DeviceConfig) -> dict[str, Any]:
 def target_overrides(target: str, overrides: Sequence[str], probe: Callable[[], Any] | None = None) -> list[str]:
     """`overrides` with the device group set to `target` (a shipped entry, or ``auto``: this machine's GPU).
 
-    The user's own ``device.*`` overrides stay last, so they adjust the entry; a ``device=`` override naming
-    another entry than `target` is refused.
+    The user's own ``device.*`` overrides adjust the entry (a key the user gives replaces the one this adds);
+    a ``device=`` override naming another entry than `target` is refused.
     """
-    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == "device"]
+
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+
+    chosen = [o for o in overrides if key(o) == "device"]
     if chosen and any(o.split("=", 1)[1] != target for o in chosen):
         raise ConfigError(f"--target {target} and {chosen[0]} name two devices: give one")
     if target == "auto":
-        return [*local_gpu_overrides(probe), *overrides]
-    if target not in device_entries():
+        added = local_gpu_overrides(probe)
+    elif target in device_entries():
+        added = [f"device={target}"]
+    else:
         raise ConfigError(
             f"--target {target!r} is no device entry; choose one of: {', '.join(device_entries())} or auto "
             f"(or add config/device/{target}.yaml)"
         )
-    return [f"device={target}", *overrides]
+    given = {key(o) for o in overrides}
+    return [*(o for o in added if key(o) not in given), *overrides]
 
 
 def local_gpu_overrides(probe: Callable[[], Any] | None = None) -> list[str]:
