@@ -207,6 +207,13 @@ def _stage(stage: str, inputs: Path, out: Path) -> list[str]:
         return ["prepare-shards", "--no-progress", *SHARDS, f"paths.results={out}"]
     if stage == "aggregate":
         return ["aggregate", "--runs", str(inputs / "runs"), "--plans", str(inputs / "plans"), "--out", str(out)]
+    small = ["model=resnet18", "train.image_size=32", "train.batch_size=2"]
+    if stage == "profile":
+        return ["profile", "--target", "v100", "--out", str(out / "profile.json"), *small]
+    if stage == "plan":
+        return ["plan", "--profile", str(inputs / "profile.json"), "--out", str(out / "plan.json"), *small]
+    if stage == "simulate":
+        return ["simulate", "--target", "v100", "--out", str(out), *small]
     return ["bundle", "--root", str(inputs), "--include", str(inputs / "runs"), "--out", str(out / "b.tar.gz")]
 
 
@@ -215,7 +222,7 @@ def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("stage", ["prepare-shards", "aggregate", "bundle"])
+@pytest.mark.parametrize("stage", ["prepare-shards", "aggregate", "bundle", "profile", "plan", "simulate"])
 def test_a_read_only_result_folder_is_refused_before_any_work(tmp_path: Path, stage: str) -> None:
     write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
     with tmpfs(tmp_path / "disk", "2m", read_only=True) as disk:

@@ -19,6 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
 
+from ralp_pipe.atomic import check_writable
 from ralp_pipe.config import (
     REFERENCE,
     STRATEGY_KINDS,
@@ -312,6 +313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Plan every strategy for the configured model and write the plan file."""
+    check_writable(args.out.parent, f"--out {args.out}")
     cfg = load(args.overrides)
     gpus = args.gpus or [cfg.cluster.gpus]
     if min(gpus) < 1:

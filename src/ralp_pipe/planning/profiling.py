@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from ralp_pipe.atomic import check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, workload
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.engine import models
@@ -586,6 +587,7 @@ def build_profile(
 def main(args: argparse.Namespace) -> int:
     """Profile the configured model on this machine and write the JSON file."""
     hardware.keep_freed_memory()  # as training ranks run (the probe's ranks call it themselves)
+    check_writable(args.out.parent, f"--out {args.out}")
     cfg = load(args.overrides)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads} must be at least 1")

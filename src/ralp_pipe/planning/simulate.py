@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence, cast
 
 import pandas as pd
 
-from ralp_pipe.atomic import atomic_path
+from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
 from ralp_pipe.engine import models
 from ralp_pipe.planning import devicemodel
@@ -195,6 +195,7 @@ def main(args: argparse.Namespace) -> int:
     """Simulate every strategy over N and link speed and write the table and plots."""
     if min(args.gpus) < 2 or min(args.link_gbit) <= 0:
         raise ConfigError(f"--gpus {args.gpus} must all be >= 2 and --link-gbit {args.link_gbit} all positive")
+    check_writable(args.out, f"--out {args.out}")
     if args.target:
         cfg = load(devicemodel.target_overrides(args.target, args.overrides))
         batches = profile_batches(cfg.train.batch_size, args.gpus)
