@@ -35,8 +35,8 @@ from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import Config, cluster_kind, digest, load, strategy_kind, to_dict, workload
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
-from ralp_pipe.engine import models, volume
-from ralp_pipe.engine.metrics import summarize
+from ralp_pipe.engine import dilation, models, volume
+from ralp_pipe.engine.metrics import MEASURE, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
@@ -212,6 +212,7 @@ def build_metrics(
     """The run's record from the driver's split and analytic bytes and rank 0's result."""
     t = cfg.train
     figures = summarize(result["rows"], result["window_s"], topo.num_workers, t.batch_size, t.measure_steps)
+    overruns = sum(int(r.get("overruns", 0)) for r in result["rows"] if r["phase"] == MEASURE)
     wire = result["wire"]
     config = to_dict(cfg)
     return RunMetrics(
@@ -231,6 +232,8 @@ def build_metrics(
         warmup_steps=t.warmup_steps,
         measure_steps=t.measure_steps,
         images_per_sec=figures.images_per_sec,
+        target_images_per_sec=target_equivalent(figures.images_per_sec, cfg.dilation.factor),
+        dilation=dilation.record(cfg, overruns),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],
@@ -450,15 +453,17 @@ def _launch(
     shards: Path | None,
     devices_of: tuple[str, str],
     shared: list[dict[str, Any]] | None,
+    targets: dilation.Targets | None = None,
 ) -> RankResult:
     """Start and supervise the ranks (on the hosts `shared` names, where given); return rank 0's result.
 
-    `devices_of` is the ranks' device type and backend. A full disk under the ranks' logs is named.
+    `devices_of` is the ranks' device type and backend; `targets` the padded times of a dilated run, whose
+    emulated links run at network.rate / D. A full disk under the ranks' logs is named.
     """
     device_type, backend = devices_of
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
-    entry = rank_command(result_file, cfg, split, shards)
+    entry = rank_command(result_file, cfg, split, shards, targets)
     env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
     progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)
@@ -476,7 +481,8 @@ def _launch(
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
-            with emulated_sites(topo.hosts, cfg.network.rate, cfg.network.burst, shared) as emulated:
+            rate = dilation.shaped_rate(cfg.network.rate, cfg.dilation.factor)
+            with emulated_sites(topo.hosts, rate, cfg.network.burst, shared) as emulated:
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(entry, topo.world_size, timeout, staging, None, env)
@@ -520,9 +526,10 @@ def run(
         shards = None
     units = meta_units(cfg)
     split, analytic = split_and_bytes(cfg, topo, units)
+    targets = dilation.targets(cfg, topo)
     device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
     if kind.launcher == "srun" and in_slurm_step(topo.world_size):  # every task is a rank; rank 0 writes `out`
-        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards)
+        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards, targets)
         return None if result is None else _finish(cfg, topo, out, split, analytic, result)
     if kind.shares_host_cpus:
         check_host(cfg, topo, units, device_type == "cpu")
@@ -530,7 +537,7 @@ def run(
         staging = make_staging(out, record_bytes(cfg, topo))
         try:
             set_aside_previous(out)
-            result = _launch(cfg, topo, staging, split, shards, (device_type, backend), shared)
+            result = _launch(cfg, topo, staging, split, shards, (device_type, backend), shared, targets)
             metrics = _finish(cfg, topo, out, split, analytic, result)
             shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
             return metrics

@@ -1,0 +1,225 @@
+"""Time-dilated emulation, ``real`` mode: every rank spends D x a target GPU's time on each unit of work.
+
+With ``dilation.factor`` D, every rank runs the real computation of each placement unit (forward,
+backward), then waits until D x the target's modelled time for that unit (``device`` group,
+:func:`ralp_pipe.planning.devicemodel.modelled_profile`, priced at the run's batch and image
+size: the worker's batch, the PS device's concatenated batch for its upper units) has passed
+since the unit began; the servers' gradient aggregation and SGD update, and ``allreduce``'s
+optimizer step, likewise (per parameter byte). Emulated links run at ``network.rate`` / D
+(:func:`shaped_rate`). The cluster then behaves like the target cluster with time slowed by D:
+target-equivalent images/sec = measured x D, GB/step and parameters those of the target.
+
+A unit's time excludes the communication it waited for inside it (a forward waiting for its
+pulled parameters, a backward hook waiting for push credit): the deadline moves by that wait.
+A unit whose real compute ended after its deadline is an *overrun*: it is counted, per rank and
+step, and the target's timing is not reproduced there (raise D).
+
+This module owns the decision: target times per unit and role (:class:`Targets`), the deadline
+wait (:func:`wait_until`) and the hooks that pad (:class:`Pacer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch import nn
+
+from ralp_pipe.config import RALP_STRATEGIES, Config
+from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.engine.topology import Topology
+
+SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
+WORKER, PS_DEVICE_BATCH = "worker", "ps_device"  # whose batch a unit's time is priced at
+
+
+def wait_until(deadline: float, clock: Callable[[], float] = time.perf_counter) -> None:
+    """Return at `deadline` (a `clock` reading): sleep until :data:`SPIN_S` before it, then spin on the clock."""
+    remaining = deadline - clock()
+    if remaining > SPIN_S:
+        time.sleep(remaining - SPIN_S)
+    while clock() < deadline:
+        pass
+
+
+@dataclass(frozen=True)
+class Targets:
+    """D x the target's seconds: per unit forward and backward at each role's batch, and the servers' work per byte."""
+
+    factor: float
+    mode: str
+    device: str
+    fwd_s: dict[str, list[float]]  # WORKER / PS_DEVICE_BATCH -> per unit
+    bwd_s: dict[str, list[float]]
+    update_s_per_byte: float  # one SGD step (momentum, weight decay) of the parameters
+    aggregate_s_per_byte: float  # adding one more worker's gradient set into the sum
+
+    def to_dict(self) -> dict[str, Any]:
+        """The targets as JSON (handed from the driver to the ranks)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Targets:
+        """Targets from :meth:`to_dict`'s JSON."""
+        return cls(**data)
+
+
+def targets(cfg: Config, topo: Topology) -> Targets | None:
+    """The run's padded times (None without ``dilation.factor``); the target must hold the worker's model."""
+    d = cfg.dilation
+    if d.factor is None:
+        return None
+    from ralp_pipe.planning.devicemodel import modelled_profile  # traces the model: only for dilated runs
+
+    batches = {WORKER: cfg.train.batch_size}
+    if topo.strategy in RALP_STRATEGIES:
+        batches[PS_DEVICE_BATCH] = cfg.train.batch_size * topo.num_workers
+    profile = modelled_profile(cfg, batches, topo.gpus)
+    units, update = profile["units"], profile["update"]
+
+    def scaled(role: str, key: str) -> list[float]:
+        return [d.factor * u["by_batch"][str(batches[role])][key] for u in units]
+
+    return Targets(
+        factor=d.factor,
+        mode=d.mode,
+        device=cfg.device.name,
+        fwd_s={role: scaled(role, "fwd_s") for role in batches},
+        bwd_s={role: scaled(role, "bwd_s") for role in batches},
+        update_s_per_byte=d.factor * update["update_s_per_byte"],
+        aggregate_s_per_byte=d.factor * update["aggregate_s_per_byte"],
+    )
+
+
+def shaped_rate(rate: str, factor: float | None) -> str:
+    """The tc rate emulated links run at: `rate` / `factor` (unchanged without dilation or when unlimited)."""
+    bits = rate_bits_per_s(rate)
+    if factor is None or bits is None:
+        return rate
+    return f"{bits / factor:.0f}bit"
+
+
+def record(cfg: Config, overruns: int) -> dict[str, Any] | None:
+    """metrics.json's ``dilation`` record of a run (None without dilation)."""
+    d = cfg.dilation
+    if d.factor is None:
+        return None
+    return {
+        "factor": d.factor,
+        "mode": d.mode,
+        "target_device": cfg.device.name,
+        "target_link_rate": cfg.network.rate,
+        "shaped_link_rate": shaped_rate(cfg.network.rate, d.factor),
+        "overruns": overruns,
+    }
+
+
+def padded(pacer: Pacer | None, seconds: Callable[[Pacer], float]) -> ContextManager[None]:
+    """`pacer`'s padding of a block to `seconds(pacer)`; nothing without a pacer (an undilated run)."""
+    return contextlib.nullcontext() if pacer is None else pacer.padded(seconds(pacer))
+
+
+class Pacer:
+    """One rank's padding: units' forward and backward (:meth:`attach`) and the servers' work (:meth:`padded`).
+
+    `waited` reads the communication wait counted so far (:attr:`ralp_pipe.engine.comm.Comm.wait_s`);
+    what a unit waited for is added to its deadline. :meth:`take` returns the overruns since the last call.
+    """
+
+    def __init__(self, targets: Targets, waited: Callable[[], float], clock: Callable[[], float] = time.perf_counter):
+        self.targets, self.waited, self.clock = targets, waited, clock
+        self.overruns = 0
+
+    def pad(self, began: float, waited_at_start: float, seconds: float) -> None:
+        """Wait until `seconds` (plus the communication waited since `waited_at_start`) after `began`;
+        count an overrun when that moment has already passed."""
+        deadline = began + seconds + (self.waited() - waited_at_start)
+        if self.clock() > deadline:
+            self.overruns += 1
+            return
+        wait_until(deadline, self.clock)
+
+    @contextlib.contextmanager
+    def padded(self, seconds: float) -> Iterator[None]:
+        """Run the block, then wait until `seconds` after it began."""
+        began, waited = self.clock(), self.waited()
+        yield
+        self.pad(began, waited, seconds)
+
+    def update_s(self, nbytes: int) -> float:
+        """Padded seconds of an SGD step over `nbytes` of parameters."""
+        return self.targets.update_s_per_byte * nbytes
+
+    def aggregate_s(self, nbytes: int, sets: int) -> float:
+        """Padded seconds of summing `sets` gradient sets of `nbytes` each (sets - 1 additions)."""
+        return self.targets.aggregate_s_per_byte * nbytes * max(sets - 1, 0)
+
+    def take(self) -> int:
+        """Overruns since the last call."""
+        count, self.overruns = self.overruns, 0
+        return count
+
+    def attach(self, modules: list[nn.Module], first: int, role: str) -> None:
+        """Pad the forward and backward of `modules`, units ``first, first + 1, ...`` of the model, run in this
+        order as a chain, at `role`'s batch (:data:`WORKER` or :data:`PS_DEVICE_BATCH`)."""
+        fwd, bwd = self.targets.fwd_s[role], self.targets.bwd_s[role]
+        chain = _BackwardChain(self, [bwd[first + i] for i in range(len(modules))])
+        for i, module in enumerate(modules):
+            self._pad_forward(module, fwd[first + i])
+            chain.hook(i, module, last=i == len(modules) - 1)
+
+    def _pad_forward(self, module: nn.Module, seconds: float) -> None:
+        began: list[float] = [0.0, 0.0]
+
+        def start(_m: nn.Module, _args: Any) -> None:
+            began[:] = [self.clock(), self.waited()]
+
+        def end(_m: nn.Module, _args: Any, _out: Any) -> None:
+            self.pad(began[0], began[1], seconds)
+
+        module.register_forward_pre_hook(start)
+        module.register_forward_hook(end)
+
+
+class _BackwardChain:
+    """Backward padding of a chain of units: unit i's backward begins when its output's gradient arrives (the
+    last unit) or when unit i+1's padded backward ended, and ends when the gradients of its input and of every
+    parameter are computed (hooks that run before the gradients are accumulated, so buckets of the
+    all-reduce and the push become ready when the target's would)."""
+
+    def __init__(self, pacer: Pacer, seconds: list[float]):
+        self.pacer, self.seconds = pacer, seconds
+        self.began = [0.0, 0.0]  # clock and communication wait when the current unit's backward began
+        self.left = [0] * len(seconds)  # gradients unit i still waits for in this backward
+        self.params: list[int] = []
+
+    def hook(self, i: int, module: nn.Module, last: bool) -> None:
+        """Pad unit `i` (`module`); `last`: its output's gradient starts the chain's backward."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.params.append(len(params))
+        for p in params:
+            p.register_hook(lambda _grad, i=i: self._arrived(i))
+
+        def forward_done(_m: nn.Module, args: Any, out: Any) -> None:
+            x = args[0] if args else None
+            grads = self.params[i]
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(lambda _grad: self._arrived(i))
+                grads += 1
+            self.left[i] = grads
+            if last and isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda _grad: self._start())
+
+        module.register_forward_hook(forward_done)
+
+    def _start(self) -> None:
+        self.began = [self.pacer.clock(), self.pacer.waited()]
+
+    def _arrived(self, i: int) -> None:
+        self.left[i] -= 1
+        if self.left[i] == 0:
+            self.pacer.pad(self.began[0], self.began[1], self.seconds[i])
+            self._start()
