@@ -3,6 +3,7 @@ move the same bytes and train the same parameters as undilated ones, and the dil
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -20,8 +21,12 @@ from ralp_pipe.engine.dilation import PS_DEVICE_BATCH, WORKER, Pacer, Targets, w
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import Piece, assemble
 from ralp_pipe.engine.topology import of_strategy, topology
+from ralp_pipe.errors import BundleRefused
+from ralp_pipe.results.aggregate import build_tables, load_records
+from ralp_pipe.results.verify import check_record
 from ralp_pipe.runtime.launch import spawn_function
 from support.train import train_metrics
+from workflow_records import write_results
 
 CLASSES, BATCH, IMAGE, STEPS = 5, 2, 16, 3
 UNIT_S = 0.01  # a unit's forward (and backward) padded time at factor 1 in the distributed cases
@@ -259,3 +264,63 @@ def test_a_dilated_run_records_its_target_figures_and_overruns(tmp_path: Path) -
     params = models.parameter_count(nn.Sequential(*(u.module for u in models.model_units("resnet18", 10, 0.5, "meta"))))
     padded = sum(targets.fwd_s[WORKER]) + sum(targets.bwd_s[WORKER]) + targets.update_s_per_byte * 4 * params
     assert metrics["step_time_s"] >= padded  # every unit's forward and backward and the update waited for
+
+
+def _dilate(run: Path, factor: float, overruns: int) -> None:
+    """Make a fabricated run a dilated one: its record and `overruns` in its first measured step."""
+    doc = json.loads((run / "metrics.json").read_text())
+    doc["target_images_per_sec"] = doc["images_per_sec"] * factor
+    doc["dilation"] = dict(RECORD, factor=factor, overruns=overruns)
+    (run / "metrics.json").write_text(json.dumps(doc))
+    steps = pd.read_parquet(run / "steps.parquet")
+    steps["overruns"] = 0
+    steps.loc[steps.index[steps["phase"] == "measure"][0], "overruns"] = overruns
+    steps.to_parquet(run / "steps.parquet")
+
+
+RECORD = {"mode": "real", "target_device": "v100", "target_link_rate": "1gbit", "shaped_link_rate": "125000000bit"}
+
+
+def test_tables_carry_measured_and_target_equivalent_figures_and_flag_overruns(tmp_path: Path) -> None:
+    runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=3)
+    factor = 8.0
+    for k, run in enumerate(runs):
+        _dilate(run, factor, overruns=2 if k == 0 else 0)  # the first repeat of ps overran twice
+    tables = build_tables(load_records(runs, [tmp_path / "plans"]))
+    repeats, rows = tables.repeats, tables.runs.set_index("strategy")
+    assert list(repeats["target_images_per_sec"]) == pytest.approx(list(repeats["images_per_sec"] * factor))
+    for strategy, row in rows.iterrows():
+        assert row.target_images_per_sec == pytest.approx(row.images_per_sec * factor)
+        assert row.target_images_per_sec_ci_low == pytest.approx(row.images_per_sec_ci_low * factor)
+        assert row.target_images_per_sec_ci_high == pytest.approx(row.images_per_sec_ci_high * factor)
+        assert (row.dilation_factor, row.dilation_mode, row.target_device, row.target_link_rate) == (
+            factor,
+            "real",
+            "v100",
+            "1gbit",
+        )
+        assert row.overruns == (2 if strategy == "ps" else 0)
+    assert tables.speedups.set_index("strategy").loc["ps", "overruns"] == 2
+    assert "dilated emulation of v100 on 1gbit, D=8; 2 overruns)" in tables.summary
+    assert tables.summary.count("dilated emulation of v100 on 1gbit") == len(rows)
+    for run in load_records(runs, [tmp_path / "plans"]):
+        check_record(run)  # verify recomputes them from the step records
+
+
+def test_undilated_tables_have_no_target_figures(tmp_path: Path) -> None:
+    tables = build_tables(load_records(write_results(tmp_path, models=("vgg11",), gpus=(2,)), [tmp_path / "plans"]))
+    assert tables.runs["target_images_per_sec"].isna().all() and (tables.runs["overruns"] == 0).all()
+    assert tables.runs["dilation_factor"].isna().all() and "dilated emulation" not in tables.summary
+
+
+def test_verify_refuses_a_target_figure_or_overruns_its_steps_do_not_give(tmp_path: Path) -> None:
+    run = write_results(tmp_path, models=("vgg11",), strategies=("ps",), gpus=(2,))[0]
+    _dilate(run, 4.0, overruns=1)
+    doc = json.loads((run / "metrics.json").read_text())
+    for field, forged in (
+        ("target_images_per_sec", doc["images_per_sec"] * 5.0),
+        ("dilation", {**doc["dilation"], "overruns": 0}),
+    ):
+        (run / "metrics.json").write_text(json.dumps({**doc, field: forged}))
+        with pytest.raises(BundleRefused, match=field):
+            check_record(load_records([run], [tmp_path / "plans"])[0])

@@ -112,6 +112,11 @@ def summarize(
     )
 
 
+def measured_overruns(rows: list[dict[str, Any]]) -> int:
+    """Overruns of all ranks in the measured steps (0 in records from before dilation)."""
+    return sum(int(r.get("overruns", 0)) for r in rows if r["phase"] == MEASURE)
+
+
 def target_equivalent(images_per_sec: float, factor: float | None) -> float | None:
     """A dilated run's target-equivalent images/sec: measured x the dilation factor (None when undilated)."""
     return None if factor is None else images_per_sec * factor

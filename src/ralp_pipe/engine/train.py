@@ -36,7 +36,7 @@ from ralp_pipe.config import Config, cluster_kind, digest, load, strategy_kind, 
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
-from ralp_pipe.engine.metrics import MEASURE, summarize, target_equivalent
+from ralp_pipe.engine.metrics import measured_overruns, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
@@ -212,7 +212,6 @@ def build_metrics(
     """The run's record from the driver's split and analytic bytes and rank 0's result."""
     t = cfg.train
     figures = summarize(result["rows"], result["window_s"], topo.num_workers, t.batch_size, t.measure_steps)
-    overruns = sum(int(r.get("overruns", 0)) for r in result["rows"] if r["phase"] == MEASURE)
     wire = result["wire"]
     config = to_dict(cfg)
     return RunMetrics(
@@ -233,7 +232,7 @@ def build_metrics(
         measure_steps=t.measure_steps,
         images_per_sec=figures.images_per_sec,
         target_images_per_sec=target_equivalent(figures.images_per_sec, cfg.dilation.factor),
-        dilation=dilation.record(cfg, overruns),
+        dilation=dilation.record(cfg, measured_overruns(result["rows"])),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],
