@@ -324,3 +324,32 @@ def test_verify_refuses_a_target_figure_or_overruns_its_steps_do_not_give(tmp_pa
         (run / "metrics.json").write_text(json.dumps({**doc, field: forged}))
         with pytest.raises(BundleRefused, match=field):
             check_record(load_records([run], [tmp_path / "plans"])[0])
+
+
+def test_emulated_links_of_a_dilated_run_are_shaped_to_rate_over_d(tmp_path: Path, monkeypatch) -> None:
+    from ralp_pipe.engine import train
+    from ralp_pipe.errors import RunFailure
+    from ralp_pipe.runtime import emulated
+
+    shaped = []
+
+    def sites(hosts: list[int], rate: str, burst: str, shared: object = None) -> None:
+        shaped.append(rate)
+        raise RunFailure("stopped before any rank starts")
+
+    monkeypatch.setattr(emulated, "emulated_sites", sites)
+    for factor, rate in ((None, "1gbit"), (4.0, "250000000bit")):
+        cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2"])
+        cfg.dilation.factor = factor
+        topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+        with pytest.raises(RunFailure):
+            train._launch(cfg, topo, tmp_path, None, None, ("cpu", "gloo"), None)
+        assert shaped[-1] == rate
+
+
+def test_a_dilated_run_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -> None:
+    from ralp_pipe.engine import train
+
+    cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2", "dilation.factor=4"])
+    with pytest.raises(ConfigError, match=r"--shared-hosts.*dilation.factor=4"):
+        train.run(cfg, tmp_path / "run", shared=[{"host": 0}])
