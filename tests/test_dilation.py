@@ -17,7 +17,7 @@ from torch import nn
 from ralp_pipe.config import ConfigError, load
 from ralp_pipe.engine import dilation, models
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.engine.dilation import PS_DEVICE_BATCH, WORKER, Pacer, Targets, wait_until
+from ralp_pipe.engine.dilation import OVERRUN_TOLERANCE_S, PS_DEVICE_BATCH, WORKER, Pacer, Targets, wait_until
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import Piece, assemble
 from ralp_pipe.engine.topology import of_strategy, topology
@@ -40,7 +40,9 @@ def _targets(factor: float, units: int, fwd_s: float, bwd_s: float, update_s_per
         fwd_s={role: [factor * fwd_s] * units for role in (WORKER, PS_DEVICE_BATCH)},
         bwd_s={role: [factor * bwd_s] * units for role in (WORKER, PS_DEVICE_BATCH)},
         update_s_per_byte=factor * update_s_per_byte,
+        update_s_fixed=0.0,
         aggregate_s_per_byte=factor * update_s_per_byte,
+        aggregate_s_fixed=0.0,
     )
 
 
@@ -107,11 +109,31 @@ def test_padding_waits_each_unit_to_its_target_time_without_changing_gradients()
     assert grads.keys() == plain.keys() and all(torch.equal(grads[n], plain[n]) for n in grads)
 
 
+class Clock:
+    """A clock that advances by `tick` seconds at every reading."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
 def test_a_unit_past_its_padded_time_is_an_overrun() -> None:
-    pacer = Pacer(_targets(1.0, 5, 1e-9, 1e-9), lambda: 0.0)
+    pacer = Pacer(_targets(1.0, 5, 0.5, 0.5), lambda: 0.0, Clock(1.0))  # every unit takes 1 s of a 0.5 s target
     _timed_pass(pacer)
     assert pacer.take() == 10  # every forward and every backward of 5 units
     assert pacer.take() == 0  # counted since the last take
+
+
+def test_an_overrun_is_a_unit_later_than_its_deadline_by_more_than_the_tolerance() -> None:
+    for late, overrun in ((0.5 * OVERRUN_TOLERANCE_S, 0), (2 * OVERRUN_TOLERANCE_S, 1)):
+        clock = Clock(0.0)
+        pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock)
+        with pacer.padded(0.01):
+            clock.now += 0.01 + late
+        assert pacer.take() == overrun
 
 
 def test_communication_waited_inside_a_unit_moves_its_deadline() -> None:
@@ -148,6 +170,8 @@ def test_targets_price_the_worker_and_ps_device_batches_at_the_factor() -> None:
     assert len(t1.fwd_s[WORKER]) == len(models.model_units("resnet18", 1000, 0.5, "meta"))
     assert t4.fwd_s[WORKER] == pytest.approx([4 * s for s in t1.fwd_s[WORKER]])
     assert t4.update_s_per_byte == pytest.approx(4 * t1.update_s_per_byte)
+    assert t4.update_s_fixed == pytest.approx(4 * t1.update_s_fixed) and t1.update_s_fixed > 0  # kernel launches
+    assert t1.aggregate_s_fixed == pytest.approx(one.device.launch_overhead_us * 1e-6)  # one add kernel
     assert sum(t1.fwd_s[PS_DEVICE_BATCH]) > sum(t1.fwd_s[WORKER])  # two workers' batches on the PS device
     assert dilation.targets(load(overrides), topo) is None
 
@@ -262,7 +286,7 @@ def test_a_dilated_run_records_its_target_figures_and_overruns(tmp_path: Path) -
     targets = dilation.targets(cfg, of_strategy(cfg.strategy, cfg.cluster.gpus))
     assert targets is not None
     params = models.parameter_count(nn.Sequential(*(u.module for u in models.model_units("resnet18", 10, 0.5, "meta"))))
-    padded = sum(targets.fwd_s[WORKER]) + sum(targets.bwd_s[WORKER]) + targets.update_s_per_byte * 4 * params
+    padded = sum(targets.fwd_s[WORKER]) + sum(targets.bwd_s[WORKER]) + Pacer(targets, lambda: 0.0).update_s(4 * params)
     assert metrics["step_time_s"] >= padded  # every unit's forward and backward and the update waited for
 
 

@@ -11,8 +11,8 @@ target-equivalent images/sec = measured x D, GB/step and parameters those of the
 
 A unit's time excludes the communication it waited for inside it (a forward waiting for its
 pulled parameters, a backward hook waiting for push credit): the deadline moves by that wait.
-A unit whose real compute ended after its deadline is an *overrun*: it is counted, per rank and
-step, and the target's timing is not reproduced there (raise D).
+A unit whose real compute ended after its deadline (by more than :data:`OVERRUN_TOLERANCE_S`) is an
+*overrun*: it is counted, per rank and step, and the target's timing is not reproduced there (raise D).
 
 This module owns the decision: target times per unit and role (:class:`Targets`), the deadline
 wait (:func:`wait_until`) and the hooks that pad (:class:`Pacer`).
@@ -33,6 +33,8 @@ from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine.topology import Topology
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
+# a unit ending later than its deadline by more than this is an overrun (a flatten's 0 s target costs ~20 us here)
+OVERRUN_TOLERANCE_S = 1e-4
 WORKER, PS_DEVICE_BATCH = "worker", "ps_device"  # whose batch a unit's time is priced at
 
 
@@ -54,8 +56,10 @@ class Targets:
     device: str
     fwd_s: dict[str, list[float]]  # WORKER / PS_DEVICE_BATCH -> per unit
     bwd_s: dict[str, list[float]]
-    update_s_per_byte: float  # one SGD step (momentum, weight decay) of the parameters
-    aggregate_s_per_byte: float  # adding one more worker's gradient set into the sum
+    update_s_per_byte: float  # one SGD step (momentum, weight decay) of the parameters, per byte ...
+    update_s_fixed: float  # ... plus its kernels' launches, whatever their size
+    aggregate_s_per_byte: float  # adding one more worker's gradient set into the sum, per byte ...
+    aggregate_s_fixed: float  # ... plus its kernels' launches
 
     def to_dict(self) -> dict[str, Any]:
         """The targets as JSON (handed from the driver to the ranks)."""
@@ -72,7 +76,8 @@ def targets(cfg: Config, topo: Topology) -> Targets | None:
     d = cfg.dilation
     if d.factor is None:
         return None
-    from ralp_pipe.planning.devicemodel import modelled_profile  # traces the model: only for dilated runs
+    from ralp_pipe.engine.strategies.base import Optim  # the device model traces the strategies' own update
+    from ralp_pipe.planning.devicemodel import modelled_profile, trace_update  # only for dilated runs
 
     batches = {WORKER: cfg.train.batch_size}
     if topo.strategy in RALP_STRATEGIES:
@@ -83,14 +88,21 @@ def targets(cfg: Config, topo: Topology) -> Targets | None:
     def scaled(role: str, key: str) -> list[float]:
         return [d.factor * u["by_batch"][str(batches[role])][key] for u in units]
 
+    # the launches of FlatSgd's kernels (as many for any size), apart from the per-byte rest of the priced time
+    t, launch_s = cfg.train, cfg.device.launch_overhead_us * 1e-6
+    aggregate, sgd = (len(k) * launch_s for k in trace_update([4], Optim(t.lr, t.momentum, t.weight_decay)))
+    param_bytes = update["param_bytes"]
+
     return Targets(
         factor=d.factor,
         mode=d.mode,
         device=cfg.device.name,
         fwd_s={role: scaled(role, "fwd_s") for role in batches},
         bwd_s={role: scaled(role, "bwd_s") for role in batches},
-        update_s_per_byte=d.factor * update["update_s_per_byte"],
-        aggregate_s_per_byte=d.factor * update["aggregate_s_per_byte"],
+        update_s_per_byte=d.factor * (update["update_s"] - sgd) / param_bytes,
+        update_s_fixed=d.factor * sgd,
+        aggregate_s_per_byte=d.factor * (update["aggregate_s"] - aggregate) / param_bytes,
+        aggregate_s_fixed=d.factor * aggregate,
     )
 
 
@@ -135,11 +147,10 @@ class Pacer:
 
     def pad(self, began: float, waited_at_start: float, seconds: float) -> None:
         """Wait until `seconds` (plus the communication waited since `waited_at_start`) after `began`;
-        count an overrun when that moment has already passed."""
+        count an overrun when that moment passed more than :data:`OVERRUN_TOLERANCE_S` ago."""
         deadline = began + seconds + (self.waited() - waited_at_start)
-        if self.clock() > deadline:
+        if self.clock() > deadline + OVERRUN_TOLERANCE_S:
             self.overruns += 1
-            return
         wait_until(deadline, self.clock)
 
     @contextlib.contextmanager
@@ -151,11 +162,11 @@ class Pacer:
 
     def update_s(self, nbytes: int) -> float:
         """Padded seconds of an SGD step over `nbytes` of parameters."""
-        return self.targets.update_s_per_byte * nbytes
+        return self.targets.update_s_fixed + self.targets.update_s_per_byte * nbytes
 
     def aggregate_s(self, nbytes: int, sets: int) -> float:
         """Padded seconds of summing `sets` gradient sets of `nbytes` each (sets - 1 additions)."""
-        return self.targets.aggregate_s_per_byte * nbytes * max(sets - 1, 0)
+        return (self.targets.aggregate_s_fixed + self.targets.aggregate_s_per_byte * nbytes) * max(sets - 1, 0)
 
     def take(self) -> int:
         """Overruns since the last call."""
