@@ -68,8 +68,11 @@ def _units() -> list[nn.Module]:
     ]
 
 
-def _timed_pass(pacer: Pacer | None) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
-    """Forward and backward of the padded units: each unit's forward time, the times its backward ended, grads."""
+def _timed_pass(
+    pacer: Pacer | None,
+) -> tuple[list[float], list[float], dict[int, float], dict[str, torch.Tensor]]:
+    """Forward and backward of the padded units: each unit's forward time, the times its backward handed its
+    input's gradient down, when its parameters' gradients were accumulated (by unit), and the gradients."""
     units = _units()
     net = nn.Sequential(*units)
     x = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
@@ -79,7 +82,13 @@ def _timed_pass(pacer: Pacer | None) -> tuple[list[float], list[float], dict[str
         pacer.attach(units, 0, WORKER)
     fwd_times: list[float] = []
     bwd_ends: list[float] = []
+    accumulated: dict[int, float] = {}  # unit -> when the last of its gradients was accumulated
     began = [0.0]
+    for u, unit in enumerate(units):
+        for p in unit.parameters():
+            p.register_post_accumulate_grad_hook(
+                lambda _p, u=u: accumulated.__setitem__(u, time.perf_counter() - start)
+            )
     for unit in units:  # registered after the pacer's: they see the padded unit
         unit.register_forward_pre_hook(lambda _m, _a: began.__setitem__(0, time.perf_counter()))
         unit.register_forward_hook(lambda _m, _a, _o: fwd_times.append(time.perf_counter() - began[0]))
@@ -88,24 +97,28 @@ def _timed_pass(pacer: Pacer | None) -> tuple[list[float], list[float], dict[str
     for unit in units:
         h = unit(h)
         outputs.append(h)
-    start = time.perf_counter()
+    start = time.perf_counter()  # (read by the accumulation hooks)
     for out in outputs[:-1]:
         out.register_hook(lambda _g: bwd_ends.append(time.perf_counter() - start))
     h.sum().backward()
     bwd_ends.append(time.perf_counter() - start)
-    return fwd_times, bwd_ends, {n: p.grad.clone() for n, p in net.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    return fwd_times, bwd_ends, accumulated, grads
 
 
 def test_padding_waits_each_unit_to_its_target_time_without_changing_gradients() -> None:
     fwd_s, bwd_s = 0.2, 0.25  # far above the real compute (tens of ms on a loaded machine)
     pacer = Pacer(_targets(1.0, 5, fwd_s, bwd_s), lambda: 0.0)
-    fwd_times, bwd_ends, grads = _timed_pass(pacer)
+    fwd_times, bwd_ends, accumulated, grads = _timed_pass(pacer)
     assert all(t >= fwd_s for t in fwd_times), fwd_times
     # the k-th gradient backward hands down (of unit 4 - k's input) arrives once k + 1 units spent their time
     assert len(bwd_ends) == 5 and all(end >= (k + 1) * bwd_s for k, end in enumerate(bwd_ends)), bwd_ends
+    # a unit's gradients are accumulated (an all-reduce bucket or a push can leave) only at its padded end
+    assert sorted(accumulated) == [0, 2, 4]
+    assert all(at >= (5 - unit) * bwd_s for unit, at in accumulated.items()), accumulated
     assert pacer.take() == 0
     assert sum(fwd_times) < 5 * fwd_s + 0.5  # padded, not stalled
-    _, _, plain = _timed_pass(None)
+    *_, plain = _timed_pass(None)
     assert grads.keys() == plain.keys() and all(torch.equal(grads[n], plain[n]) for n in grads)
 
 

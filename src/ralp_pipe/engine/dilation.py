@@ -197,9 +197,10 @@ class Pacer:
 
 class _BackwardChain:
     """Backward padding of a chain of units: unit i's backward begins when its output's gradient arrives (the
-    last unit) or when unit i+1's padded backward ended, and ends when the gradients of its input and of every
-    parameter are computed (hooks that run before the gradients are accumulated, so buckets of the
-    all-reduce and the push become ready when the target's would)."""
+    last unit) or when unit i+1's padded backward ended, and ends when the last of its parameters' gradients is
+    computed, before it is accumulated (its input's gradient comes from the same kernel, and an all-reduce or
+    push bucket becomes ready only once it is accumulated: when the target's would), or for a unit without
+    parameters, when its input's gradient is computed."""
 
     def __init__(self, pacer: Pacer, seconds: list[float]):
         self.pacer, self.seconds = pacer, seconds
@@ -215,11 +216,10 @@ class _BackwardChain:
             p.register_hook(lambda _grad, i=i: self._arrived(i))
 
         def forward_done(_m: nn.Module, args: Any, out: Any) -> None:
-            x = args[0] if args else None
-            grads = self.params[i]
-            if isinstance(x, torch.Tensor) and x.requires_grad:
+            grads, x = self.params[i], args[0] if args else None
+            if not grads and isinstance(x, torch.Tensor) and x.requires_grad:
                 x.register_hook(lambda _grad: self._arrived(i))
-                grads += 1
+                grads = 1
             self.left[i] = grads
             if last and isinstance(out, torch.Tensor) and out.requires_grad:
                 out.register_hook(lambda _grad: self._start())
