@@ -149,6 +149,14 @@ def test_an_overrun_is_a_unit_later_than_its_deadline_by_more_than_the_tolerance
         assert pacer.take() == overrun
 
 
+def test_a_unit_ends_when_the_device_finished_its_queued_work() -> None:
+    clock = Clock(0.0)
+    pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock, sync=lambda: setattr(clock, "now", 0.02))
+    with pacer.padded(0.01):
+        pass  # the hooks returned at once, the GPU's kernels ran until 20 ms
+    assert pacer.take() == 1
+
+
 def test_communication_waited_inside_a_unit_moves_its_deadline() -> None:
     waited = [0.0]
     pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: waited[0])
@@ -338,6 +346,7 @@ def test_tables_carry_measured_and_target_equivalent_figures_and_flag_overruns(t
         )
         assert row.overruns == (2 if strategy == "ps" else 0)
     assert tables.speedups.set_index("strategy").loc["ps", "overruns"] == 2
+    assert list(tables.breakdown["overruns"]) == [2 if run.endswith("/ps/r0") else 0 for run in tables.breakdown.run]
     assert "dilated emulation of v100 on 1gbit, D=8; 2 overruns)" in tables.summary
     assert tables.summary.count("dilated emulation of v100 on 1gbit") == len(rows)
     for run in load_records(runs, [tmp_path / "plans"]):

@@ -138,16 +138,25 @@ class Pacer:
     """One rank's padding: units' forward and backward (:meth:`attach`) and the servers' work (:meth:`padded`).
 
     `waited` reads the communication wait counted so far (:attr:`ralp_pipe.engine.comm.Comm.wait_s`);
-    what a unit waited for is added to its deadline. :meth:`take` returns the overruns since the last call.
+    what a unit waited for is added to its deadline. `sync` waits for the device's queued work (on a GPU,
+    whose kernels run after the hooks return) before a unit's end is read. :meth:`take` returns the
+    overruns since the last call.
     """
 
-    def __init__(self, targets: Targets, waited: Callable[[], float], clock: Callable[[], float] = time.perf_counter):
-        self.targets, self.waited, self.clock = targets, waited, clock
+    def __init__(
+        self,
+        targets: Targets,
+        waited: Callable[[], float],
+        clock: Callable[[], float] = time.perf_counter,
+        sync: Callable[[], None] = lambda: None,
+    ):
+        self.targets, self.waited, self.clock, self.sync = targets, waited, clock, sync
         self.overruns = 0
 
     def pad(self, began: float, waited_at_start: float, seconds: float) -> None:
         """Wait until `seconds` (plus the communication waited since `waited_at_start`) after `began`;
         count an overrun when that moment passed more than :data:`OVERRUN_TOLERANCE_S` ago."""
+        self.sync()
         deadline = began + seconds + (self.waited() - waited_at_start)
         if self.clock() > deadline + OVERRUN_TOLERANCE_S:
             self.overruns += 1

@@ -155,7 +155,7 @@ def run_rank(
         torch.manual_seed(cfg.train.seed)
         t, m = cfg.train, cfg.model
         comm = Comm(env.rank, env.world_size, backend)
-        pacer = None if targets is None else Pacer(targets, lambda: comm.wait_s)
+        pacer = None if targets is None else Pacer(targets, lambda: comm.wait_s, sync=lambda: synchronize(device))
         setup = StepSetup(
             topo,
             comm,
