@@ -399,3 +399,10 @@ def test_a_dilated_run_is_refused_on_links_a_concurrent_workload_shaped(tmp_path
     cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2", "dilation.factor=4"])
     with pytest.raises(ConfigError, match=r"--shared-hosts.*dilation.factor=4"):
         train.run(cfg, tmp_path / "run", shared=[{"host": 0}])
+
+
+def test_the_workflow_refuses_dilation_it_does_not_run_yet() -> None:
+    from ralp_pipe.workflow.matrix import parse_settings
+
+    with pytest.raises(ConfigError, match=r"'dilation.factor=8'.*ralp-pipe train"):
+        parse_settings({"experiment": "smoke", "overrides": ["dilation.factor=8"]})
