@@ -2,10 +2,10 @@
 [--dilation JSON] CONFIG``.
 
 The driver (:mod:`ralp_pipe.engine.train`) resolves the split point, the padded times of a dilated
-run (:class:`ralp_pipe.engine.dilation.Targets`) and the shards folder a shard loader reads (CONFIG is the resolved configuration as JSON) and starts every rank with
-:func:`rank_command`; the rank identity comes from the environment (see
-:class:`ralp_pipe.runtime.launch.RankEnv`), the device type and backend from
-``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
+run (:class:`ralp_pipe.engine.dilation.Targets`) and the shards folder a shard loader reads (CONFIG
+is the resolved configuration as JSON) and starts every rank with :func:`rank_command`; the rank
+identity comes from the environment (see :class:`ralp_pipe.runtime.launch.RankEnv`), the device type
+and backend from ``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
 seed, trains `warmup_steps + measure_steps` steps and sends its step records to rank 0, which
 writes the gathered :class:`RankResult` to FILE. Rank 0 prints its progress
 (:class:`ralp_pipe.engine.metrics.Progress`) to its log while it trains.

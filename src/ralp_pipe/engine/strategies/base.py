@@ -144,7 +144,7 @@ class Strategy(ABC):
         """Complete the transfers a step left in flight (called before a window edge and at the end)."""
 
 
-def nbytes(tensors: list[torch.Tensor]) -> int:
+def nbytes(tensors: Sequence[torch.Tensor]) -> int:
     """Bytes of `tensors` together."""
     return sum(t.numel() * t.element_size() for t in tensors)
 
