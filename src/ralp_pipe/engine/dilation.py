@@ -28,7 +28,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 from torch import nn
 
-from ralp_pipe.config import RALP_STRATEGIES, Config
+from ralp_pipe.config import Config, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine.topology import Topology
 
@@ -80,7 +80,7 @@ def targets(cfg: Config, topo: Topology) -> Targets | None:
     from ralp_pipe.planning.devicemodel import modelled_profile, trace_update  # only for dilated runs
 
     batches = {WORKER: cfg.train.batch_size}
-    if topo.strategy in RALP_STRATEGIES:
+    if strategy_kind(topo.strategy).places_layers:
         batches[PS_DEVICE_BATCH] = cfg.train.batch_size * topo.num_workers
     profile = modelled_profile(cfg, batches, topo.gpus)
     units, update = profile["units"], profile["update"]

@@ -27,10 +27,9 @@ class LayerPlacementStrategy(Strategy):
     """The RALP strategies on one rank (worker or PS device)."""
 
     def __init__(self, setup: StepSetup):
-        check_split(setup.split, len(setup.units))
+        split = check_split(setup.split, len(setup.units))
         self.setup = setup
         self.server_rank = setup.topology.ps[0]
-        split = setup.split
         if setup.role == PS_DEVICE:
             self.act_shape = (setup.batch_size, *activation_shapes(setup.units[:split], setup.image_size)[-1][1:])
         net = setup.network()
