@@ -179,6 +179,8 @@ def test_dilation_settings_are_checked() -> None:
         load(["dilation.factor=0.5"])
     with pytest.raises(ConfigError, match=r"dilation.mode='modelled'.*real"):
         load(["dilation.mode=modelled"])
+    with pytest.raises(ConfigError, match=r"dilation.target='tpu'.*v100"):
+        load(["dilation.target=tpu"])
     assert load([]).dilation.factor is None
 
 
@@ -192,7 +194,11 @@ def test_targets_price_the_worker_and_ps_device_batches_at_the_factor() -> None:
     assert t4.fwd_s[WORKER] == pytest.approx([4 * s for s in t1.fwd_s[WORKER]])
     assert t4.update_s_per_byte == pytest.approx(4 * t1.update_s_per_byte)
     assert t4.update_s_fixed == pytest.approx(4 * t1.update_s_fixed) and t1.update_s_fixed > 0  # kernel launches
-    assert t1.aggregate_s_fixed == pytest.approx(one.device.launch_overhead_us * 1e-6)  # one add kernel
+    assert t1.aggregate_s_fixed == pytest.approx(dilation.device_entry("v100").launch_overhead_us * 1e-6)  # one add
+    a100 = dilation.targets(load([*overrides, "dilation.factor=1", "dilation.target=a100"]), topo)
+    assert a100 is not None and a100.device == "a100" and sum(a100.fwd_s[WORKER]) < sum(t1.fwd_s[WORKER])
+    # the `device` group keys modelled profiles, not the dilation's target
+    assert dilation.targets(load([*overrides, "dilation.factor=1", "device.memory_gbps=1"]), topo) == t1
     assert sum(t1.fwd_s[PS_DEVICE_BATCH]) > sum(t1.fwd_s[WORKER])  # two workers' batches on the PS device
     assert dilation.targets(load(overrides), topo) is None
 

@@ -298,6 +298,7 @@ def validate(cfg: Config) -> None:
 
     _validate_device(cfg)
     _choice("dilation.mode", cfg.dilation.mode, DILATION_MODES)
+    _choice("dilation.target", cfg.dilation.target, device_entries())
     if cfg.dilation.factor is not None:
         _in_range("dilation.factor", cfg.dilation.factor, 1.0, math.inf, "[1, inf) or null (no dilation)")
     e = cfg.experiment

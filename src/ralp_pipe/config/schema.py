@@ -183,7 +183,7 @@ class DeviceConfig:
 
 @dataclass
 class DilationConfig:
-    """Time-dilated emulation of the target GPU (the `device` group) on links at network.rate (engine/dilation.py).
+    """Time-dilated emulation of a target GPU on links at network.rate (engine/dilation.py).
 
     With a factor D every rank pads each placement unit's forward and backward, and the servers' gradient
     aggregation and SGD update, to D x the target's modelled time, and emulated links run at rate / D.
@@ -191,6 +191,7 @@ class DilationConfig:
 
     factor: float | None = None  # D >= 1; None: no dilation (the run measures this machine as it is)
     mode: str = "real"  # real: run the real computation, then wait to the padded time
+    target: str = "v100"  # the config/device entry emulated (its shipped file, apart from the `device` group)
 
 
 @dataclass

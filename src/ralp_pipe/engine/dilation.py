@@ -1,9 +1,9 @@
 """Time-dilated emulation, ``real`` mode: every rank spends D x a target GPU's time on each unit of work.
 
 With ``dilation.factor`` D, every rank runs the real computation of each placement unit (forward,
-backward), then waits until D x the target's modelled time for that unit (``device`` group,
-:func:`ralp_pipe.planning.devicemodel.modelled_profile`, priced at the run's batch and image
-size: the worker's batch, the PS device's concatenated batch for its upper units) has passed
+backward), then waits until D x the target's modelled time for that unit (``dilation.target``, a
+``config/device`` entry as shipped, :func:`ralp_pipe.planning.devicemodel.modelled_profile`, priced at
+the run's batch and image size: the worker's batch, the PS device's concatenated batch for its upper units) has passed
 since the unit began; the servers' gradient aggregation and SGD update, and ``allreduce``'s
 optimizer step, likewise (per parameter byte). Emulated links run at ``network.rate`` / D
 (:func:`shaped_rate`). The cluster then behaves like the target cluster with time slowed by D:
@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
-from ralp_pipe.config import Config, strategy_kind
+from ralp_pipe.config import CONFIG_DIR, Config, DeviceConfig, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine.topology import Topology
 
@@ -73,37 +74,50 @@ class Targets:
 
 def targets(cfg: Config, topo: Topology) -> Targets | None:
     """The run's padded times (None without ``dilation.factor``); the target must hold the worker's model."""
-    d = cfg.dilation
-    if d.factor is None:
+    d, factor = cfg.dilation, cfg.dilation.factor
+    if factor is None:
         return None
     from ralp_pipe.engine.strategies.base import Optim  # the device model traces the strategies' own update
-    from ralp_pipe.planning.devicemodel import modelled_profile, trace_update  # only for dilated runs
+    from ralp_pipe.planning import devicemodel  # traces the model: only for dilated runs
 
-    batches = {WORKER: cfg.train.batch_size}
+    device, t, m = device_entry(d.target), cfg.train, cfg.model
+    batches = {WORKER: t.batch_size}
     if strategy_kind(topo.strategy).places_layers:
-        batches[PS_DEVICE_BATCH] = cfg.train.batch_size * topo.num_workers
-    profile = modelled_profile(cfg, batches, topo.gpus)
-    units, update = profile["units"], profile["update"]
+        batches[PS_DEVICE_BATCH] = t.batch_size * topo.num_workers
+    traced = {
+        role: devicemodel.trace_model(m.name, cfg.dataset.num_classes, t.image_size, batch, m.dropout)
+        for role, batch in batches.items()
+    }
+    units, worker = traced[WORKER]
+    params = [p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad]
+    need = devicemodel.training_memory_bytes(worker, sum(params), 4 * 3 * t.image_size**2 * t.batch_size)
+    devicemodel.check_fits(
+        device, need, f"dilation.target={d.target}: model {m.name} at train.batch_size={t.batch_size}"
+    )
+    aggregate, update = devicemodel.trace_update(params, Optim(t.lr, t.momentum, t.weight_decay))
+    launch_s = device.launch_overhead_us * 1e-6  # FlatSgd's kernels are as many for any size: launches apart
 
-    def scaled(role: str, key: str) -> list[float]:
-        return [d.factor * u["by_batch"][str(batches[role])][key] for u in units]
-
-    # the launches of FlatSgd's kernels (as many for any size), apart from the per-byte rest of the priced time
-    t, launch_s = cfg.train, cfg.device.launch_overhead_us * 1e-6
-    aggregate, sgd = (len(k) * launch_s for k in trace_update([4], Optim(t.lr, t.momentum, t.weight_decay)))
-    param_bytes = update["param_bytes"]
+    def per_byte(kernels: devicemodel.Kernels) -> float:
+        return factor * (kernels.seconds(device) - len(kernels) * launch_s) / sum(params)
 
     return Targets(
-        factor=d.factor,
+        factor=factor,
         mode=d.mode,
-        device=cfg.device.name,
-        fwd_s={role: scaled(role, "fwd_s") for role in batches},
-        bwd_s={role: scaled(role, "bwd_s") for role in batches},
-        update_s_per_byte=d.factor * (update["update_s"] - sgd) / param_bytes,
-        update_s_fixed=d.factor * sgd,
-        aggregate_s_per_byte=d.factor * (update["aggregate_s"] - aggregate) / param_bytes,
-        aggregate_s_fixed=d.factor * aggregate,
+        device=d.target,
+        fwd_s={role: [factor * u.fwd.seconds(device) for u in traced[role][1]] for role in batches},
+        bwd_s={role: [factor * u.bwd.seconds(device) for u in traced[role][1]] for role in batches},
+        update_s_per_byte=per_byte(update),
+        update_s_fixed=factor * len(update) * launch_s,
+        aggregate_s_per_byte=per_byte(aggregate),
+        aggregate_s_fixed=factor * len(aggregate) * launch_s,
     )
+
+
+def device_entry(name: str) -> DeviceConfig:
+    """The shipped device entry `name` (``config/device/<name>.yaml``)."""
+    data = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "device" / f"{name}.yaml"))
+    assert isinstance(data, dict)
+    return DeviceConfig(**{str(k): v for k, v in data.items()})
 
 
 def shaped_rate(rate: str, factor: float | None) -> str:
@@ -122,7 +136,7 @@ def record(cfg: Config, overruns: int) -> dict[str, Any] | None:
     return {
         "factor": d.factor,
         "mode": d.mode,
-        "target_device": cfg.device.name,
+        "target_device": d.target,
         "target_link_rate": cfg.network.rate,
         "shaped_link_rate": shaped_rate(cfg.network.rate, d.factor),
         "overruns": overruns,
