@@ -270,6 +270,7 @@ def _params(per_rank: list[dict], key: tuple) -> dict[str, torch.Tensor]:
     return assemble(pieces)
 
 
+@pytest.mark.slow  # the module fixture spawns 3 gloo ranks (~40 s here)
 @pytest.mark.parametrize("strategy,gpus", CASES)
 def test_dilated_runs_train_the_same_parameters_and_move_the_same_bytes(
     strategy: str, gpus: int, dilated: list[dict]
@@ -285,6 +286,7 @@ def test_dilated_runs_train_the_same_parameters_and_move_the_same_bytes(
                 assert rank[(strategy, factor)]["sent"] == rank[(strategy, None)]["sent"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy,gpus", CASES)
 def test_dilated_step_time_follows_the_factor(strategy: str, gpus: int, dilated: list[dict]) -> None:
     worker = dilated[0]  # rank 0 is a worker of every strategy
@@ -296,6 +298,7 @@ def test_dilated_step_time_follows_the_factor(strategy: str, gpus: int, dilated:
     assert 1.4 < at[4.0] / at[2.0] < 2.6, at  # loosely: the machine is shared
 
 
+@pytest.mark.slow  # a train subprocess
 def test_a_dilated_run_records_its_target_figures_and_overruns(tmp_path: Path) -> None:
     factor = 8.0
     overrides = ["cluster=local", "model=resnet18", "strategy=allreduce", "cluster.gpus=2", "dataset.num_classes=10"]
