@@ -25,6 +25,7 @@ from ralp_pipe.config.schema import (
     CLUSTERS,
     CONFIG_DIR,
     DEVICES,
+    DILATION_MODES,
     LAYOUTS,
     LOADERS,
     MIN_IMAGE_SIZE,
@@ -296,6 +297,10 @@ def validate(cfg: Config) -> None:
     _at_least("train.repeat", t.repeat, 0)
 
     _validate_device(cfg)
+    _choice("dilation.mode", cfg.dilation.mode, DILATION_MODES)
+    _choice("dilation.target", cfg.dilation.target, device_entries())
+    if cfg.dilation.factor is not None:
+        _in_range("dilation.factor", cfg.dilation.factor, 1.0, math.inf, "[1, inf) or null (no dilation)")
     e = cfg.experiment
     _safe_name("experiment.name", e.name)
     if e.target is not None:

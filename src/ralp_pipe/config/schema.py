@@ -35,6 +35,7 @@ LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = tuple(CLUSTER_KINDS)
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
+DILATION_MODES = ("real",)  # time-dilated emulation: real compute padded to D x the target's time per unit
 MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -181,6 +182,19 @@ class DeviceConfig:
 
 
 @dataclass
+class DilationConfig:
+    """Time-dilated emulation of a target GPU on links at network.rate (engine/dilation.py).
+
+    With a factor D every rank pads each placement unit's forward and backward, and the servers' gradient
+    aggregation and SGD update, to D x the target's modelled time, and emulated links run at rate / D.
+    """
+
+    factor: float | None = None  # D >= 1; None: no dilation (the run measures this machine as it is)
+    mode: str = "real"  # real: run the real computation, then wait to the padded time
+    target: str = "v100"  # the config/device entry emulated (its shipped file, apart from the `device` group)
+
+
+@dataclass
 class ExperimentConfig:
     """The matrix the workflow expands: one training run per combination."""
 
@@ -217,4 +231,5 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    dilation: DilationConfig = field(default_factory=DilationConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)

@@ -112,6 +112,11 @@ class Comm:
             self._count(category, (self.rank + 1) % self.world_size, sent)
         return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
 
+    @property
+    def wait_s(self) -> float:
+        """Communication wait counted so far in this step (since the last :meth:`take`)."""
+        return self._wait_s
+
     def add_wait(self, seconds: float) -> None:
         """Count `seconds` of communication wait measured outside :meth:`wait` (overlapped collectives)."""
         self._wait_s += seconds

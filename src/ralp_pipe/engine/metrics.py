@@ -7,8 +7,10 @@
   ranks, averaged over the measured steps, / 1e9.
 - per-step records, one per (rank, step): step time (from asking the loader for the batch to
   the step's end), data wait (blocked in the loader's ``next()``; 0 on ranks without a loader),
-  communication wait (blocked on transfers) and compute (step time minus both waits), and bytes
-  sent by category.
+  communication wait (blocked on transfers) and compute (step time minus both waits), bytes
+  sent by category, and overruns: padded units whose real compute outlasted D x the target's
+  time (:mod:`ralp_pipe.engine.dilation`; 0 in an undilated run).
+- target-equivalent images/sec of a dilated run: measured images/sec x the dilation factor D.
 - progress (:class:`Progress`, rank 0): step k/n, the last step's time and the rolling
   images/sec of the last :data:`ROLLING_STEPS` steps, every step when steps take a second or
   more, else every :data:`PROGRESS_EVERY_S` seconds, and the last step.
@@ -51,7 +53,14 @@ def compute_time(step_time_s: float, comm_wait_s: float, data_wait_s: float) -> 
 
 
 def step_record(
-    rank: int, role: str, step: int, phase: str, step_time_s: float, data_wait_s: float, traffic: StepTraffic
+    rank: int,
+    role: str,
+    step: int,
+    phase: str,
+    step_time_s: float,
+    data_wait_s: float,
+    traffic: StepTraffic,
+    overruns: int = 0,
 ) -> dict[str, Any]:
     """One row of steps.parquet."""
     row: dict[str, Any] = {
@@ -63,6 +72,7 @@ def step_record(
         "compute_s": compute_time(step_time_s, traffic.comm_wait_s, data_wait_s),
         "comm_wait_s": traffic.comm_wait_s,
         "data_wait_s": data_wait_s,
+        "overruns": overruns,
     }
     row.update({f"bytes_{name}": traffic.bytes_by_category[name] for name in CATEGORIES})
     return row
@@ -100,6 +110,16 @@ def summarize(
         step_time_s=window_s / measure_steps,
         gb_per_step=gb_per_step(totals),
     )
+
+
+def measured_overruns(rows: list[dict[str, Any]]) -> int:
+    """Overruns of all ranks in the measured steps (0 in records from before dilation)."""
+    return sum(int(r.get("overruns", 0)) for r in rows if r["phase"] == MEASURE)
+
+
+def target_equivalent(images_per_sec: float, factor: float | None) -> float | None:
+    """A dilated run's target-equivalent images/sec: measured x the dilation factor (None when undilated)."""
+    return None if factor is None else images_per_sec * factor
 
 
 @dataclass

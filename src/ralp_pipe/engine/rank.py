@@ -1,10 +1,11 @@
-"""One rank of a training run: ``python -m ralp_pipe.engine.rank --rank-result FILE [--split K] [--shards DIR] CONFIG``.
+"""One rank of a training run: ``python -m ralp_pipe.engine.rank --rank-result FILE [--split K] [--shards DIR]
+[--dilation JSON] CONFIG``.
 
-The driver (:mod:`ralp_pipe.engine.train`) resolves the split point and the shards folder a shard
-loader reads (CONFIG is the resolved configuration as JSON) and starts every rank with
-:func:`rank_command`; the rank identity comes from the environment (see
-:class:`ralp_pipe.runtime.launch.RankEnv`), the device type and backend from
-``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
+The driver (:mod:`ralp_pipe.engine.train`) resolves the split point, the padded times of a dilated
+run (:class:`ralp_pipe.engine.dilation.Targets`) and the shards folder a shard loader reads (CONFIG
+is the resolved configuration as JSON) and starts every rank with :func:`rank_command`; the rank
+identity comes from the environment (see :class:`ralp_pipe.runtime.launch.RankEnv`), the device type
+and backend from ``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
 seed, trains `warmup_steps + measure_steps` steps and sends its step records to rank 0, which
 writes the gathered :class:`RankResult` to FILE. Rank 0 prints its progress
 (:class:`ralp_pipe.engine.metrics.Progress`) to its log while it trains.
@@ -33,6 +34,7 @@ from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, from_dict, to_dict
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
+from ralp_pipe.engine.dilation import Pacer, Targets
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
 from ralp_pipe.engine.topology import Topology, of_strategy
@@ -59,11 +61,17 @@ class RankResult(TypedDict):
     peak_rss_mb: list[float]  # peak resident memory of every rank's process
 
 
-def rank_command(result_file: Path, cfg: Config, split: int | None, shards: Path | None) -> PythonMain:
+def rank_command(
+    result_file: Path, cfg: Config, split: int | None, shards: Path | None, targets: Targets | None = None
+) -> PythonMain:
     """What every rank of `cfg`'s run runs: this module's :func:`main` with these arguments."""
     split_args = () if split is None else ("--split", str(split))
     shard_args = () if shards is None else ("--shards", str(shards))
-    return PythonMain(__name__, ("--rank-result", str(result_file), *split_args, *shard_args, json.dumps(to_dict(cfg))))
+    dilation_args = () if targets is None else ("--dilation", json.dumps(targets.to_dict()))
+    return PythonMain(
+        __name__,
+        ("--rank-result", str(result_file), *split_args, *shard_args, *dilation_args, json.dumps(to_dict(cfg))),
+    )
 
 
 def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device, shards: Path | None) -> Iterator[Any] | None:
@@ -120,10 +128,16 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
 
 
 def run_rank(
-    cfg: Config, env: RankEnv, device_type: str, backend: str, split: int | None, shards: Path | None
+    cfg: Config,
+    env: RankEnv,
+    device_type: str,
+    backend: str,
+    split: int | None,
+    shards: Path | None,
+    targets: Targets | None = None,
 ) -> RankResult | None:
-    """Train with the driver's `split` on batches from `shards` (None: no shard loader); rank 0 returns every
-    rank's records and the window, the others None."""
+    """Train with the driver's `split` on batches from `shards` (None: no shard loader), padded to `targets`
+    where dilated; rank 0 returns every rank's records and the window, the others None."""
     keeps_freed = hardware.keep_freed_memory()
     sharing = cfg.train.cpu_share or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     torch.set_num_threads(hardware.threads_per_rank(sharing))
@@ -141,6 +155,7 @@ def run_rank(
         torch.manual_seed(cfg.train.seed)
         t, m = cfg.train, cfg.model
         comm = Comm(env.rank, env.world_size, backend)
+        pacer = None if targets is None else Pacer(targets, lambda: comm.wait_s, sync=lambda: synchronize(device))
         setup = StepSetup(
             topo,
             comm,
@@ -156,6 +171,7 @@ def run_rank(
             cfg.strategy.overlap,
             cfg.strategy.bucket_mb,
             cfg.strategy.credit,
+            pacer,
         )
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device, shards)
@@ -178,7 +194,8 @@ def run_rank(
             synchronize(device)
             phase = WARMUP if step < t.warmup_steps else MEASURE
             step_time_s = time.perf_counter() - began
-            rows.append(step_record(env.rank, role, step, phase, step_time_s, data_wait_s, comm.take()))
+            overruns = 0 if pacer is None else pacer.take()
+            rows.append(step_record(env.rank, role, step, phase, step_time_s, data_wait_s, comm.take(), overruns))
             if progress is not None:
                 progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()
@@ -216,11 +233,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rank-result", required=True, type=Path, help="where rank 0 writes the gathered records")
     parser.add_argument("--split", type=int, help="RALP split point resolved by the driver (none for ps/allreduce)")
     parser.add_argument("--shards", type=Path, help="prepared shards a shard loader reads (resolved by the driver)")
+    parser.add_argument("--dilation", help="padded times of a dilated run as JSON (resolved by the driver)")
     parser.add_argument("config", help="resolved configuration as JSON")
     args = parser.parse_args(argv)
     cfg = from_dict(json.loads(args.config))
     env = RankEnv.from_environ()
-    result = run_rank(cfg, env, os.environ[DEVICE_ENV], os.environ[BACKEND_ENV], args.split, args.shards)
+    targets = None if args.dilation is None else Targets.from_dict(json.loads(args.dilation))
+    result = run_rank(cfg, env, os.environ[DEVICE_ENV], os.environ[BACKEND_ENV], args.split, args.shards, targets)
     if result is not None:
         write_json_atomic(args.rank_result, result)
     return 0

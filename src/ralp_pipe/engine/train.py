@@ -35,8 +35,8 @@ from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import Config, cluster_kind, digest, load, strategy_kind, to_dict, workload
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
-from ralp_pipe.engine import models, volume
-from ralp_pipe.engine.metrics import summarize
+from ralp_pipe.engine import dilation, models, volume
+from ralp_pipe.engine.metrics import measured_overruns, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
@@ -48,7 +48,7 @@ from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launc
 from ralp_pipe.runtime.nodes import node_of_ranks
 
 # what this stage and its ranks read of the config (a key covers those below it)
-CONFIG_KEYS = ("dataset", "model", "strategy", "cluster", "network", "train", "paths")
+CONFIG_KEYS = ("dataset", "model", "strategy", "cluster", "network", "train", "dilation", "paths")
 LOCK_SUFFIX = ".lock"  # .NAME.lock next to --out: held by the driver writing it, removed when it ends
 STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-<random> next to --out
 DRIVER_FILE = "driver.json"  # in the staging folder: host, PID and start time of the driver that owns it
@@ -231,6 +231,8 @@ def build_metrics(
         warmup_steps=t.warmup_steps,
         measure_steps=t.measure_steps,
         images_per_sec=figures.images_per_sec,
+        target_images_per_sec=target_equivalent(figures.images_per_sec, cfg.dilation.factor),
+        dilation=dilation.record(cfg, measured_overruns(result["rows"])),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],
@@ -450,15 +452,17 @@ def _launch(
     shards: Path | None,
     devices_of: tuple[str, str],
     shared: list[dict[str, Any]] | None,
+    targets: dilation.Targets | None = None,
 ) -> RankResult:
     """Start and supervise the ranks (on the hosts `shared` names, where given); return rank 0's result.
 
-    `devices_of` is the ranks' device type and backend. A full disk under the ranks' logs is named.
+    `devices_of` is the ranks' device type and backend; `targets` the padded times of a dilated run, whose
+    emulated links run at network.rate / D. A full disk under the ranks' logs is named.
     """
     device_type, backend = devices_of
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
-    entry = rank_command(result_file, cfg, split, shards)
+    entry = rank_command(result_file, cfg, split, shards, targets)
     env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
     progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)
@@ -476,7 +480,8 @@ def _launch(
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
-            with emulated_sites(topo.hosts, cfg.network.rate, cfg.network.burst, shared) as emulated:
+            rate = dilation.shaped_rate(cfg.network.rate, cfg.dilation.factor)
+            with emulated_sites(topo.hosts, rate, cfg.network.burst, shared) as emulated:
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(entry, topo.world_size, timeout, staging, None, env)
@@ -507,6 +512,11 @@ def run(
             f"--shared-hosts places ranks on an emulated cluster but this run has cluster.kind={cfg.cluster.kind}: "
             f"add cluster=emulated"
         )
+    if shared is not None and cfg.dilation.factor is not None:
+        raise ConfigError(
+            f"--shared-hosts joins links the concurrent workload shaped at network.rate={cfg.network.rate}, but "
+            f"dilation.factor={cfg.dilation.factor:g} needs them at rate / D: run dilated jobs on clusters of their own"
+        )
     if reads_shards(cfg.train.loader):  # missing or unfit shards are refused before any rank starts
         shards = output_dir(cfg) if shards is None else shards
         shard_files(shards, cfg.dataset.num_classes)
@@ -520,9 +530,10 @@ def run(
         shards = None
     units = meta_units(cfg)
     split, analytic = split_and_bytes(cfg, topo, units)
+    targets = dilation.targets(cfg, topo)
     device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
     if kind.launcher == "srun" and in_slurm_step(topo.world_size):  # every task is a rank; rank 0 writes `out`
-        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards)
+        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards, targets)
         return None if result is None else _finish(cfg, topo, out, split, analytic, result)
     if kind.shares_host_cpus:
         check_host(cfg, topo, units, device_type == "cpu")
@@ -530,7 +541,7 @@ def run(
         staging = make_staging(out, record_bytes(cfg, topo))
         try:
             set_aside_previous(out)
-            result = _launch(cfg, topo, staging, split, shards, (device_type, backend), shared)
+            result = _launch(cfg, topo, staging, split, shards, (device_type, backend), shared, targets)
             metrics = _finish(cfg, topo, out, split, analytic, result)
             shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
             return metrics

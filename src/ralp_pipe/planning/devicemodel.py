@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 
 from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, workload
 from ralp_pipe.engine import models
-from ralp_pipe.engine.strategies.base import FlatSgd, Optim
+from ralp_pipe.engine.strategies.base import FlatSgd, Optim, nbytes
 
 MODEL_VERSION = "roofline-1"  # bump when the pricing changes: profiles record which model priced them
 KINDS = ("conv", "conv3x3", "matmul", "memory")  # conv3x3: 3x3 stride-1, where cuDNN may use Winograd
@@ -142,10 +142,6 @@ class UnitTrace:
     peak_memory_bytes: int  # params + grads + input + output + saved
 
 
-def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def trace_unit(unit: models.Unit, input_shape: Sequence[int], input_grad: bool) -> UnitTrace:
     """Kernels and memory of one forward + backward of `unit` (built on the meta device) at `input_shape`."""
     module = unit.module.train()
@@ -168,7 +164,7 @@ def trace_unit(unit: models.Unit, input_shape: Sequence[int], input_grad: bool) 
     for p in params:
         p.grad = None
     saved_bytes = sum(saved.values())
-    peak = 2 * _nbytes(params) + _nbytes([x]) + _nbytes([out]) + saved_bytes
+    peak = 2 * nbytes(params) + nbytes([x]) + nbytes([out]) + saved_bytes
     return UnitTrace(fwd, trace.take(), tuple(out.shape), saved_bytes, peak)
 
 

@@ -59,7 +59,8 @@ SPEEDUP_METHOD = "delta"  # how speedup intervals are computed (ralp_pipe.result
 # Settings every repeat of a configuration must share (else the records mix two experiments).
 SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "devices", "batch_size",
           "global_batch", "image_size", "warmup_steps", "measure_steps", "images_per_step", "split", "device",
-          "backend", "loader", "profile_kind", "profile_device"]  # fmt: skip
+          "backend", "loader", "profile_kind", "profile_device", "dilation_factor", "dilation_mode", "target_device",
+          "target_link_rate"]  # fmt: skip
 MEANS = ["step_time_s", "step_p50_s", "step_p95_s", "wire_gb_total"]
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
 STEP_QUANTILES = {"step_p50_s": 0.5, "step_p95_s": 0.95}  # of the per-step times within a run
@@ -244,7 +245,23 @@ def run_row(run: RunInput) -> dict[str, Any]:
     # what the prediction priced: a profile measured on this device, or modelled for a target GPU
     row["profile_kind"] = None if plan is None else plan.profile_kind
     row["profile_device"] = None if plan is None else plan.profile_device
+    row.update(dilation_columns(record))
     return row
+
+
+def dilation_columns(record: RunMetrics) -> dict[str, Any]:
+    """A run's time-dilated emulation (engine/dilation.py): factor, mode, target device and link rate, overruns,
+    and its target-equivalent images/sec (measured x factor); nulls and 0 overruns for an undilated run."""
+    d = record.dilation or {}
+    target = record.target_images_per_sec
+    return {
+        "dilation_factor": float(d.get("factor") or math.nan),
+        "dilation_mode": d.get("mode"),
+        "target_device": d.get("target_device"),
+        "target_link_rate": d.get("target_link_rate"),
+        "overruns": int(d.get("overruns", 0)),
+        "target_images_per_sec": math.nan if target is None else float(target),
+    }
 
 
 def _order(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -257,7 +274,9 @@ def _order(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` with nullable integer and string types where a column may be null (split, names of things)."""
     strings = ["split_unit", "link_source", "device", "backend", "loader", "profile_kind", "profile_device"]
-    return frame.astype({"split": "Int64", "link_gbit": "float64", **dict.fromkeys(strings, "string")})
+    strings += ["dilation_mode", "target_device", "target_link_rate"]
+    floats = ["link_gbit", "dilation_factor", "target_images_per_sec"]
+    return frame.astype({"split": "Int64", **dict.fromkeys(floats, "float64"), **dict.fromkeys(strings, "string")})
 
 
 def repeats_table(runs: Records) -> pd.DataFrame:
@@ -293,6 +312,13 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
         images_per_sec_std=throughput.std,
         images_per_sec_ci_low=throughput.low,
         images_per_sec_ci_high=throughput.high,
+    )
+    factor = first["dilation_factor"]  # target-equivalent: the measured figures x D (NaN when undilated)
+    row.update(
+        target_images_per_sec=throughput.mean * factor,
+        target_images_per_sec_ci_low=throughput.low * factor,
+        target_images_per_sec_ci_high=throughput.high * factor,
+        overruns=int(repeats["overruns"].sum()),
     )
     per_device = _estimate(repeats["images_per_sec_per_device"])
     row.update(
@@ -331,7 +357,7 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
 
 def speedups_table(runs: pd.DataFrame) -> pd.DataFrame:
     """speedups.parquet: throughput of each configuration next to each baseline's, their ratio and its interval."""
-    frame = runs[CONFIGURATION + ["repeats", "images_per_sec"]].copy()
+    frame = runs[CONFIGURATION + ["repeats", "images_per_sec", "dilation_factor", "overruns"]].copy()
     for baseline in BASELINES:
         ratio = runs[f"speedup_vs_{baseline}"]
         frame[f"{baseline}_images_per_sec"] = runs["images_per_sec"] / ratio
@@ -417,6 +443,18 @@ def _speedup_cell(row: Any, baseline: str) -> str:
     return _pm(getattr(row, name), getattr(row, f"{name}_ci_low"), getattr(row, f"{name}_ci_high"), 2, "x")
 
 
+def _target_cell(row: Any) -> str:
+    """A dilated configuration's target-equivalent images/sec, naming what it emulates; '-' where undilated."""
+    if math.isnan(row.dilation_factor):
+        return "-"
+    figure = _pm(row.target_images_per_sec, row.target_images_per_sec_ci_low, row.target_images_per_sec_ci_high)
+    flag = f"; {row.overruns} overruns" if row.overruns else ""
+    return (
+        f"{figure} (dilated emulation of {row.target_device} on {row.target_link_rate}, "
+        f"D={row.dilation_factor:g}{flag})"
+    )
+
+
 def _prediction_cell(predicted: float, error: float) -> str:
     return "-" if math.isnan(predicted) else f"{_fmt(predicted)} ({_fmt(100 * error, 0, '%')})"
 
@@ -441,6 +479,15 @@ def summary_markdown(runs: pd.DataFrame) -> str:
         "every host link to, or the payload rate the link probe measured.",
         "",
     ]
+    dilated = bool(runs["dilation_factor"].notna().any())
+    if dilated:
+        parts[-2] += (
+            " Target-equivalent images/sec (time-dilated emulation, D = the dilation factor): the measured "
+            "images/sec x D, with its interval, where every unit was padded to D x the target device's time and "
+            "links ran at their rate / D; GB/step, splits and speedups are those of the target. A run whose "
+            "units outlasted their padded time has overruns, named in its cell: there the target's timing was "
+            "not reproduced."
+        )
     head = ["model", "dataset", "classes", "N", "strategy", "devices", "global batch"]
     for network, by_net in runs.groupby("network", sort=True):
         rows_tp, rows_gb = [], []
@@ -460,6 +507,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
                     ),
                     f"{_fmt(r.step_p50_s, 3)} / {_fmt(r.step_p95_s, 3)}",
                     *(_speedup_cell(r, baseline) for baseline in BASELINES),
+                    *([_target_cell(r)] if dilated else []),
                 ]
             )
             rows_gb.append(
@@ -476,6 +524,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
             f"over {len(errors)} configurations with a prediction."
         )
         tp_head = ["split", "repeats", "images/sec", "per device", "step p50 / p95 (s)", "vs ps", "vs allreduce"]
+        tp_head += ["target-equivalent images/sec"] if dilated else []
         parts += [
             f"## Network {network} ({_link_cell(by_net)})",
             "",

@@ -9,7 +9,9 @@ what each column times):
   transfers (for ``ps``, the paper's premise that the parameter servers' link is the bottleneck);
 - ``ps_compute_s``, ``ps_comm_wait_s``: the same means over the server ranks (``ps`` processes or
   RALP's PS device), null for ``allreduce``. A server works while the workers wait, so its time is
-  shown beside the workers' step, not added to it.
+  shown beside the workers' step, not added to it;
+- ``overruns``: in a time-dilated run, the padded units of all ranks that outlasted their padded time in
+  the measured steps (:mod:`ralp_pipe.engine.dilation`; there a step's compute includes the padding).
 
 Steps recorded before the data wait was timed on its own have no ``data_wait_s`` column: their
 data wait is null and their compute includes it. The summary's section averages the repeats of
@@ -23,7 +25,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from ralp_pipe.engine.metrics import MEASURE
+from ralp_pipe.engine.metrics import MEASURE, measured_overruns
 from ralp_pipe.engine.topology import WORKER
 from ralp_pipe.errors import DataError
 from ralp_pipe.results.records import RunMetrics
@@ -56,12 +58,14 @@ def run_breakdown(record: RunMetrics, steps: pd.DataFrame) -> dict[str, Any]:
     row.update({part: _mean(workers, part) for part in PARTS})
     row["comm_share"] = row["comm_wait_s"] / row["step_time_s"] if row["step_time_s"] > 0 else math.nan
     row["ps_compute_s"], row["ps_comm_wait_s"] = _mean(servers, "compute_s"), _mean(servers, "comm_wait_s")
+    row["overruns"] = measured_overruns(measured.to_dict("records"))
     return row
 
 
 def breakdown_table(runs: Iterable[tuple[RunMetrics, pd.DataFrame]]) -> pd.DataFrame:
     """breakdown.parquet: one row per run from its (record, steps.parquet), in the order given."""
-    return pd.DataFrame([run_breakdown(record, steps) for record, steps in runs], columns=[*KEYS, *FIGURES])
+    rows = [run_breakdown(record, steps) for record, steps in runs]
+    return pd.DataFrame(rows, columns=[*KEYS, *FIGURES, "overruns"])
 
 
 def by_configuration(breakdown: pd.DataFrame) -> pd.DataFrame:

@@ -101,6 +101,10 @@ class RunMetrics(Record):
     warmup_steps: int = field(metadata=_COLUMN)
     measure_steps: int = field(metadata=_COLUMN)
     images_per_sec: float = field(metadata=_COLUMN)
+    # a dilated run's images/sec x its factor (engine/dilation.py); None when undilated
+    target_images_per_sec: float | None = field(default=None, metadata=_COLUMN)
+    # factor, mode, target_device, target_link_rate, shaped_link_rate, overruns (measured steps); None: undilated
+    dilation: dict[str, Any] | None = None
     images_per_step: int = field(metadata=_COLUMN)
     step_time_s: float = field(metadata=_COLUMN)
     window_s: float | None = None

@@ -38,7 +38,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ralp_pipe.engine.metrics import MEASURE, compute_time, summarize
+from ralp_pipe.engine.metrics import MEASURE, compute_time, measured_overruns, summarize, target_equivalent
 from ralp_pipe.engine.topology import WORKER
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
@@ -269,6 +269,7 @@ def check_record(run: RunInput) -> None:
         wire = wire_total(record.wire_per_host)
         if not _close(record.wire_gb_per_step, wire):
             raise _forged(run, "wire_gb_per_step", record.wire_gb_per_step, wire, "its hosts' link counters")
+    _check_dilation(run, figures.images_per_sec, steps)
     in_window = float(measured.loc[measured["rank"] == 0, "step_time_s"].sum())
     if in_window > window * (1 + REL_TOLERANCE):
         raise _forged(run, "window_s", window, f"at least {in_window!r} (rank 0's measured steps, inside the window)")
@@ -280,6 +281,22 @@ def check_record(run: RunInput) -> None:
                 f"run {record.run}: steps.parquet records compute_s={row.compute_s!r} for rank {row.rank} step "
                 f"{row.step}, but its step time and waits give {compute!r}: the step records were changed"
             )
+
+
+def _check_dilation(run: RunInput, images_per_sec: float, steps: pd.DataFrame) -> None:
+    """A dilated run's target-equivalent images/sec must be the recomputed images/sec x its factor, and its
+    overruns those of its measured step records; an undilated run has neither."""
+    record = run.record
+    factor = (record.dilation or {}).get("factor")
+    wanted = target_equivalent(images_per_sec, factor)
+    if wanted is None and record.target_images_per_sec is not None:
+        raise _forged(run, "target_images_per_sec", record.target_images_per_sec, "None (the run is not dilated)")
+    if wanted is not None and not _close(record.target_images_per_sec, wanted):
+        raise _forged(run, "target_images_per_sec", record.target_images_per_sec, wanted)
+    if record.dilation is not None:
+        counted = measured_overruns(steps.to_dict("records"))
+        if record.dilation.get("overruns") != counted:
+            raise _forged(run, "dilation.overruns", record.dilation.get("overruns"), counted)
 
 
 def compare_tables(folder: Path) -> Tables:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ralp_pipe.engine.dilation import WORKER
 from ralp_pipe.engine.strategies.base import Batch, Piece, StepSetup, Strategy, loss_fn
 
 
@@ -34,6 +35,7 @@ class AllReduceStrategy(Strategy):
             ddp.register_comm_hook(None, self._hook)
             self.ddp = ddp
         self.optimizer = setup.optim.sgd(list(self.net.parameters()))
+        setup.pace(list(self.net), 0, WORKER)
         self.last_bucket_at = 0.0
 
     def _hook(self, _state: None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -52,7 +54,8 @@ class AllReduceStrategy(Strategy):
         loss_fn(logits, labels).backward()
         if not self.single:
             self.setup.comm.add_wait(time.perf_counter() - self.last_bucket_at)
-        self.optimizer.step()
+        with self.setup.padded_update(list(self.net.parameters())):
+            self.optimizer.step()
 
     def state(self) -> list[Piece]:
         """Every worker holds the whole model; rank 0 reports it."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ContextManager, Sequence
 
 import torch
 from torch import nn
 
 from ralp_pipe.engine.comm import SETUP, Comm, Handle
+from ralp_pipe.engine.dilation import Pacer, padded
 from ralp_pipe.engine.models import Unit
 from ralp_pipe.engine.topology import Topology, assign_to_ps
 
@@ -54,6 +55,16 @@ class StepSetup:
     overlap: bool = True
     bucket_mb: float = 4.0
     credit: int = 4
+    pacer: Pacer | None = None  # time-dilated emulation (engine/dilation.py); None: no padding
+
+    def pace(self, modules: list[nn.Module], first: int, role: str) -> None:
+        """Pad the forward and backward of `modules`, units `first`.. at `role`'s batch, where the run is dilated."""
+        if self.pacer is not None:
+            self.pacer.attach(modules, first, role)
+
+    def padded_update(self, params: list[torch.Tensor]) -> ContextManager[None]:
+        """Pad an SGD step of `params` to the target's time, where the run is dilated."""
+        return padded(self.pacer, lambda pacer: pacer.update_s(nbytes(params)))
 
     def buckets(self, sizes: list[int], servers: list[int], element_size: int) -> list[Bucket]:
         """The push/pull buckets of parameters of `sizes` elements (one per server when not overlapping)."""
@@ -131,6 +142,11 @@ class Strategy(ABC):
 
     def finish(self) -> None:  # noqa: B027  (a hook with nothing to do for most strategies, not abstract)
         """Complete the transfers a step left in flight (called before a window edge and at the end)."""
+
+
+def nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of `tensors` together."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -269,8 +285,9 @@ class PushPullServer:
         overlap: bool,
         initial_from: int | None = None,
         device: torch.device | None = None,
+        pacer: Pacer | None = None,
     ):
-        self.comm, self.workers, self.overlap = comm, workers, overlap
+        self.comm, self.workers, self.overlap, self.pacer = comm, workers, overlap, pacer
         layout = FlatLayout(tuple(p.numel() for _, p in named))
         offsets = layout.offsets()
         self.mine = [b for b in buckets if b.server == comm.rank]
@@ -313,17 +330,23 @@ class PushPullServer:
             for b, bucket in enumerate(self.buckets):
                 self._receive(b)
                 self.comm.wait(self._pending.pop(b))
-                bucket.reduce()
-                bucket.update()
+                self._reduce_update(bucket)
                 sends += [self.comm.isend(bucket.flat.data, w, "parameters") for w in self.workers]
                 self._receive(b + 1)
         else:
             self.comm.wait([h for b in range(len(self.buckets)) for h in self._pending.pop(b)])
             for bucket in self.buckets:
-                bucket.reduce()
-                bucket.update()
+                self._reduce_update(bucket)
             sends = [self.comm.isend(b.flat.data, w, "parameters") for b in self.buckets for w in self.workers]
         self.comm.wait(sends)
+
+    def _reduce_update(self, sgd: FlatSgd) -> None:
+        """Reduce a bucket's gradient sets and update it, each padded to the target's time where dilated."""
+        size = nbytes([sgd.flat])
+        with padded(self.pacer, lambda pacer: pacer.aggregate_s(size, len(sgd.inbox))):
+            sgd.reduce()
+        with padded(self.pacer, lambda pacer: pacer.update_s(size)):
+            sgd.update()
 
     def state(self) -> list[Piece]:
         """The elements of the held buckets, as pieces of the parameters they belong to."""

@@ -13,6 +13,7 @@ from worker 0 before the first step, as Distributed TensorFlow's variables live 
 
 from __future__ import annotations
 
+from ralp_pipe.engine.dilation import WORKER
 from ralp_pipe.engine.strategies.base import (
     Batch,
     Piece,
@@ -52,6 +53,7 @@ class ParameterServerStrategy(Strategy):
                 overlap=setup.overlap,
                 initial_from=workers[0],
                 device=setup.device,
+                pacer=setup.pacer,
             )
         else:
             self.net = setup.network()
@@ -60,6 +62,7 @@ class ParameterServerStrategy(Strategy):
             if setup.rank == workers[0]:
                 self.client.send_initial()
             self.client.attach(list(self.net.modules()))
+            setup.pace(list(self.net), 0, WORKER)
 
     def step(self, batch: Batch | None) -> None:
         """Worker: forward/backward, pushing and pulling buckets. PS: serve its buckets."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ralp_pipe.engine.dilation import PS_DEVICE_BATCH, WORKER
 from ralp_pipe.engine.models import activation_shapes, check_split
 from ralp_pipe.engine.strategies.base import Batch, Piece, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
 from ralp_pipe.engine.topology import PS_DEVICE
@@ -26,10 +27,9 @@ class LayerPlacementStrategy(Strategy):
     """The RALP strategies on one rank (worker or PS device)."""
 
     def __init__(self, setup: StepSetup):
-        check_split(setup.split, len(setup.units))
+        split = check_split(setup.split, len(setup.units))
         self.setup = setup
         self.server_rank = setup.topology.ps[0]
-        split = setup.split
         if setup.role == PS_DEVICE:
             self.act_shape = (setup.batch_size, *activation_shapes(setup.units[:split], setup.image_size)[-1][1:])
         net = setup.network()
@@ -39,13 +39,15 @@ class LayerPlacementStrategy(Strategy):
         if setup.role == PS_DEVICE:
             workers = setup.topology.workers
             self.server = PushPullServer(
-                setup.comm, named, buckets, workers, setup.optim, mean=False, overlap=setup.overlap
+                setup.comm, named, buckets, workers, setup.optim, mean=False, overlap=setup.overlap, pacer=setup.pacer
             )
             self.upper_optimizer = setup.optim.sgd(list(self.upper.parameters()))
+            setup.pace(list(self.upper), split, PS_DEVICE_BATCH)
             del self.lower
         else:
             self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap, setup.credit)
             self.client.attach(list(self.lower.modules()))
+            setup.pace(list(self.lower), 0, WORKER)
             del self.upper
 
     def step(self, batch: Batch | None) -> None:
@@ -88,7 +90,8 @@ class LayerPlacementStrategy(Strategy):
             comm.isend(g, w, "activation_gradients") for g, w in zip(inputs.grad.split(self.act_shape[0]), workers)
         ]
         self.server.post_receives()  # the lower part's gradients arrive while the upper part updates
-        self.upper_optimizer.step()
+        with self.setup.padded_update(list(self.upper.parameters())):
+            self.upper_optimizer.step()
         comm.wait(sends)
         self.server.step()
 

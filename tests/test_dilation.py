@@ -1,0 +1,417 @@
+"""Time-dilated emulation, real mode: the deadline wait, per-unit padding and overruns, dilated strategies that
+move the same bytes and train the same parameters as undilated ones, and the dilated run's records."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ralp_pipe.config import ConfigError, load
+from ralp_pipe.engine import dilation, models
+from ralp_pipe.engine.comm import Comm
+from ralp_pipe.engine.dilation import OVERRUN_TOLERANCE_S, PS_DEVICE_BATCH, WORKER, Pacer, Targets, wait_until
+from ralp_pipe.engine.strategies import Optim, StepSetup, build
+from ralp_pipe.engine.strategies.base import Piece, assemble
+from ralp_pipe.engine.topology import of_strategy, topology
+from ralp_pipe.errors import BundleRefused
+from ralp_pipe.results.aggregate import build_tables, load_records
+from ralp_pipe.results.verify import check_record
+from ralp_pipe.runtime.launch import spawn_function
+from support.train import train_metrics
+from workflow_records import write_results
+
+CLASSES, BATCH, IMAGE, STEPS = 5, 2, 16, 3
+UNIT_S = 0.01  # a unit's forward (and backward) padded time at factor 1 in the distributed cases
+
+
+def _targets(factor: float, units: int, fwd_s: float, bwd_s: float, update_s_per_byte: float = 0.0) -> Targets:
+    return Targets(
+        factor=factor,
+        mode="real",
+        device="test",
+        fwd_s={role: [factor * fwd_s] * units for role in (WORKER, PS_DEVICE_BATCH)},
+        bwd_s={role: [factor * bwd_s] * units for role in (WORKER, PS_DEVICE_BATCH)},
+        update_s_per_byte=factor * update_s_per_byte,
+        update_s_fixed=0.0,
+        aggregate_s_per_byte=factor * update_s_per_byte,
+        aggregate_s_fixed=0.0,
+    )
+
+
+def test_wait_until_reaches_the_deadline_and_not_before() -> None:
+    late = []
+    for ahead in (0.0005, 0.002, 0.005, 0.02) * 5:
+        deadline = time.perf_counter() + ahead
+        wait_until(deadline)
+        now = time.perf_counter()
+        assert now >= deadline
+        late.append(now - deadline)
+    assert statistics.median(late) < 2e-4, late  # time.sleep alone overshoots by ~1e-4 median, ms under load
+
+
+def _units() -> list[nn.Module]:
+    torch.manual_seed(0)
+    return [
+        nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(inplace=True)),
+        nn.MaxPool2d(2),
+        nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True)),
+        nn.Flatten(1),
+        nn.Linear(4 * 8 * 8, CLASSES),
+    ]
+
+
+def _timed_pass(
+    pacer: Pacer | None,
+) -> tuple[list[float], list[float], dict[int, float], dict[str, torch.Tensor]]:
+    """Forward and backward of the padded units: each unit's forward time, the times its backward handed its
+    input's gradient down, when its parameters' gradients were accumulated (by unit), and the gradients."""
+    units = _units()
+    net = nn.Sequential(*units)
+    x = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+    net(x).sum().backward()  # warm: a first call allocates and initialises for tens of ms
+    net.zero_grad()
+    if pacer is not None:
+        pacer.attach(units, 0, WORKER)
+    fwd_times: list[float] = []
+    bwd_ends: list[float] = []
+    accumulated: dict[int, float] = {}  # unit -> when the last of its gradients was accumulated
+    began = [0.0]
+    for u, unit in enumerate(units):
+        for p in unit.parameters():
+            p.register_post_accumulate_grad_hook(
+                lambda _p, u=u: accumulated.__setitem__(u, time.perf_counter() - start)
+            )
+    for unit in units:  # registered after the pacer's: they see the padded unit
+        unit.register_forward_pre_hook(lambda _m, _a: began.__setitem__(0, time.perf_counter()))
+        unit.register_forward_hook(lambda _m, _a, _o: fwd_times.append(time.perf_counter() - began[0]))
+    h = x
+    outputs = []
+    for unit in units:
+        h = unit(h)
+        outputs.append(h)
+    start = time.perf_counter()  # (read by the accumulation hooks)
+    for out in outputs[:-1]:
+        out.register_hook(lambda _g: bwd_ends.append(time.perf_counter() - start))
+    h.sum().backward()
+    bwd_ends.append(time.perf_counter() - start)
+    grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    return fwd_times, bwd_ends, accumulated, grads
+
+
+def test_padding_waits_each_unit_to_its_target_time_without_changing_gradients() -> None:
+    fwd_s, bwd_s = 0.2, 0.25  # far above the real compute (tens of ms on a loaded machine)
+    pacer = Pacer(_targets(1.0, 5, fwd_s, bwd_s), lambda: 0.0)
+    fwd_times, bwd_ends, accumulated, grads = _timed_pass(pacer)
+    assert all(t >= fwd_s for t in fwd_times), fwd_times
+    # the k-th gradient backward hands down (of unit 4 - k's input) arrives once k + 1 units spent their time
+    assert len(bwd_ends) == 5 and all(end >= (k + 1) * bwd_s for k, end in enumerate(bwd_ends)), bwd_ends
+    # a unit's gradients are accumulated (an all-reduce bucket or a push can leave) only at its padded end
+    assert sorted(accumulated) == [0, 2, 4]
+    assert all(at >= (5 - unit) * bwd_s for unit, at in accumulated.items()), accumulated
+    assert pacer.take() == 0
+    assert sum(fwd_times) < 5 * fwd_s + 0.5  # padded, not stalled
+    *_, plain = _timed_pass(None)
+    assert grads.keys() == plain.keys() and all(torch.equal(grads[n], plain[n]) for n in grads)
+
+
+class Clock:
+    """A clock that advances by `tick` seconds at every reading."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_a_unit_past_its_padded_time_is_an_overrun() -> None:
+    pacer = Pacer(_targets(1.0, 5, 0.5, 0.5), lambda: 0.0, Clock(1.0))  # every unit takes 1 s of a 0.5 s target
+    _timed_pass(pacer)
+    assert pacer.take() == 10  # every forward and every backward of 5 units
+    assert pacer.take() == 0  # counted since the last take
+
+
+def test_an_overrun_is_a_unit_later_than_its_deadline_by_more_than_the_tolerance() -> None:
+    for late, overrun in ((0.5 * OVERRUN_TOLERANCE_S, 0), (2 * OVERRUN_TOLERANCE_S, 1)):
+        clock = Clock(0.0)
+        pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock)
+        with pacer.padded(0.01):
+            clock.now += 0.01 + late
+        assert pacer.take() == overrun
+
+
+def test_a_unit_ends_when_the_device_finished_its_queued_work() -> None:
+    clock = Clock(0.0)
+    pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock, sync=lambda: setattr(clock, "now", 0.02))
+    with pacer.padded(0.01):
+        pass  # the hooks returned at once, the GPU's kernels ran until 20 ms
+    assert pacer.take() == 1
+
+
+def test_communication_waited_inside_a_unit_moves_its_deadline() -> None:
+    waited = [0.0]
+    pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: waited[0])
+    began = time.perf_counter()
+    with pacer.padded(0.01):
+        time.sleep(0.002)
+        waited[0] += 0.02  # as if the block had been blocked on a transfer for 20 ms
+    assert time.perf_counter() - began >= 0.03
+    assert pacer.take() == 0
+
+
+def test_shaped_rate_divides_the_link_by_the_factor() -> None:
+    assert dilation.shaped_rate("1gbit", 4.0) == "250000000bit"
+    assert dilation.shaped_rate("1gbit", None) == "1gbit"
+    assert dilation.shaped_rate("unlimited", 4.0) == "unlimited"
+
+
+def test_dilation_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"dilation.factor=0.5"):
+        load(["dilation.factor=0.5"])
+    with pytest.raises(ConfigError, match=r"dilation.mode='modelled'.*real"):
+        load(["dilation.mode=modelled"])
+    with pytest.raises(ConfigError, match=r"dilation.target='tpu'.*v100"):
+        load(["dilation.target=tpu"])
+    assert load([]).dilation.factor is None
+
+
+def test_targets_price_the_worker_and_ps_device_batches_at_the_factor() -> None:
+    overrides = ["model=resnet18", "train.image_size=32", "train.batch_size=2", "strategy=ralp_n", "cluster.gpus=3"]
+    one, four = (load([*overrides, f"dilation.factor={d}"]) for d in (1, 4))
+    topo = of_strategy(one.strategy, one.cluster.gpus)
+    t1, t4 = dilation.targets(one, topo), dilation.targets(four, topo)
+    assert t1 is not None and t4 is not None and t1.device == "v100"
+    assert len(t1.fwd_s[WORKER]) == len(models.model_units("resnet18", 1000, 0.5, "meta"))
+    assert t4.fwd_s[WORKER] == pytest.approx([4 * s for s in t1.fwd_s[WORKER]])
+    assert t4.update_s_per_byte == pytest.approx(4 * t1.update_s_per_byte)
+    assert t4.update_s_fixed == pytest.approx(4 * t1.update_s_fixed) and t1.update_s_fixed > 0  # kernel launches
+    assert t1.aggregate_s_fixed == pytest.approx(dilation.device_entry("v100").launch_overhead_us * 1e-6)  # one add
+    a100 = dilation.targets(load([*overrides, "dilation.factor=1", "dilation.target=a100"]), topo)
+    assert a100 is not None and a100.device == "a100" and sum(a100.fwd_s[WORKER]) < sum(t1.fwd_s[WORKER])
+    # the `device` group keys modelled profiles, not the dilation's target
+    assert dilation.targets(load([*overrides, "dilation.factor=1", "device.memory_gbps=1"]), topo) == t1
+    assert sum(t1.fwd_s[PS_DEVICE_BATCH]) > sum(t1.fwd_s[WORKER])  # two workers' batches on the PS device
+    assert dilation.targets(load(overrides), topo) is None
+
+
+# Distributed: each strategy undilated, at D and at 2D, on one set of spawned gloo ranks.
+CASES = [("allreduce", 2), ("ps", 2), ("ralp_n", 3)]
+FACTORS = (None, 2.0, 4.0)
+
+
+def _tiny() -> list[models.Unit]:
+    torch.manual_seed(0)
+    return [
+        models.Unit("conv0", nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True))),
+        models.Unit("pool0", nn.MaxPool2d(2)),
+        models.Unit("conv1", nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(inplace=True))),
+        models.Unit("flatten", nn.Flatten(1)),
+        models.Unit("fc0", nn.Sequential(nn.Linear(8 * 8 * 8, 32), nn.ReLU(inplace=True))),
+        models.Unit("fc1", nn.Linear(32, CLASSES)),
+    ]
+
+
+def _run(rank: int, strategy: str, gpus: int, factor: float | None, group: dist.ProcessGroup) -> dict:
+    topo = topology(strategy, gpus, 1)
+    units = _tiny()
+    comm = Comm(rank, topo.world_size, "gloo", group)
+    targets = None if factor is None else _targets(factor, len(units), UNIT_S, UNIT_S, 1e-9)
+    pacer = None if targets is None else Pacer(targets, lambda: comm.wait_s)
+    setup = StepSetup(
+        topo, comm, units, 4, Optim(0.05, 0.9, 0.0), torch.device("cpu"), BATCH, IMAGE, pacer=pacer, bucket_mb=0.02
+    )
+    engine = build(setup)
+    gen = torch.Generator().manual_seed(3)
+    steps, sent = [], []
+    for _ in range(STEPS):
+        images = torch.randn(2 * BATCH, 3, IMAGE, IMAGE, generator=gen)
+        labels = torch.randint(0, CLASSES, (2 * BATCH,), generator=gen)
+        batch = None
+        if rank in topo.workers:
+            mine = slice(topo.workers.index(rank) * BATCH, (topo.workers.index(rank) + 1) * BATCH)
+            batch = (images[mine], labels[mine])
+        began = time.perf_counter()
+        engine.step(batch)
+        engine.finish()
+        steps.append(time.perf_counter() - began)
+        sent.append(comm.take().bytes_by_category)
+    comm.barrier()
+    return {"state": engine.state(), "steps": steps, "sent": sent, "role": topo.role(rank)}
+
+
+def _rank(rank: int, world: int) -> dict:
+    groups = {n: dist.new_group(list(range(n))) for n in (2, 3)}
+    out = {}
+    for strategy, gpus in CASES:
+        size = topology(strategy, gpus, 1).world_size
+        for factor in FACTORS:
+            if rank < size:
+                out[(strategy, factor)] = _run(rank, strategy, gpus, factor, groups[size])
+            dist.barrier()
+    return out
+
+
+@pytest.fixture(scope="module")
+def dilated() -> list[dict]:
+    return spawn_function(_rank, 3, timeout_s=240)
+
+
+def _params(per_rank: list[dict], key: tuple) -> dict[str, torch.Tensor]:
+    pieces: list[Piece] = [p for r in per_rank if key in r for p in r[key]["state"]]
+    return assemble(pieces)
+
+
+@pytest.mark.slow  # the module fixture spawns 3 gloo ranks (~40 s here)
+@pytest.mark.parametrize("strategy,gpus", CASES)
+def test_dilated_runs_train_the_same_parameters_and_move_the_same_bytes(
+    strategy: str, gpus: int, dilated: list[dict]
+) -> None:
+    plain = _params(dilated, (strategy, None))
+    for factor in FACTORS[1:]:
+        got = _params(dilated, (strategy, factor))
+        assert got.keys() == plain.keys()
+        for name in plain:
+            assert torch.equal(got[name], plain[name]), f"{strategy} D={factor}: {name} differs"
+        for rank in dilated:
+            if (strategy, factor) in rank:
+                assert rank[(strategy, factor)]["sent"] == rank[(strategy, None)]["sent"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,gpus", CASES)
+def test_dilated_step_time_follows_the_factor(strategy: str, gpus: int, dilated: list[dict]) -> None:
+    worker = dilated[0]  # rank 0 is a worker of every strategy
+    units = len(_tiny())
+    part = 4 if strategy == "ralp_n" else units  # a RALP worker runs the units below the split
+    at = {f: statistics.median(worker[(strategy, f)]["steps"]) for f in FACTORS[1:]}
+    for factor, step in at.items():
+        assert step >= factor * UNIT_S * 2 * part  # every unit's forward and backward, padded
+    assert 1.4 < at[4.0] / at[2.0] < 2.6, at  # loosely: the machine is shared
+
+
+@pytest.mark.slow  # a train subprocess
+def test_a_dilated_run_records_its_target_figures_and_overruns(tmp_path: Path) -> None:
+    factor = 8.0
+    overrides = ["cluster=local", "model=resnet18", "strategy=allreduce", "cluster.gpus=2", "dataset.num_classes=10"]
+    overrides += ["train.image_size=32", "train.batch_size=2", "train.warmup_steps=1", "train.measure_steps=2"]
+    overrides += ["train.loader=synthetic", f"dilation.factor={factor}"]
+    metrics = train_metrics(tmp_path / "run", overrides)
+    steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
+    measured = steps[steps["phase"] == "measure"]
+    assert metrics["target_images_per_sec"] == pytest.approx(metrics["images_per_sec"] * factor)
+    record = metrics["dilation"]
+    assert record["factor"] == factor and record["mode"] == "real" and record["target_device"] == "v100"
+    assert record["target_link_rate"] == record["shaped_link_rate"] == "unlimited"
+    assert record["overruns"] == int(measured["overruns"].sum())
+    cfg = load(overrides)
+    targets = dilation.targets(cfg, of_strategy(cfg.strategy, cfg.cluster.gpus))
+    assert targets is not None
+    params = models.parameter_count(nn.Sequential(*(u.module for u in models.model_units("resnet18", 10, 0.5, "meta"))))
+    padded = sum(targets.fwd_s[WORKER]) + sum(targets.bwd_s[WORKER]) + Pacer(targets, lambda: 0.0).update_s(4 * params)
+    assert metrics["step_time_s"] >= padded  # every unit's forward and backward and the update waited for
+
+
+def _dilate(run: Path, factor: float, overruns: int) -> None:
+    """Make a fabricated run a dilated one: its record and `overruns` in its first measured step."""
+    doc = json.loads((run / "metrics.json").read_text())
+    doc["target_images_per_sec"] = doc["images_per_sec"] * factor
+    doc["dilation"] = dict(RECORD, factor=factor, overruns=overruns)
+    (run / "metrics.json").write_text(json.dumps(doc))
+    steps = pd.read_parquet(run / "steps.parquet")
+    steps["overruns"] = 0
+    steps.loc[steps.index[steps["phase"] == "measure"][0], "overruns"] = overruns
+    steps.to_parquet(run / "steps.parquet")
+
+
+RECORD = {"mode": "real", "target_device": "v100", "target_link_rate": "1gbit", "shaped_link_rate": "125000000bit"}
+
+
+def test_tables_carry_measured_and_target_equivalent_figures_and_flag_overruns(tmp_path: Path) -> None:
+    runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=3)
+    factor = 8.0
+    for k, run in enumerate(runs):
+        _dilate(run, factor, overruns=2 if k == 0 else 0)  # the first repeat of ps overran twice
+    tables = build_tables(load_records(runs, [tmp_path / "plans"]))
+    repeats, rows = tables.repeats, tables.runs.set_index("strategy")
+    assert list(repeats["target_images_per_sec"]) == pytest.approx(list(repeats["images_per_sec"] * factor))
+    for strategy, row in rows.iterrows():
+        assert row.target_images_per_sec == pytest.approx(row.images_per_sec * factor)
+        assert row.target_images_per_sec_ci_low == pytest.approx(row.images_per_sec_ci_low * factor)
+        assert row.target_images_per_sec_ci_high == pytest.approx(row.images_per_sec_ci_high * factor)
+        assert (row.dilation_factor, row.dilation_mode, row.target_device, row.target_link_rate) == (
+            factor,
+            "real",
+            "v100",
+            "1gbit",
+        )
+        assert row.overruns == (2 if strategy == "ps" else 0)
+    assert tables.speedups.set_index("strategy").loc["ps", "overruns"] == 2
+    assert list(tables.breakdown["overruns"]) == [2 if run.endswith("/ps/r0") else 0 for run in tables.breakdown.run]
+    assert "dilated emulation of v100 on 1gbit, D=8; 2 overruns)" in tables.summary
+    assert tables.summary.count("dilated emulation of v100 on 1gbit") == len(rows)
+    for run in load_records(runs, [tmp_path / "plans"]):
+        check_record(run)  # verify recomputes them from the step records
+
+
+def test_undilated_tables_have_no_target_figures(tmp_path: Path) -> None:
+    tables = build_tables(load_records(write_results(tmp_path, models=("vgg11",), gpus=(2,)), [tmp_path / "plans"]))
+    assert tables.runs["target_images_per_sec"].isna().all() and (tables.runs["overruns"] == 0).all()
+    assert tables.runs["dilation_factor"].isna().all() and "dilated emulation" not in tables.summary
+
+
+def test_verify_refuses_a_target_figure_or_overruns_its_steps_do_not_give(tmp_path: Path) -> None:
+    run = write_results(tmp_path, models=("vgg11",), strategies=("ps",), gpus=(2,))[0]
+    _dilate(run, 4.0, overruns=1)
+    doc = json.loads((run / "metrics.json").read_text())
+    for field, forged in (
+        ("target_images_per_sec", doc["images_per_sec"] * 5.0),
+        ("dilation", {**doc["dilation"], "overruns": 0}),
+    ):
+        (run / "metrics.json").write_text(json.dumps({**doc, field: forged}))
+        with pytest.raises(BundleRefused, match=field):
+            check_record(load_records([run], [tmp_path / "plans"])[0])
+
+
+def test_emulated_links_of_a_dilated_run_are_shaped_to_rate_over_d(tmp_path: Path, monkeypatch) -> None:
+    from ralp_pipe.engine import train
+    from ralp_pipe.errors import RunFailure
+    from ralp_pipe.runtime import emulated
+
+    shaped = []
+
+    def sites(hosts: list[int], rate: str, burst: str, shared: object = None) -> None:
+        shaped.append(rate)
+        raise RunFailure("stopped before any rank starts")
+
+    monkeypatch.setattr(emulated, "emulated_sites", sites)
+    for factor, rate in ((None, "1gbit"), (4.0, "250000000bit")):
+        cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2"])
+        cfg.dilation.factor = factor
+        topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+        with pytest.raises(RunFailure):
+            train._launch(cfg, topo, tmp_path, None, None, ("cpu", "gloo"), None)
+        assert shaped[-1] == rate
+
+
+def test_a_dilated_run_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -> None:
+    from ralp_pipe.engine import train
+
+    cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2", "dilation.factor=4"])
+    with pytest.raises(ConfigError, match=r"--shared-hosts.*dilation.factor=4"):
+        train.run(cfg, tmp_path / "run", shared=[{"host": 0}])
+
+
+def test_the_workflow_refuses_dilation_it_does_not_run_yet() -> None:
+    from ralp_pipe.workflow.matrix import parse_settings
+
+    with pytest.raises(ConfigError, match=r"'dilation.factor=8'.*ralp-pipe train"):
+        parse_settings({"experiment": "smoke", "overrides": ["dilation.factor=8"]})
