@@ -76,6 +76,7 @@ def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(t
     assert metrics["split"] == models.default_split(models.placement_units(models.build("resnet18", 10)))
     assert metrics["gb_per_step"] == pytest.approx(metrics["analytic_gb_per_step"], rel=1e-12)
     assert metrics["gb_per_step"]["activations"] > 0 and metrics["wire_gb_per_step"] is None
+    assert (metrics["rate"], metrics["link_gbit"], metrics["link_source"]) == ("unlimited", None, None)  # no probe
     assert metrics["images_per_sec"] == pytest.approx(4 * 2 / (metrics["step_time_s"] * 2))
     assert metrics["config"]["strategy"]["name"] == "ralp_h" and len(metrics["config_hash"]) == 12
     # every rank's own high-water mark: at least the interpreter with torch and the model it built

@@ -214,6 +214,8 @@ def _stage(stage: str, inputs: Path, out: Path) -> list[str]:
         return ["plan", "--profile", str(inputs / "profile.json"), "--out", str(out / "plan.json"), *small]
     if stage == "simulate":
         return ["simulate", "--target", "v100", "--out", str(out), *small]
+    if stage == "concurrent":
+        return ["concurrent", "--out", str(out), "--job", "strategy=ps", "--job", "strategy=allreduce", *small]
     return ["bundle", "--root", str(inputs), "--include", str(inputs / "runs"), "--out", str(out / "b.tar.gz")]
 
 
@@ -222,7 +224,9 @@ def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("stage", ["prepare-shards", "aggregate", "bundle", "profile", "plan", "simulate"])
+@pytest.mark.parametrize(
+    "stage", ["prepare-shards", "aggregate", "bundle", "profile", "plan", "simulate", "concurrent"]
+)
 def test_a_read_only_result_folder_is_refused_before_any_work(tmp_path: Path, stage: str) -> None:
     write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
     with tmpfs(tmp_path / "disk", "2m", read_only=True) as disk:

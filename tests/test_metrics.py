@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -138,3 +139,15 @@ def test_progress_of_slow_steps_is_written_every_step_with_a_rolling_rate() -> N
     # last 10 steps: nine of 1 s and one of 4 s = 13 s for 80 images -> 6.15 images/s
     assert lines[-1] == "step 13/13 (measure): 4.000 s, 6.15 images/s over the last 10 steps"
     assert ROLLING_STEPS == 10
+
+
+def test_a_runs_link_rate_is_the_shaped_rate_else_the_probed_one() -> None:
+    from ralp_pipe.engine.metrics import CONFIGURED, PROBED, link_rate
+    from ralp_pipe.results.records import Plan
+
+    probed = Plan(strategies={}, bandwidth_bytes_per_s=0.97e9 / 8, bandwidth_source="measured")
+    assert link_rate("1gbit", "emulated", probed) == (1.0, CONFIGURED)  # the tc rate wins where links are shaped
+    assert link_rate("unlimited", "slurm", probed) == (pytest.approx(0.97), PROBED)  # a fabric: what was probed
+    configured = Plan(strategies={}, bandwidth_bytes_per_s=0.97e9 / 8, bandwidth_source="configured 1gbit")
+    gbit, source = link_rate("unlimited", "local", configured)
+    assert math.isnan(gbit) and source is None

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,10 +27,14 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ralp_pipe.config import cluster_kind
+from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine.comm import StepTraffic
 from ralp_pipe.engine.volume import CATEGORIES
+from ralp_pipe.results.records import Plan
 
 WARMUP, MEASURE = "warmup", "measure"
+CONFIGURED, PROBED = "configured tc rate", "probed"  # where a run's link rate comes from (link_source)
 PROGRESS_EVERY_S = 5.0  # at most this long between two progress lines
 ROLLING_STEPS = 10  # the rolling images/sec is over this many last steps
 
@@ -147,3 +152,15 @@ class Progress:
             f"step {step + 1}/{self.total_steps} ({phase}): {step_time_s:.3f} s, "
             f"{rolling:.2f} images/s over the last {len(self._recent)} step{'s' * (len(self._recent) > 1)}"
         )
+
+
+def link_rate(rate: str, kind: str | None, plan: Plan | None) -> tuple[float, str | None]:
+    """A run's link in Gbit/s and where that figure comes from: the tc rate where its cluster kind shapes links
+    to `rate`, else the payload rate the link probe measured (the `plan`'s, where it priced the probe's);
+    NaN and None where neither is known (an unshaped link and no probed plan)."""
+    bits = rate_bits_per_s(rate, "rate") if kind is not None and cluster_kind(kind).shapes_links else None
+    if bits is not None:
+        return bits / 1e9, CONFIGURED
+    if plan is not None and plan.bandwidth_source == "measured" and plan.bandwidth_bytes_per_s:
+        return 8 * plan.bandwidth_bytes_per_s / 1e9, PROBED
+    return math.nan, None

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import math
 import os
 import shutil
 import socket
@@ -36,7 +37,7 @@ from ralp_pipe.config import Config, cluster_kind, digest, load, strategy_kind, 
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
-from ralp_pipe.engine.metrics import measured_overruns, summarize, target_equivalent
+from ralp_pipe.engine.metrics import link_rate, measured_overruns, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
@@ -214,6 +215,9 @@ def build_metrics(
     figures = summarize(result["rows"], result["window_s"], topo.num_workers, t.batch_size, t.measure_steps)
     wire = result["wire"]
     config = to_dict(cfg)
+    link_gbit, link_source = link_rate(
+        cfg.network.rate, cfg.cluster.kind, Plan.read(cfg.strategy.plan) if cfg.strategy.plan else None
+    )
     return RunMetrics(
         model=cfg.model.name,
         dataset=cfg.dataset.name,
@@ -225,6 +229,8 @@ def build_metrics(
         split=split,
         network=cfg.network.name,
         rate=cfg.network.rate,
+        link_gbit=None if math.isnan(link_gbit) else link_gbit,
+        link_source=link_source,
         batch_size=t.batch_size,
         global_batch=t.batch_size * topo.num_workers,
         image_size=t.image_size,

@@ -31,8 +31,8 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from ralp_pipe.atomic import Writer, check_writable, write_together
-from ralp_pipe.config import STRATEGIES, ConfigError, cluster_kind
-from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.config import STRATEGIES, ConfigError
+from ralp_pipe.engine.metrics import link_rate
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import DataError, disk_error
 from ralp_pipe.results.accuracy import median_abs_error, relative_error
@@ -65,7 +65,6 @@ MEANS = ["step_time_s", "step_p50_s", "step_p95_s", "wire_gb_total"]
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
 STEP_QUANTILES = {"step_p50_s": 0.5, "step_p95_s": 0.95}  # of the per-step times within a run
 MEASURED, WORKER = "measure", "worker"  # steps.parquet's phase of measured steps and role of workers
-CONFIGURED, PROBED = "configured tc rate", "probed"  # link_source: where link_gbit comes from
 PlanKey = tuple[str, str, int, str]  # (dataset, model, N, network): what one plan is for
 
 
@@ -204,18 +203,6 @@ def step_quantiles(steps: pd.DataFrame) -> dict[str, float]:
     return {name: float(per_step.quantile(q)) if len(per_step) else math.nan for name, q in STEP_QUANTILES.items()}
 
 
-def link_rate(record: RunMetrics, plan: Plan | None) -> tuple[float, str | None]:
-    """The run's link in Gbit/s and where that figure comes from: the tc rate where the cluster shapes its
-    links to one, else the payload rate the link probe measured (the plan's, where it priced the probe's)."""
-    kind = record.cluster_kind
-    rate = rate_bits_per_s(record.rate, "rate") if kind is not None and cluster_kind(kind).shapes_links else None
-    if rate is not None:
-        return rate / 1e9, CONFIGURED
-    if plan is not None and plan.bandwidth_source == "measured" and plan.bandwidth_bytes_per_s:
-        return 8 * plan.bandwidth_bytes_per_s / 1e9, PROBED
-    return math.nan, None
-
-
 def run_row(run: RunInput) -> dict[str, Any]:
     """One row of repeats.parquet from a run's record, steps and plan."""
     record, plan = run.record, run.plan
@@ -226,7 +213,7 @@ def run_row(run: RunInput) -> dict[str, Any]:
     row["classes"] = record.num_classes
     row["run"] = record.run
     row["devices"] = record.world_size or record.workers + record.num_ps
-    row["link_gbit"], row["link_source"] = link_rate(record, plan)
+    row["link_gbit"], row["link_source"] = link_rate(record.rate, record.cluster_kind, plan)
     row["images_per_sec_per_device"] = record.images_per_sec / row["devices"]
     row.update(step_quantiles(run.steps))
     for category in ("total", *CATEGORIES):

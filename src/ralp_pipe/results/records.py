@@ -94,7 +94,9 @@ class RunMetrics(Record):
     num_ps: int = field(metadata=_COLUMN)
     split: int | None = field(metadata=_COLUMN)
     network: str = field(metadata=_COLUMN)
-    rate: str = field(metadata=_COLUMN)
+    rate: str = field(metadata=_COLUMN)  # network.rate as configured ("unlimited" where nothing shapes the link)
+    link_gbit: float | None = None  # the rate the run's link had: the tc rate where shaped, else the plan's probe
+    link_source: str | None = None  # where link_gbit comes from (engine.metrics.link_rate); None: unknown
     batch_size: int = field(metadata=_COLUMN)
     global_batch: int = field(metadata=_COLUMN)
     image_size: int = field(metadata=_COLUMN)

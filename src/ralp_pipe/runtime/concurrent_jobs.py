@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.atomic import check_writable, write_json_atomic
 from ralp_pipe.config import Config, ConfigError, load
 from ralp_pipe.engine.topology import of_strategy
 from ralp_pipe.errors import RunFailure
@@ -124,6 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the `concurrent` stage and print each job's slowdown."""
+    check_writable(args.out, f"--out {args.out}")
     summary = run_concurrent([shlex.split(job) for job in args.job], args.overrides, args.out)
     for job in summary["jobs"]:
         print(
