@@ -21,11 +21,12 @@ elif not torch.cuda.is_available():
 else:
     print(f"torch {torch.__version__} CUDA {torch.version.cuda}: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
 PYEOF
-COMMON=(model=resnet18 train.batch_size=32 train.image_size=64 train.warmup_steps=2 train.measure_steps=5 train.loader=synthetic
+COMMON=(model=resnet18 train.batch_size=32 train.image_size=64 train.warmup_steps=2 train.measure_steps=5
         "cluster.device=$DEVICE" cluster.timeout_s=240 cluster.init_timeout_s=60 "paths.results=$OUT/results")
-run() {  # name, overrides...
-  local name=$1; shift
-  timeout 300 "$PY" -m ralp_pipe.cli train --out "$OUT/$name" "${COMMON[@]}" "$@"
+run() {  # name, overrides... (the synthetic loader unless they name one: a key is given once)
+  local name=$1 arg loader=(train.loader=synthetic); shift
+  for arg in "$@"; do [[ $arg == train.loader=* ]] && loader=(); done
+  timeout 300 "$PY" -m ralp_pipe.cli train --out "$OUT/$name" "${COMMON[@]}" "${loader[@]}" "$@"
   "$PY" - "$OUT/$name/metrics.json" "$name" <<'PYEOF'
 import json, sys
 m = json.load(open(sys.argv[1]))

@@ -221,7 +221,8 @@ def test_plan_option_sets_strategy_plan_and_a_second_different_plan_is_refused(t
 def test_train_refuses_another_models_plan_in_one_line_before_any_rank_starts(tmp_path: Path) -> None:
     """A plan made for VGG-11 given to an AlexNet run (it ran, exit 0, with VGG-11's split)."""
     plan = _plan(tmp_path / "plan.json", {"4": {"ralp_n": {"split": 5}}})
-    overrides = ["cluster=local", "strategy=ralp_n", "cluster.gpus=4", *VGG_RUN, "train.batch_size=32"]
+    run = [o for o in VGG_RUN if not o.startswith(("model=", "train.loader="))]  # each key given once
+    overrides = ["cluster=local", "strategy=ralp_n", "cluster.gpus=4", *run, "train.batch_size=32"]
     overrides += ["model=alexnet", "train.loader=synthetic"]
     command = train_command(tmp_path / "run", overrides)
     proc = subprocess.run([*command, "--plan", str(plan)], capture_output=True, text=True, timeout=300)
