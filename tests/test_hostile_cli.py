@@ -18,19 +18,10 @@ from ralp_pipe.engine import train
 from ralp_pipe.runtime import hardware
 from support.disks import fill, tmpfs
 from support.procs import cmdline, group
+from support.small_run import SMALL
 from workflow_records import write_results
 
 RALP_PIPE = Path(sys.executable).with_name("ralp-pipe")
-SMALL = [
-    "cluster=local",
-    "model=resnet18",
-    "strategy=ps",
-    "cluster.gpus=2",
-    "train.batch_size=2",
-    "train.image_size=32",
-    "train.warmup_steps=1",
-    "train.loader=synthetic",
-]
 
 
 def one_line(stderr: str, stage: str, kind: str) -> str:

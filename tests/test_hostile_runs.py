@@ -20,23 +20,7 @@ from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime import hardware
 from support.disks import fill, tmpfs
 from support.procs import processes_using
-
-SMALL = [
-    "cluster=local",
-    "model=resnet18",
-    "strategy=ps",
-    "cluster.gpus=2",
-    "train.batch_size=2",
-    "train.image_size=32",
-    "train.warmup_steps=1",
-    "train.loader=synthetic",
-]
-
-
-def _small(*overrides: str) -> list[str]:
-    """SMALL without the keys `overrides` set (the command refuses a key given twice), then `overrides`."""
-    keys = {o.partition("=")[0] for o in overrides}
-    return [*(o for o in SMALL if o.partition("=")[0] not in keys), *overrides]
+from support.small_run import SMALL, small
 
 
 def _default_sigint() -> None:
@@ -47,7 +31,7 @@ def _default_sigint() -> None:
 def _train(out: Path, *overrides: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run `ralp-pipe train --out OUT` on the small model in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *_small(*overrides)],
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *small(*overrides)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -73,7 +57,7 @@ def _wait_for_ranks(proc: subprocess.Popen[str], runs: Path, name: str = "run") 
 
 def _start_train(out: Path, *overrides: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *_small(*overrides)],
+        [sys.executable, "-m", "ralp_pipe.cli", "train", "--out", str(out), *small(*overrides)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
