@@ -11,23 +11,13 @@ from pathlib import Path
 import pytest
 
 from support.procs import processes_using
+from support.small_run import small
 
 # each case runs a `ralp-pipe train` subprocess with 2 ranks until one fails (15-32 s)
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S, INIT_TIMEOUT_S = 10, 60
-OVERRIDES = [
-    "model=resnet18",
-    "strategy=ps",
-    "cluster.gpus=2",
-    "train.batch_size=2",
-    "train.image_size=32",
-    "train.warmup_steps=1",
-    "train.measure_steps=3",
-    f"cluster.timeout_s={TIMEOUT_S}",
-    f"cluster.init_timeout_s={INIT_TIMEOUT_S}",
-    "train.loader=synthetic",
-]
+OVERRIDES = small("train.measure_steps=3", f"cluster.timeout_s={TIMEOUT_S}", f"cluster.init_timeout_s={INIT_TIMEOUT_S}")
 
 
 @pytest.mark.parametrize(
