@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.runtime.launch import spawn_function
 
 OPTIM = Optim(lr=0.01, momentum=0.9, weight_decay=1e-4)

@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 
 from ralp_pipe.config import CONFIG_DIR, DeviceConfig, device_entries, load
+from ralp_pipe.contract.records import Profile
 from ralp_pipe.planning import calibration
-from ralp_pipe.results.records import Profile
 
 
 def shipped() -> dict[str, DeviceConfig]:

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from ralp_pipe.config import STRATEGIES, strategy_kind
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.runtime.launch import spawn_function
 
 MODELS = ("vgg11", "resnet50")

@@ -11,9 +11,9 @@ import pytest
 
 from ralp_pipe.cli import main as cli
 from ralp_pipe.config import ConfigError
+from ralp_pipe.contract.layout import PLOT_NAMES
 from ralp_pipe.errors import DataError
 from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
-from ralp_pipe.results.layout import PLOT_NAMES
 from workflow_records import gb_per_step, images_per_sec, prediction_error, write_concurrent, write_results
 
 

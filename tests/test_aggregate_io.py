@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from ralp_pipe.cli import main as cli
+from ralp_pipe.contract.layout import PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
 from ralp_pipe.errors import ConfigError, DataError
 from ralp_pipe.results import plots
 from ralp_pipe.results.aggregate import load_records
-from ralp_pipe.results.layout import PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
 from workflow_helpers import snakemake
 from workflow_records import write_results
 

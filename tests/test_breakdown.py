@@ -10,11 +10,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from ralp_pipe.contract.layout import BREAKDOWN_TABLE
+from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.errors import DataError
 from ralp_pipe.results.aggregate import build_tables, load_records, write_tables
 from ralp_pipe.results.breakdown import breakdown_markdown, breakdown_table, run_breakdown
-from ralp_pipe.results.layout import BREAKDOWN_TABLE
-from ralp_pipe.results.records import RunMetrics
 from workflow_records import SERVER_STEP, STEP_PARTS, metrics, write_results
 
 

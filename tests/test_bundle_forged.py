@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ralp_pipe.cli import main as cli
+from ralp_pipe.contract.layout import CONCURRENT_FILE
 from ralp_pipe.errors import BundleRefused
 from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import make_bundle
-from ralp_pipe.results.layout import CONCURRENT_FILE
 from ralp_pipe.results.plots import speedup
 from ralp_pipe.results.verify import verify_bundle
 from support.bundles import forge, members

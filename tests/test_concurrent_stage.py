@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE
+from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.results.aggregate import concurrent_table, load_workloads
-from ralp_pipe.results.layout import CONCURRENT_FILE, METRICS_FILE
-from ralp_pipe.results.records import RunMetrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]  # four training runs of two ranks each (250 s at load 12 on 2 cores)
 

@@ -11,11 +11,11 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from ralp_pipe.config import CONFIG_DIR, ConfigError, DeviceConfig, load
+from ralp_pipe.contract.records import Profile
 from ralp_pipe.engine.models import Unit
 from ralp_pipe.planning import calibration, devicemodel
 from ralp_pipe.planning.planner import build_plan
 from ralp_pipe.planning.profiling import profile_batches
-from ralp_pipe.results.records import Profile
 
 SMALL = ["model=resnet18", "train.image_size=32", "train.batch_size=2"]
 

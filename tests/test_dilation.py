@@ -15,12 +15,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ralp_pipe.config import ConfigError, load
+from ralp_pipe.contract.topology import of_strategy, topology
 from ralp_pipe.engine import dilation, models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.dilation import OVERRUN_TOLERANCE_S, PS_DEVICE_BATCH, WORKER, Pacer, Targets, wait_until
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import Piece, assemble
-from ralp_pipe.engine.topology import of_strategy, topology
 from ralp_pipe.errors import BundleRefused
 from ralp_pipe.results.aggregate import build_tables, load_records
 from ralp_pipe.results.verify import check_record

@@ -12,9 +12,9 @@ import pytest
 
 from ralp_pipe.config import load
 from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.contract.layout import STEPS_FILE
 from ralp_pipe.engine.train import run
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE
-from ralp_pipe.results.layout import STEPS_FILE
 from ralp_pipe.runtime import emulated
 from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites
 from ralp_pipe.runtime.launch import PythonMain, launch_local

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.runtime.launch import spawn_function
 
 CLASSES, BATCH, SIZE, STEPS = 10, 2, 32, 2

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 
 from ralp_pipe.config import ConfigError, load
+from ralp_pipe.contract.records import Plan
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.train import resolve_split, split_and_bytes, with_plan
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
-from ralp_pipe.results.records import Plan
 from ralp_pipe.runtime import hardware
 from support.train import run_train, train_command, train_metrics
 

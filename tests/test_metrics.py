@@ -142,8 +142,8 @@ def test_progress_of_slow_steps_is_written_every_step_with_a_rolling_rate() -> N
 
 
 def test_a_runs_link_rate_is_the_shaped_rate_else_the_probed_one() -> None:
+    from ralp_pipe.contract.records import Plan
     from ralp_pipe.engine.metrics import CONFIGURED, PROBED, link_rate
-    from ralp_pipe.results.records import Plan
 
     probed = Plan(strategies={}, bandwidth_bytes_per_s=0.97e9 / 8, bandwidth_source="measured")
     assert link_rate("1gbit", "emulated", probed) == (1.0, CONFIGURED)  # the tc rate wins where links are shaped

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from ralp_pipe.config.units import rate_bytes_per_s
-from ralp_pipe.engine.topology import topology
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.results.verify import verify_bundle
 from ralp_pipe.runtime.emulated import EmulatedCluster

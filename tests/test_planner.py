@@ -10,12 +10,12 @@ import pytest
 
 from ralp_pipe import cli
 from ralp_pipe.config import STRATEGIES, ConfigError, load
+from ralp_pipe.contract.records import LinkProbe, Profile
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.planner import build_plan
 from ralp_pipe.planning.profiling import analytic_profile
-from ralp_pipe.results.records import LinkProbe, Profile
 
 # builds VGG/ResNet models and plans every strategy and split (the module fixture ~30 s, tests 7-21 s)
 pytestmark = pytest.mark.slow

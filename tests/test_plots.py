@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from matplotlib.container import BarContainer, ErrorbarContainer
 
+from ralp_pipe.contract.layout import PLOT_NAMES
 from ralp_pipe.results import plots
 from ralp_pipe.results.aggregate import Tables, build_tables, load_records
-from ralp_pipe.results.layout import PLOT_NAMES
 from workflow_records import write_results
 
 REPEATS = 3

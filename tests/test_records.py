@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from ralp_pipe.contract.records import SCHEMA_VERSION, Plan, Profile, RunMetrics
 from ralp_pipe.errors import DataError
-from ralp_pipe.results.records import SCHEMA_VERSION, Plan, Profile, RunMetrics
 from workflow_records import metrics
 
 

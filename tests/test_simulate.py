@@ -10,8 +10,8 @@ from PIL import Image
 
 from ralp_pipe import cli
 from ralp_pipe.config import STRATEGIES
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
-from ralp_pipe.engine.topology import topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.profiling import analytic_profile
 from ralp_pipe.planning.simulate import simulate

@@ -8,13 +8,13 @@ from functools import lru_cache
 import pytest
 
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, StrategyKind, from_dict, load, strategy_kind
+from ralp_pipe.contract.records import Profile
+from ralp_pipe.contract.topology import PS_DEVICE, WORKER, largest_world, topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.ralp import LayerPlacementStrategy
-from ralp_pipe.engine.topology import PS_DEVICE, WORKER, largest_world, topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.planner import build_plan
 from ralp_pipe.planning.profiling import analytic_profile, worker_and_ps_batches
-from ralp_pipe.results.records import Profile
 
 # layer placement with two devices fewer than N as workers: its own counts, RALP's step and volume
 TOY = StrategyKind(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ralp_pipe.contract.topology import PS, PS_DEVICE, WORKER, topology
 from ralp_pipe.engine.strategies import holds_model
-from ralp_pipe.engine.topology import PS, PS_DEVICE, WORKER, topology
 
 
 def test_dedicated_ps_ranks_are_hosts_of_their_own() -> None:

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from ralp_pipe.config import load
+from ralp_pipe.contract.layout import METRICS_FILE
 from ralp_pipe.data.shards import output_dir, read_manifest
-from ralp_pipe.results.layout import METRICS_FILE
 from support.procs import descendants
 
 pytestmark = pytest.mark.slow  # prepare-shards and two training runs in subprocesses (115 s at load 12 on 2 cores)

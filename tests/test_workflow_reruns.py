@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe.results.layout import PLOT_NAMES
+from ralp_pipe.contract.layout import PLOT_NAMES
 from ralp_pipe.results.verify import verify_bundle
 from support.procs import children, cmdline, descendants
 from workflow_helpers import SNAKEMAKE, config_args, pending, snakemake

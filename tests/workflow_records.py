@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ralp_pipe.engine.topology import topology
+from ralp_pipe.contract.layout import arm
+from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine.volume import CATEGORIES
-from ralp_pipe.results.layout import arm
 
 # images/sec of each strategy for vgg11 at N=2 on 1gbit: the ps baseline is slowest, as in the paper.
 THROUGHPUT = {"ps": 100.0, "allreduce": 150.0, "ralp_h": 180.0, "ralp_n": 240.0}

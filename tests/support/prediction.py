@@ -8,9 +8,9 @@ from typing import Sequence
 import pandas as pd
 
 from ralp_pipe import cli
+from ralp_pipe.contract.layout import METRICS_FILE
+from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.results.accuracy import MEASURED, plan_predictions
-from ralp_pipe.results.layout import METRICS_FILE
-from ralp_pipe.results.records import Plan, RunMetrics
 
 
 def measure_against_plan(

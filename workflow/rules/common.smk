@@ -1,7 +1,7 @@
 # Helpers shared by the rules: look a run up from wildcards, stage params, SLURM resources.
 import os
 
-from ralp_pipe.results.layout import CONCURRENT_FILE, METRICS_FILE, STEPS_FILE
+from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE, STEPS_FILE
 
 
 def run_of(wildcards, stage="train"):

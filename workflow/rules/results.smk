@@ -1,5 +1,5 @@
 # Tables, plots and the reproducibility bundle of the whole experiment.
-from ralp_pipe.results.layout import (
+from ralp_pipe.contract.layout import (
     BREAKDOWN_TABLE,
     CONCURRENT_TABLE,
     PLOT_NAMES,

@@ -36,11 +36,11 @@ from tqdm import tqdm
 
 from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import Config, DatasetConfig, load
+from ralp_pipe.contract.layout import PATHS
 from ralp_pipe.data import imaging, synthetic
 from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
 from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
 from ralp_pipe.errors import ConfigError, DataError, disk_errors
-from ralp_pipe.results.layout import PATHS
 from ralp_pipe.runtime.process import process_pool
 
 CONFIG_KEYS = ("dataset", "paths")  # what this stage reads of the config (a key covers those below it)

@@ -31,7 +31,7 @@ from torch import nn
 
 from ralp_pipe.config import CONFIG_DIR, Config, DeviceConfig, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s
-from ralp_pipe.engine.topology import Topology
+from ralp_pipe.contract.topology import Topology
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
 # a unit ending later than its deadline by more than this is an overrun (a flatten's 0 s target costs ~20 us here)

@@ -29,9 +29,9 @@ import torch.distributed as dist
 
 from ralp_pipe.config import cluster_kind
 from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.contract.records import Plan
 from ralp_pipe.engine.comm import StepTraffic
 from ralp_pipe.engine.volume import CATEGORIES
-from ralp_pipe.results.records import Plan
 
 WARMUP, MEASURE = "warmup", "measure"
 CONFIGURED, PROBED = "configured tc rate", "probed"  # where a run's link rate comes from (link_source)

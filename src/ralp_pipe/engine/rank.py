@@ -32,12 +32,12 @@ import torch.distributed as dist
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, from_dict, to_dict
+from ralp_pipe.contract.topology import Topology, of_strategy
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.dilation import Pacer, Targets
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
-from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import hardware
 from ralp_pipe.runtime.launch import PythonMain, RankEnv, init_group

@@ -6,8 +6,8 @@ strategy), the split point and the analytic bytes per step (from placement units
 device, so no parameters are allocated), locks --out against other drivers, starts the
 ranks of :mod:`ralp_pipe.engine.rank` (``cluster.kind``: local subprocesses, emulated-network
 hosts, or srun tasks) and, once every rank succeeded, writes DIR/steps.parquet and the
-:class:`~ralp_pipe.results.records.RunMetrics` record DIR/metrics.json atomically (file names
-from :mod:`ralp_pipe.results.layout`). On any failure nothing is written and the command
+:class:`~ralp_pipe.contract.records.RunMetrics` record DIR/metrics.json atomically (file names
+from :mod:`ralp_pipe.contract.layout`). On any failure nothing is written and the command
 raises :class:`~ralp_pipe.errors.RunFailure` naming the failing rank. Under ``srun`` with one
 task per rank the command is itself a rank and rank 0 writes the files. Before the ranks start,
 the driver prints where rank 0's log is: rank 0 logs its progress there while it trains.
@@ -34,16 +34,16 @@ import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import Config, cluster_kind, digest, load, strategy_kind, to_dict, workload
+from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
+from ralp_pipe.contract.records import Plan, RunMetrics
+from ralp_pipe.contract.topology import Topology, of_strategy
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
 from ralp_pipe.engine.metrics import link_rate, measured_overruns, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
-from ralp_pipe.engine.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
 from ralp_pipe.locks import LockHeld, exclusive
-from ralp_pipe.results.layout import METRICS_FILE, STEPS_FILE
-from ralp_pipe.results.records import Plan, RunMetrics
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm, rank_log, srun_log
 from ralp_pipe.runtime.nodes import node_of_ranks

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 
 from ralp_pipe.config import strategy_kind
+from ralp_pipe.contract.topology import Topology
 from ralp_pipe.engine.models import Unit, activation_shapes, check_split, parameter_count
-from ralp_pipe.engine.topology import Topology
 
 CATEGORIES = ("gradients", "parameters", "activations", "activation_gradients", "labels")
 LABEL_BYTES = 8  # labels travel as int64

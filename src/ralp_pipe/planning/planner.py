@@ -5,9 +5,9 @@ of every admissible configuration (every split 1..len(units)-1 for `ralp_h` / `r
 bytes per step from :func:`ralp_pipe.engine.volume.step_bytes`, keeps the fastest, and compares it
 with the `ps` baseline. A RALP variant whose best split is not faster than `ps` is kept in the
 plan with ``pays: false`` and a reason, so the engine can still run it as the comparison.
-It reads a :class:`~ralp_pipe.results.records.Profile` (compute) and, with ``--link``, the
-:class:`~ralp_pipe.results.records.LinkProbe` of the run's network (else the profile's own probe),
-and writes a :class:`~ralp_pipe.results.records.Plan`; the engine reads ``plan.strategies[name]["split"]``.
+It reads a :class:`~ralp_pipe.contract.records.Profile` (compute) and, with ``--link``, the
+:class:`~ralp_pipe.contract.records.LinkProbe` of the run's network (else the profile's own probe),
+and writes a :class:`~ralp_pipe.contract.records.Plan`; the engine reads ``plan.strategies[name]["split"]``.
 Only emulated links are shaped, so only there does ``network.rate`` cap the measured bandwidth;
 on SLURM the fabric is what the probe measured.
 """
@@ -30,8 +30,9 @@ from ralp_pipe.config import (
     strategy_kind,
     workload,
 )
+from ralp_pipe.contract.records import LinkProbe, Plan, Profile
+from ralp_pipe.contract.topology import cpu_share, topology
 from ralp_pipe.engine import models
-from ralp_pipe.engine.topology import cpu_share, topology
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.planning.costmodel import (
@@ -44,7 +45,6 @@ from ralp_pipe.planning.costmodel import (
     effective_link,
     predict,
 )
-from ralp_pipe.results.records import LinkProbe, Plan, Profile
 
 # what `ralp-pipe plan` reads of the config (a key covers those below it)
 CONFIG_KEYS = (
@@ -108,7 +108,7 @@ def cluster_link(profile: Profile, cfg: Config, probe: LinkProbe | None = None) 
 def shared_cpu(cfg: Config, profile: Profile, gpus: int) -> SharedCpu | None:
     """The CPU every rank shares where a local or emulated run at `gpus` has no GPUs, else None (a device each).
 
-    A rank's threads follow its CPU share where one is set (:func:`ralp_pipe.engine.topology.cpu_share`:
+    A rank's threads follow its CPU share where one is set (:func:`ralp_pipe.contract.topology.cpu_share`:
     the single-device reference gets one rank's of the largest run), else the cores split over the world.
     """
     if profile.device != "cpu" or not cluster_kind(cfg.cluster.kind).shares_host_cpus:

@@ -1,10 +1,10 @@
 """Hardware profile of one model: per-unit compute time, bytes and memory, plus the link bandwidth.
 
 `ralp-pipe profile --out FILE.json <overrides>` writes one
-:class:`~ralp_pipe.results.records.Profile` per model x class count x batch x image size x
+:class:`~ralp_pipe.contract.records.Profile` per model x class count x batch x image size x
 hardware; the workflow profiles compute alone (``--no-bandwidth``) once per N of the
 experiment (``cluster.gpus``) and probes each network once (``--link-only``, a
-:class:`~ralp_pipe.results.records.LinkProbe`), and the planner combines the two. For every
+:class:`~ralp_pipe.contract.records.LinkProbe`), and the planner combines the two. For every
 placement unit it records forward and backward time (the fastest of `repeats` after `warmup`
 runs, each unit timed in isolation on an input of the right shape: a slower repeat here is the
 host's or the allocator's interference, e.g. a large gradient's pages faulted in afresh when the
@@ -40,12 +40,12 @@ from torch import nn
 from ralp_pipe.atomic import check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, workload
 from ralp_pipe.config.units import rate_bytes_per_s
+from ralp_pipe.contract.records import LinkProbe, Profile
+from ralp_pipe.contract.topology import largest_world, topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
-from ralp_pipe.engine.topology import largest_world, topology
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.planning import devicemodel
-from ralp_pipe.results.records import LinkProbe, Profile
 from ralp_pipe.runtime import devices, hardware
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import free_port, start_logged, supervise

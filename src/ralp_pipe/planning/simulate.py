@@ -21,12 +21,12 @@ import pandas as pd
 
 from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
+from ralp_pipe.contract.records import LinkProbe, Profile
 from ralp_pipe.engine import models
 from ralp_pipe.planning import devicemodel
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
 from ralp_pipe.planning.planner import best_prediction, check_profile_matches, pipelining_of, volume_function
 from ralp_pipe.planning.profiling import profile_batches
-from ralp_pipe.results.records import LinkProbe, Profile
 
 GPUS = tuple(2**i for i in range(1, 11))
 LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)

@@ -1,9 +1,9 @@
 """`ralp-pipe aggregate`: training records -> runs.parquet, repeats.parquet, speedups.parquet, summary.md and plots.
 
-The tables are pure functions of the raw records (each run's :class:`~ralp_pipe.results.records.RunMetrics`,
-its steps.parquet and the :class:`~ralp_pipe.results.records.Plan` it was planned with), so
+The tables are pure functions of the raw records (each run's :class:`~ralp_pipe.contract.records.RunMetrics`,
+its steps.parquet and the :class:`~ralp_pipe.contract.records.Plan` it was planned with), so
 :mod:`ralp_pipe.results.verify` can recompute them from a bundle and compare. File names come from
-:mod:`ralp_pipe.results.layout`.
+:mod:`ralp_pipe.contract.layout`.
 
 ``repeats.parquet`` has one row per run (one repeat of a configuration); ``runs.parquet`` one row per
 configuration (model, dataset, N, network, strategy), its figures the mean over the repeats with the
@@ -32,13 +32,7 @@ import pandas as pd
 
 from ralp_pipe.atomic import Writer, check_writable, write_together
 from ralp_pipe.config import STRATEGIES, ConfigError
-from ralp_pipe.engine.metrics import link_rate
-from ralp_pipe.engine.volume import CATEGORIES
-from ralp_pipe.errors import DataError, disk_error
-from ralp_pipe.results.accuracy import median_abs_error, relative_error
-from ralp_pipe.results.breakdown import breakdown_markdown, breakdown_table
-from ralp_pipe.results.intervals import LEVEL, Estimate, mean_interval, ratio_interval
-from ralp_pipe.results.layout import (
+from ralp_pipe.contract.layout import (
     BREAKDOWN_TABLE,
     CONCURRENT_TABLE,
     METRICS_FILE,
@@ -50,7 +44,13 @@ from ralp_pipe.results.layout import (
     SUMMARY_FILE,
     arm,
 )
-from ralp_pipe.results.records import Plan, RunMetrics
+from ralp_pipe.contract.records import Plan, RunMetrics
+from ralp_pipe.engine.metrics import link_rate
+from ralp_pipe.engine.volume import CATEGORIES
+from ralp_pipe.errors import DataError, disk_error
+from ralp_pipe.results.accuracy import median_abs_error, relative_error
+from ralp_pipe.results.breakdown import breakdown_markdown, breakdown_table
+from ralp_pipe.results.intervals import LEVEL, Estimate, mean_interval, ratio_interval
 
 GROUP = ["model", "dataset", "gpus", "network"]  # strategies are compared within a group
 CONFIGURATION = GROUP + ["strategy"]  # what repeats share (strategy: the row name, see the module docstring)

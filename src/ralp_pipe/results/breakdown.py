@@ -25,10 +25,10 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from ralp_pipe.contract.records import RunMetrics
+from ralp_pipe.contract.topology import WORKER
 from ralp_pipe.engine.metrics import MEASURE, measured_overruns
-from ralp_pipe.engine.topology import WORKER
 from ralp_pipe.errors import DataError
-from ralp_pipe.results.records import RunMetrics
 
 KEYS = ["model", "dataset", "gpus", "network", "strategy", "repeat", "run"]  # strategy: the row name (arm)
 PARTS = ["compute_s", "comm_wait_s", "data_wait_s"]  # a worker's step, in the order the plot stacks them

@@ -1,6 +1,6 @@
 """The figures of an experiment, drawn from its tables (:class:`~ralp_pipe.results.aggregate.Tables`).
 
-One PNG per name of :data:`~ralp_pipe.results.layout.PLOT_NAMES`, each captioned in the
+One PNG per name of :data:`~ralp_pipe.contract.layout.PLOT_NAMES`, each captioned in the
 Snakemake report (workflow/report/plot_<name>.rst). Rows are configurations (means over
 repeats); whiskers are the tables' 95% intervals (``<column>_ci_low`` / ``<column>_ci_high``),
 absent where a configuration has one repeat. The single-device reference is the ``allreduce``
@@ -25,8 +25,8 @@ import pandas as pd  # noqa: E402
 
 from ralp_pipe.atomic import Writer, atomic_path, write_together  # noqa: E402
 from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
+from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration  # noqa: E402
-from ralp_pipe.results.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 
 if TYPE_CHECKING:
     from ralp_pipe.results.aggregate import Tables
@@ -343,7 +343,7 @@ PLOTS = {
 
 
 def plot_writers(tables: Tables, out: Path) -> dict[Path, Writer]:
-    """A writer of every figure of :data:`~ralp_pipe.results.layout.PLOT_NAMES`, by its PNG file in `out`."""
+    """A writer of every figure of :data:`~ralp_pipe.contract.layout.PLOT_NAMES`, by its PNG file in `out`."""
     return {out / f"{name}.png": functools.partial(PLOTS[name], tables) for name in PLOT_NAMES}
 
 

@@ -38,13 +38,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ralp_pipe.contract.layout import CONCURRENT_FILE, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
+from ralp_pipe.contract.topology import WORKER
 from ralp_pipe.engine.metrics import MEASURE, compute_time, measured_overruns, summarize, target_equivalent
-from ralp_pipe.engine.topology import WORKER
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.aggregate import RunInput, Tables, build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS, ENVIRONMENT
-from ralp_pipe.results.layout import CONCURRENT_FILE, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
 from ralp_pipe.runtime.emulated import wire_total
 
 CHUNK = 1 << 20

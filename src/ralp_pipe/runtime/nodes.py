@@ -14,7 +14,7 @@ host file and the SLURM resources ask for :func:`nodes_needed` nodes.
 
 from __future__ import annotations
 
-from ralp_pipe.engine.topology import PS, Topology
+from ralp_pipe.contract.topology import PS, Topology
 from ralp_pipe.errors import ConfigError
 
 

@@ -44,8 +44,8 @@ from ralp_pipe.config import (
     to_dict,
     validate,
 )
-from ralp_pipe.engine.topology import cpu_share
-from ralp_pipe.results.layout import PATHS, RUN_ID, arm, log_path
+from ralp_pipe.contract.layout import PATHS, RUN_ID, arm, log_path
+from ralp_pipe.contract.topology import cpu_share
 from ralp_pipe.workflow.compositions import cached_load
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
@@ -337,7 +337,7 @@ class Matrix:
         return template
 
     def log(self, stage: str) -> str:
-        """The log of a job of `stage` (:func:`ralp_pipe.results.layout.log_path`), a pattern of its wildcards."""
+        """The log of a job of `stage` (:func:`ralp_pipe.contract.layout.log_path`), a pattern of its wildcards."""
         return f"{self.results}/{log_path(stage)}"
 
     def profile_fields(self, run: Run) -> dict[str, str]:
@@ -418,7 +418,7 @@ class Matrix:
         """The N whose compute profile `run` is planned from: its own, so changing experiment.gpus leaves every
         other N's profile as it is; at N=1, which has no PS-device batch, the experiment's largest N, whose
         profile times the worker batch with the threads the single-device reference gets (one rank's of the
-        largest run, :func:`ralp_pipe.engine.topology.cpu_share`)."""
+        largest run, :func:`ralp_pipe.contract.topology.cpu_share`)."""
         return run.gpus if run.gpus > 1 else max(self.base.experiment.gpus)
 
     def _stage_run(self, stage: str, run: Run) -> Run:

@@ -24,7 +24,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from ralp_pipe.config import Config
-from ralp_pipe.engine.topology import of_strategy
+from ralp_pipe.contract.topology import of_strategy
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime.nodes import node_of_ranks
 

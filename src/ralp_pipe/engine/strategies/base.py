@@ -18,10 +18,10 @@ from typing import ContextManager, Sequence
 import torch
 from torch import nn
 
+from ralp_pipe.contract.topology import Topology, assign_to_ps
 from ralp_pipe.engine.comm import SETUP, Comm, Handle
 from ralp_pipe.engine.dilation import Pacer, padded
 from ralp_pipe.engine.models import Unit
-from ralp_pipe.engine.topology import Topology, assign_to_ps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -13,6 +13,7 @@ from worker 0 before the first step, as Distributed TensorFlow's variables live 
 
 from __future__ import annotations
 
+from ralp_pipe.contract.topology import PS, Topology
 from ralp_pipe.engine.dilation import WORKER
 from ralp_pipe.engine.strategies.base import (
     Batch,
@@ -23,7 +24,6 @@ from ralp_pipe.engine.strategies.base import (
     Strategy,
     loss_fn,
 )
-from ralp_pipe.engine.topology import PS, Topology
 
 
 def holds_model(topo: Topology, rank: int) -> bool:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from ralp_pipe.contract.topology import PS_DEVICE
 from ralp_pipe.engine.dilation import PS_DEVICE_BATCH, WORKER
 from ralp_pipe.engine.models import activation_shapes, check_split
 from ralp_pipe.engine.strategies.base import Batch, Piece, PushPullClient, PushPullServer, StepSetup, Strategy, loss_fn
-from ralp_pipe.engine.topology import PS_DEVICE
 
 
 class LayerPlacementStrategy(Strategy):

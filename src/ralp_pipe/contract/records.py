@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Self
 
 from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.contract.layout import CONFIGURATION_ID, RUN_ID, arm
 from ralp_pipe.errors import DataError
-from ralp_pipe.results.layout import CONFIGURATION_ID, RUN_ID, arm
 
 SCHEMA_VERSION = 1
 VERSION_KEY = "schema_version"
