@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -21,7 +23,9 @@ from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.runtime.launch import spawn_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
+from support.spawn import spawn_function  # noqa: E402
 
 OPTIM = Optim(lr=0.01, momentum=0.9, weight_decay=1e-4)
 

@@ -41,12 +41,12 @@ from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.planning.costmodel import SharedCpu, compute_costs
 from ralp_pipe.planning.profiling import profile_model
 from ralp_pipe.runtime import hardware
-from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta
+from ralp_pipe.runtime.emulated import EmulatedCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
 from runs import BATCH_SIZE, IMAGE_SIZE, WORKERS, emulated_recipe, measured_steps, train  # noqa: E402
-from support.emulated_hosts import measure_link_rate  # noqa: E402
+from support.emulated_hosts import counter_delta, measure_link_rate, read_counters  # noqa: E402
 
 RATE = "1gbit"
 MODELS = {"vgg11": "synthetic22k", "resnet50": "synthetic1k"}
@@ -64,9 +64,9 @@ def probe_wire_bytes_per_s(rate: str, seconds: float = 3.0) -> tuple[float, floa
     """(payload, wire) bytes/s of one TCP stream over a fresh emulated link at `rate`."""
     nbytes = int(rate_bits_per_s(rate) / 8 * seconds)
     with EmulatedCluster(hosts=2, rate=rate, burst="1mb") as cluster:
-        before = cluster.read_counters()
+        before = read_counters(cluster)
         payload_bits = measure_link_rate(cluster, src=0, dst=1, nbytes=nbytes)
-        wire = counter_delta(before, cluster.read_counters())[0].tx_bytes
+        wire = counter_delta(before, read_counters(cluster))[0].tx_bytes
     payload = payload_bits / 8
     return payload, payload * wire / nbytes
 

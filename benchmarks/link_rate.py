@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from ralp_pipe.config.units import rate_bits_per_s
-from ralp_pipe.runtime.emulated import EmulatedCluster, counter_delta
+from ralp_pipe.runtime.emulated import EmulatedCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
-from support.emulated_hosts import measure_link_rate  # noqa: E402
+from support.emulated_hosts import counter_delta, measure_link_rate, read_counters  # noqa: E402
 
 
 def main() -> int:
@@ -30,9 +30,9 @@ def main() -> int:
         target = rate_bits_per_s(rate)
         nbytes = int(target / 8 * args.seconds)
         with EmulatedCluster(hosts=2, rate=rate, burst="1mb") as cluster:
-            before = cluster.read_counters()
+            before = read_counters(cluster)
             achieved = measure_link_rate(cluster, src=0, dst=1, nbytes=nbytes)
-            wire = counter_delta(before, cluster.read_counters())[0].tx_bytes
+            wire = counter_delta(before, read_counters(cluster))[0].tx_bytes
         ratio = achieved / target
         worst = max(worst, abs(1 - ratio))
         print(f"{rate:>11} {achieved / 1e6:16.1f} {ratio:6.3f} {wire / nbytes:13.4f}  {abs(1 - ratio) <= 0.10}")

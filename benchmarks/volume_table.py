@@ -10,6 +10,8 @@ batch; measured must equal it.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -19,7 +21,9 @@ from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.runtime.launch import spawn_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
+from support.spawn import spawn_function  # noqa: E402
 
 MODELS = ("vgg11", "resnet50")
 CLASSES = (1000, 21841)

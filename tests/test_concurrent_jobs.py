@@ -12,7 +12,7 @@ from ralp_pipe.config import ConfigError, load
 from ralp_pipe.engine import train
 from ralp_pipe.runtime import concurrent_jobs
 from ralp_pipe.runtime.emulated import emulated_sites
-from ralp_pipe.runtime.launch import RankSite
+from ralp_pipe.runtime.sites import RankSite
 
 # What EmulatedCluster.share gives for two ranks on hosts 2 and 0 (namespace files of its holders)
 SHARED = [

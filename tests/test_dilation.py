@@ -24,7 +24,7 @@ from ralp_pipe.engine.strategies.base import Piece, assemble
 from ralp_pipe.errors import BundleRefused
 from ralp_pipe.results.aggregate import build_tables, load_records
 from ralp_pipe.results.verify import check_record
-from ralp_pipe.runtime.launch import spawn_function
+from support.spawn import spawn_function
 from support.train import train_metrics
 from workflow_records import write_results
 

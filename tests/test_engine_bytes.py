@@ -11,7 +11,7 @@ from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets
-from ralp_pipe.runtime.launch import spawn_function
+from support.spawn import spawn_function
 
 CLASSES, BATCH, SIZE, STEPS = 10, 2, 32, 2
 # (strategy, gpus, num_ps, split): split None = the model's default

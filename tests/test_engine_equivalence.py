@@ -18,7 +18,7 @@ from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import Piece, assemble, loss_fn
-from ralp_pipe.runtime.launch import spawn_function
+from support.spawn import spawn_function
 
 # the module fixture spawns 4 gloo ranks that run every case (> 3 min on 2 cores)
 pytestmark = pytest.mark.slow

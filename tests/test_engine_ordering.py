@@ -18,7 +18,7 @@ from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm, Handle
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
-from ralp_pipe.runtime.launch import spawn_function
+from support.spawn import spawn_function
 
 pytestmark = pytest.mark.slow  # spawns ranks
 

@@ -39,6 +39,7 @@ from ralp_pipe.runtime.slurm_cluster import (
     node_counters,
     running,
 )
+from support.emulated_hosts import host_run
 from workflow_helpers import REPO, snakemake
 
 NODES, RATE, GPUS = 4, "1gbit", 3
@@ -137,10 +138,10 @@ def test_a_colocated_pair_that_no_node_holds_is_refused_with_the_numbers() -> No
 
 @pytest.mark.netns
 def test_a_rank_binds_to_the_interface_holding_its_route_to_rank_0_also_on_rank_0s_own_node() -> None:
-    probe = "import sys; from ralp_pipe.runtime.launch import route_interface; print(route_interface(sys.argv[1]))"
+    probe = "import sys; from ralp_pipe.runtime.wire import route_interface; print(route_interface(sys.argv[1]))"
     with EmulatedCluster(2) as cluster:
         for host in (0, 1):  # host 0 is rank 0's: its route to its own address goes through lo
-            found = cluster.run(host, [sys.executable, "-c", probe, cluster.address(0)], timeout=60)
+            found = host_run(cluster, host, [sys.executable, "-c", probe, cluster.address(0)], timeout=60)
             assert found.returncode == 0 and found.stdout.strip() == "eth0", found.stderr
 
 

@@ -12,8 +12,9 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from ralp_pipe.runtime.emulated import INTERFACE, EmulatedCluster, EmulationUnavailable, LinkCounters, counter_delta
+from ralp_pipe.runtime.emulated import EmulatedCluster, EmulationUnavailable
 from ralp_pipe.runtime.process import Process, start, stop, wait_all
+from ralp_pipe.runtime.wire import INTERFACE, LinkCounters, interface_counters
 
 _RECEIVER = """
 import socket, sys, time
@@ -86,6 +87,23 @@ def measure_link_rate(
     return measure_link_rates(cluster, [(src, dst)], nbytes, port, python)[0]
 
 
+def host_run(
+    cluster: EmulatedCluster, host: int, argv: Sequence[str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
+    return subprocess.run([*cluster.prefix(host), *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def read_counters(cluster: EmulatedCluster) -> list[LinkCounters]:
+    """Per host, the kernel's tx/rx byte counters of its link (from its namespace's /proc/net/dev)."""
+    return [interface_counters(f"/proc/{pid}/net/dev") for pid in cluster.namespace_pids()]
+
+
+def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters]) -> list[LinkCounters]:
+    """Bytes sent and received per host between two :func:`read_counters` readings."""
+    return [LinkCounters(a.tx_bytes - b.tx_bytes, a.rx_bytes - b.rx_bytes) for b, a in zip(before, after)]
+
+
 def qdisc_stats(cluster: EmulatedCluster) -> dict[str, dict[str, Any]]:
     """`tc -s` figures of the root qdisc at both ends of every host link.
 
@@ -94,7 +112,8 @@ def qdisc_stats(cluster: EmulatedCluster) -> dict[str, dict[str, Any]]:
     """
     found: dict[str, dict[str, Any]] = {}
     sides = [
-        (f"h{i}", cluster.run(i, ["tc", "-s", "-j", "qdisc", "show", "dev", INTERFACE])) for i in range(cluster.hosts)
+        (f"h{i}", host_run(cluster, i, ["tc", "-s", "-j", "qdisc", "show", "dev", INTERFACE]))
+        for i in range(cluster.hosts)
     ]
     sides.append(("switch", cluster.switch_run(["tc", "-s", "-j", "qdisc", "show"])))
     for side, shown in sides:
@@ -158,10 +177,10 @@ def run_on_hosts(
     procs: list[Process] = []
     with _sigterm_as_interrupt(), EmulatedCluster(len(commands), rate, burst) as cluster:
         try:
-            before = cluster.read_counters()
+            before = read_counters(cluster)
             procs = [start_on_host(cluster, i, cmd, env) for i, (cmd, env) in enumerate(zip(commands, envs))]
             codes = wait_all(procs, timeout, fail_fast)
-            return codes, counter_delta(before, cluster.read_counters())
+            return codes, counter_delta(before, read_counters(cluster))
         finally:
             stop(procs)
 
@@ -170,7 +189,7 @@ def emulation_available() -> tuple[bool, str]:
     """Whether an emulated cluster can be built here, and a sentence saying how or why not."""
     try:
         with EmulatedCluster(hosts=1, rate="1gbit") as cluster:
-            shown = cluster.run(0, ["tc", "qdisc", "show", "dev", INTERFACE]).stdout
+            shown = host_run(cluster, 0, ["tc", "qdisc", "show", "dev", INTERFACE]).stdout
             if "tbf" not in shown:
                 return False, f"tc could not attach tbf to {INTERFACE} (got {shown.strip()!r}); use cluster=local"
             return True, f"network namespaces with tc tbf ({cluster.mode})"

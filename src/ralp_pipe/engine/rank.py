@@ -42,6 +42,7 @@ from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import hardware
 from ralp_pipe.runtime.launch import PythonMain, RankEnv, init_group
 from ralp_pipe.runtime.process import exit_now
+from ralp_pipe.runtime.wire import host_counters, wire_gb_per_step
 
 BACKEND_ENV, DEVICE_ENV = "RALP_PIPE_BACKEND", "RALP_PIPE_DEVICE"
 FAIL_RANK, FAIL_STEP, FAIL_MODE = "RALP_PIPE_FAIL_RANK", "RALP_PIPE_FAIL_STEP", "RALP_PIPE_FAIL_MODE"
@@ -113,8 +114,6 @@ def _print_now(line: str) -> None:
 
 
 def _wire_reading() -> Any:
-    from ralp_pipe.runtime.emulated import host_counters
-
     return host_counters()
 
 
@@ -122,8 +121,6 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
     """Per-host link counters over the window (emulated cluster only)."""
     if any(reading is None for reading in start + end):
         return None
-    from ralp_pipe.runtime.emulated import wire_gb_per_step
-
     return wire_gb_per_step(start, end, steps)
 
 

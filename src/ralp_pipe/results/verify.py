@@ -45,7 +45,7 @@ from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.aggregate import RunInput, Tables, build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS, ENVIRONMENT
-from ralp_pipe.runtime.emulated import wire_total
+from ralp_pipe.runtime.wire import wire_total
 
 CHUNK = 1 << 20
 TEXT_SUFFIXES = (".md", ".txt", ".lock")
@@ -230,7 +230,7 @@ def check_record(run: RunInput) -> None:
     recomputed with :func:`ralp_pipe.engine.metrics.summarize`, the workers counted from the step
     records; the window (rank 0's clock) must be at least rank 0's measured steps, which it holds;
     every step's compute must be what its waits leave of it (:func:`ralp_pipe.engine.metrics.compute_time`);
-    the wire GB/step must be what its hosts' link counters sent (:func:`ralp_pipe.runtime.emulated.wire_total`).
+    the wire GB/step must be what its hosts' link counters sent (:func:`ralp_pipe.runtime.wire.wire_total`).
     """
     record, steps = run.record, run.steps
     needed = ["rank", "compute_s", "comm_wait_s", *(f"bytes_{name}" for name in CATEGORIES)]

@@ -14,34 +14,28 @@ As root the namespaces are plain network namespaces; without root (where unprivi
 namespaces exist) they live in a user namespace created by ``unshare --user --map-root-user``.
 Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.prefix`
 (``nsenter``); ranks, forked rather than executed, enter the same namespace files
-(:meth:`EmulatedCluster.namespaces`) with :func:`enter_namespaces`. Both get the environment
-:meth:`EmulatedCluster.env` (``GLOO_SOCKET_IFNAME=eth0``, ``MASTER_ADDR`` = host 0).
+(:meth:`EmulatedCluster.namespaces`) with :func:`ralp_pipe.runtime.sites.enter_namespaces`. Both
+get the environment :meth:`EmulatedCluster.env` (``GLOO_SOCKET_IFNAME=eth0``, ``MASTER_ADDR`` = host 0,
+and the host's index for its link counters, :mod:`ralp_pipe.runtime.wire`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.config import ConfigError
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
-
-if TYPE_CHECKING:
-    from ralp_pipe.runtime.launch import RankSite
+from ralp_pipe.runtime.sites import RankSite, Sites, nsenter_argv
+from ralp_pipe.runtime.wire import HOST_ENV, INTERFACE
 
 SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespaces
-INTERFACE = "eth0"
 SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
-HOST_ENV = "RALP_PIPE_HOST"  # set for ranks on an emulated host or SLURM node: the host's index (its link)
-LINK_ENV = "RALP_PIPE_LINK"  # the interface whose counters such a rank reads (default eth0)
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
-_CLONE = {"user": 0x10000000, "net": 0x40000000}  # setns(2) namespace types: CLONE_NEWUSER, CLONE_NEWNET
 
 
 class EmulationUnavailable(ConfigError):
@@ -52,14 +46,6 @@ class EmulationUnavailable(ConfigError):
             f"{super().__str__()} (in the workflow: --config "
             f'\'overrides=["cluster=local", "experiment.networks=[loopback]"]\' runs unshaped on loopback)'
         )
-
-
-@dataclass(frozen=True)
-class LinkCounters:
-    """Kernel byte counters of one host's ``eth0`` (what crossed its link)."""
-
-    tx_bytes: int
-    rx_bytes: int
 
 
 def _privilege_mode() -> str:
@@ -217,7 +203,7 @@ class EmulatedCluster:
         return nsenter_argv(self.namespaces(host))
 
     def namespaces(self, host: int) -> tuple[str, ...]:
-        """The namespace files a process enters, in order, to be on `host` (see :func:`enter_namespaces`)."""
+        """The namespace files a process enters, in order, to be on `host` (see :func:`~ralp_pipe.runtime.sites.enter_namespaces`)."""
         self._check_host(host)
         return self._namespace_files(self._holders[host].pid)
 
@@ -238,23 +224,11 @@ class EmulatedCluster:
             for host in hosts_of_ranks
         ]
 
-    def run(self, host: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
-        return subprocess.run([*self.prefix(host), *argv], capture_output=True, text=True, timeout=timeout)
-
     def switch_run(self, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside the switch namespace (e.g. ``tc -s qdisc show``)."""
         if self._switch is None:
             raise RuntimeError("the emulated cluster is not started; use it as a context manager")
         return subprocess.run([*self._enter(self._switch.pid), *argv], capture_output=True, text=True, timeout=timeout)
-
-    def read_counters(self) -> list[LinkCounters]:
-        """Per host, the kernel's tx/rx byte counters of ``eth0`` (from the namespace's /proc/net/dev)."""
-        counters = []
-        for host in range(self.hosts):
-            self._check_host(host)
-            counters.append(interface_counters(f"/proc/{self._holders[host].pid}/net/dev"))
-        return counters
 
     def namespace_pids(self) -> list[int]:
         """PIDs of the processes holding each host's namespace (host order)."""
@@ -269,78 +243,10 @@ class EmulatedCluster:
             raise RuntimeError(f"the namespace holder of host {host} exited ({self._holders[host].returncode})")
 
 
-def nsenter_argv(namespaces: Sequence[str]) -> list[str]:
-    """Argv prefix that runs a command inside `namespaces` (files such as ``/proc/PID/ns/net``, in order)."""
-    flags = [f"--{os.path.basename(path)}={path}" for path in namespaces]
-    user = any(os.path.basename(path) == "user" for path in namespaces)
-    return ["nsenter", *flags, *(["--preserve-credentials"] if user else []), "--"]
-
-
-def enter_namespaces(namespaces: Sequence[str]) -> None:
-    """Move this (single-threaded) process into `namespaces` with setns(2), as ``nsenter`` does before exec."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for path in namespaces:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if libc.setns(fd, _CLONE[os.path.basename(path)]) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns into {path}: {os.strerror(err)}")
-        finally:
-            os.close(fd)
-
-
-def interface_counters(path: str, interface: str = INTERFACE) -> LinkCounters:
-    """Parse `interface`'s rx/tx bytes out of a /proc/net/dev file."""
-    with open(path) as handle:
-        for line in handle:
-            name, _, fields = line.partition(":")
-            if name.strip() == interface:
-                values = fields.split()
-                return LinkCounters(tx_bytes=int(values[8]), rx_bytes=int(values[0]))
-    raise RuntimeError(f"{path} has no {interface} line; the host lost its link")
-
-
-def host_counters() -> tuple[int, LinkCounters] | None:
-    """In a rank on an emulated host or SLURM node: (host index, its link's counters now); None elsewhere."""
-    host = os.environ.get(HOST_ENV)
-    link = os.environ.get(LINK_ENV, INTERFACE)
-    return None if host is None else (int(host), interface_counters("/proc/self/net/dev", link))
-
-
-def wire_gb_per_step(
-    start: Sequence[tuple[int, LinkCounters]], end: Sequence[tuple[int, LinkCounters]], steps: int
-) -> dict[str, object]:
-    """GB per step that crossed each host link (one reading per host, however many ranks share it).
-
-    `start`/`end` are :func:`host_counters` readings taken by the ranks at the edges of the
-    measured window. ``total`` sums what the hosts sent, the figure the comm layer's
-    sender-side count is compared with; ``per_host`` gives each link's tx and rx.
-    """
-    first, last = dict(start), dict(end)
-    per_host = {
-        f"h{host}": {
-            "tx": (last[host].tx_bytes - first[host].tx_bytes) / steps / 1e9,
-            "rx": (last[host].rx_bytes - first[host].rx_bytes) / steps / 1e9,
-        }
-        for host in sorted(first.keys() & last.keys())
-    }
-    return {"total": wire_total(per_host), "per_host": per_host}
-
-
-def wire_total(per_host: Mapping[str, Mapping[str, float]]) -> float:
-    """GB per step on the wire: what every host link sent (``per_host``'s tx), each byte counted once."""
-    return sum(link["tx"] for link in per_host.values())
-
-
-def counter_delta(before: Sequence[LinkCounters], after: Sequence[LinkCounters]) -> list[LinkCounters]:
-    """Bytes sent and received per host between two :meth:`EmulatedCluster.read_counters` calls."""
-    return [LinkCounters(a.tx_bytes - b.tx_bytes, a.rx_bytes - b.rx_bytes) for b, a in zip(before, after)]
-
-
 @contextmanager
 def emulated_sites(
     hosts: Sequence[int], rate: str, burst: str, shared: Sequence[Mapping[str, Any]] | None = None
-) -> Iterator[Callable[[int], "RankSite"]]:
+) -> Iterator[Sites]:
     """Where each rank of one emulated run starts (the `sites` of ``launch_local``); rank r on ``hosts[r]``.
 
     Inside a shared cluster (`shared`: what :meth:`EmulatedCluster.share` gave, e.g. the `concurrent`
@@ -348,8 +254,6 @@ def emulated_sites(
     entry of `hosts` and `rate` per link is built for the run, and removed afterwards. Ranks
     sharing a host (a colocated PS beside its worker) share its namespace and shaped link.
     """
-    from ralp_pipe.runtime.launch import RankSite
-
     if shared is not None:
         ranks = list(shared)
         if len(ranks) != len(hosts):

@@ -1,21 +1,19 @@
-"""Starting the ranks of one run: locally as forked processes, under SLURM, or as spawned functions.
+"""Starting the ranks of one run: locally as forked processes, or as srun tasks under SLURM.
 
 - :func:`launch_local` runs a :class:`PythonMain` once per rank on this machine: each rank is
   forked from a server that imported the module once (:func:`ralp_pipe.runtime.process.start_forked`),
   in its own process group and killed with its parent. A `sites` function gives each rank a
-  :class:`RankSite`: the namespaces it enters, extra environment and the master address, e.g.
-  ``RankSite(("/proc/4242/ns/net",), {"GLOO_SOCKET_IFNAME": "eth0"}, "10.213.0.1")`` to run
-  rank 1 inside the network namespace held by process 4242.
+  :class:`~ralp_pipe.runtime.sites.RankSite`: the namespaces it enters, extra environment and the
+  master address, e.g. ``RankSite(("/proc/4242/ns/net",), {"GLOO_SOCKET_IFNAME": "eth0"}, "10.213.0.1")``
+  to run rank 1 inside the network namespace held by process 4242.
 - :func:`launch_slurm` runs the ranks with ``srun`` inside an allocation, one task per rank on
   the node :func:`ralp_pipe.runtime.nodes.node_of_ranks` chose (an srun host file,
   ``--distribution=arbitrary``), one GPU per task where the job has GPUs; rank 0 meets the
-  others on the first node of the job's node list. :func:`RankEnv.from_environ` reads a rank's
-  identity from torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or
-  from SLURM_* variables. An srun task binds gloo and NCCL to ``network.interface``, or where
-  none is named to the interface that routes to rank 0's node (:func:`route_interface`), and
-  reads that interface's byte counters at the window edges (``wire_gb_per_step``).
-- :func:`spawn_function` runs a Python function on every rank of a gloo group (tests,
-  benchmarks).
+  others on the first node of the job's node list (:mod:`ralp_pipe.runtime.nodes`).
+  :func:`RankEnv.from_environ` reads a rank's identity from torchrun-style variables (RANK,
+  WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or from SLURM_* variables. An srun task binds gloo and
+  NCCL to ``network.interface``, or where none is named to the interface that routes to rank 0's
+  node, and reads that interface's byte counters at the window edges (:mod:`ralp_pipe.runtime.wire`).
 
 If any rank exits non-zero, or the run outlives its deadline, every other rank is stopped
 (SIGTERM, then SIGKILL after a grace period) and :class:`RunFailure` names the rank and the
@@ -24,26 +22,18 @@ cause with the tail of its log (:mod:`ralp_pipe.runtime.process`).
 
 from __future__ import annotations
 
-import fcntl
 import importlib
 import os
-import socket
-import struct
-import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
-import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ralp_pipe.errors import RunFailure
-from ralp_pipe.runtime.emulated import HOST_ENV, LINK_ENV, enter_namespaces
+from ralp_pipe.runtime.nodes import allocation_nodes, first_host
 from ralp_pipe.runtime.process import (
     Forked,
     free_port,
@@ -53,17 +43,8 @@ from ralp_pipe.runtime.process import (
     stop,
     supervise,
 )
-
-SIOCGIFADDR = 0x8915  # ioctl: an interface's IPv4 address
-
-
-@dataclass(frozen=True)
-class RankSite:
-    """Where one rank runs: the namespace files it enters (in order), extra environment and rank 0's address."""
-
-    namespaces: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    master_addr: str = "127.0.0.1"
+from ralp_pipe.runtime.sites import RankSite, Sites, enter_namespaces
+from ralp_pipe.runtime.wire import HOST_ENV, LINK_ENV, route_interface
 
 
 @dataclass(frozen=True)
@@ -76,9 +57,6 @@ class PythonMain:
     def command(self) -> list[str]:
         """The same as a command line (``python -m module argv``), for srun."""
         return [sys.executable, "-m", self.module, *self.argv]
-
-
-Sites = Callable[[int], RankSite]
 
 
 @dataclass(frozen=True)
@@ -118,41 +96,6 @@ class RankEnv:
                 node=int(env.get("SLURM_NODEID", "0")),
             )
         raise RunFailure("no rank identity: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or run under srun")
-
-
-def allocation_nodes(job: str) -> list[str]:
-    """Node names of SLURM job `job`, in its node order: from SLURM_JOB_NODELIST, or from ``squeue`` where
-    that is unset (snakemake's jobstep executor removes it before running a rule's command)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        try:
-            nodelist = subprocess.run(
-                ["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True, check=True, timeout=30
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise RunFailure(
-                f"cannot find the nodes of SLURM job {job} (no SLURM_JOB_NODELIST; squeue: {exc})"
-            ) from exc
-    return node_names(nodelist)
-
-
-def first_host(nodelist: str) -> str:
-    """First host name of a SLURM node list such as ``node[03-05,9]``."""
-    return node_names(nodelist)[0]
-
-
-def node_names(nodelist: str) -> list[str]:
-    """Host names of a SLURM node list such as ``node[03-05,9]`` (via ``scontrol show hostnames``)."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise RunFailure(f"cannot expand SLURM node list {nodelist!r} with scontrol: {exc}") from exc
-    hosts = out.split()
-    if not hosts:
-        raise RunFailure(f"SLURM node list {nodelist!r} expands to no host")
-    return hosts
 
 
 def slurm_port(job_id: str) -> int:
@@ -291,62 +234,3 @@ def bind_task_link(env: RankEnv) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     os.environ[LINK_ENV], os.environ[HOST_ENV] = interface, str(env.node)
-
-
-def route_interface(host: str) -> str:
-    """The network interface holding the source address this machine uses to reach `host`."""
-    try:
-        address = socket.gethostbyname(host)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((address, 9))  # a UDP connect sends nothing: the kernel only picks route and source
-            source = probe.getsockname()[0]
-    except OSError as exc:
-        raise RunFailure(f"cannot find the interface that reaches rank 0's host {host!r}: {exc}") from exc
-    for _, name in socket.if_nameindex():
-        if _ipv4_address(name) == source:
-            return name
-    raise RunFailure(f"no interface holds {source}, the address this host reaches {host!r} ({address}) from")
-
-
-def _ipv4_address(interface: str) -> str | None:
-    """The IPv4 address of `interface` (SIOCGIFADDR), None when it has none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", interface.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def _run_function(
-    rank: int, fn: Callable[..., Any], world_size: int, port: int, out: str, args: tuple[Any, ...], threads: int
-) -> None:
-    torch.set_num_threads(threads)
-    env = RankEnv(rank, world_size, rank, "127.0.0.1", port)
-    init_group(env, "gloo", 60, 300)
-    try:
-        torch.save(fn(rank, world_size, *args), Path(out) / f"{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn_function(
-    fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = (), timeout_s: float = 300, threads: int = 1
-) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on `world_size` spawned ranks of a gloo group (`threads` torch threads each)."""
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="ralp-spawn-") as out:
-        context = mp.start_processes(
-            _run_function,
-            args=(fn, world_size, port, out, args, threads),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + timeout_s
-        while not context.join(timeout=0.5):
-            if time.monotonic() > deadline:
-                for proc in context.processes:
-                    proc.kill()
-                raise RunFailure(f"spawned ranks still running after {timeout_s:.0f} s")
-        return [torch.load(Path(out) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]

@@ -46,8 +46,9 @@ from typing import Any, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.errors import ConfigError, RunFailure
-from ralp_pipe.runtime.emulated import SUBNET, EmulatedCluster, LinkCounters, interface_counters
+from ralp_pipe.runtime.emulated import SUBNET, EmulatedCluster
 from ralp_pipe.runtime.process import Process, free_port, start_logged, stop, tail
+from ralp_pipe.runtime.wire import LinkCounters, interface_counters
 
 MODULE = "ralp_pipe.runtime.slurm_cluster"  # run with --serve: the keeper
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "ralp-pipe-slurm"
