@@ -20,11 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from ralp_pipe.config import STRATEGIES
-from ralp_pipe.results.accuracy import KEYS, prediction_error
 from ralp_pipe.results.intervals import mean_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness shared with the tests
-from support.prediction import measure_against_plan  # noqa: E402
+from support.prediction import KEYS, measure_against_plan, prediction_error  # noqa: E402
 
 TARGET = 0.10  # the planner's median absolute error on this benchmark and on the default workflow
 

@@ -12,8 +12,8 @@ from ralp_pipe.contract.records import Profile
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine.models import model_units, parameter_count
 from ralp_pipe.planning.planner import build_plan
-from ralp_pipe.planning.profiling import analytic_profile
 from ralp_pipe.workflow.matrix import Matrix, parse_settings
+from support.profiles import analytic_profile
 
 # builds each model of the experiment at full size twice (VGG-11 with 21841 classes: 218M parameters)
 pytestmark = pytest.mark.slow

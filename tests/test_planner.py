@@ -15,7 +15,7 @@ from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.planner import build_plan
-from ralp_pipe.planning.profiling import analytic_profile
+from support.profiles import analytic_profile
 
 # builds VGG/ResNet models and plans every strategy and split (the module fixture ~30 s, tests 7-21 s)
 pytestmark = pytest.mark.slow

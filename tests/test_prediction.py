@@ -8,8 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ralp_pipe.results.accuracy import prediction_error
-from support.prediction import measure_against_plan
+from support.prediction import measure_against_plan, prediction_error
 
 pytestmark = pytest.mark.slow  # profiles, plans and trains three strategies in subprocesses
 

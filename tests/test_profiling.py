@@ -13,7 +13,8 @@ from ralp_pipe import cli
 from ralp_pipe.contract.records import LinkProbe
 from ralp_pipe.engine import models
 from ralp_pipe.errors import RunFailure
-from ralp_pipe.planning.profiling import measure_bandwidth, profile_batches, profile_model, worker_and_ps_batches
+from ralp_pipe.planning.link_probe import measure_bandwidth
+from ralp_pipe.planning.profiling import profile_batches, profile_model, worker_and_ps_batches
 from ralp_pipe.runtime import hardware
 
 CPU = torch.device("cpu")

@@ -13,9 +13,9 @@ from ralp_pipe.config import STRATEGIES
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
-from ralp_pipe.planning.profiling import analytic_profile
 from ralp_pipe.planning.simulate import simulate
-from ralp_pipe.results.accuracy import plan_predictions, prediction_error
+from support.prediction import plan_predictions, prediction_error
+from support.profiles import analytic_profile
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ PROFILING = "ralp_pipe.planning.profiling"
 ENTRIES = {
     "prepare_shards": [("ralp_pipe.data.shards", "main", None)],
     "profile": [(PROFILING, "main", None)],
-    "probe": [(PROFILING, "link_record", "cfg")],
+    "probe": [("ralp_pipe.planning.link_probe", "link_record", "cfg")],
     "plan": [("ralp_pipe.planning.planner", "main", None)],
     "train": [("ralp_pipe.engine.train", "main", None), ("ralp_pipe.engine.rank", "main", None)],
 }

@@ -14,7 +14,8 @@ from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.ralp import LayerPlacementStrategy
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.planner import build_plan
-from ralp_pipe.planning.profiling import analytic_profile, worker_and_ps_batches
+from ralp_pipe.planning.profiling import worker_and_ps_batches
+from support.profiles import analytic_profile
 
 # layer placement with two devices fewer than N as workers: its own counts, RALP's step and volume
 TOY = StrategyKind(

@@ -14,41 +14,30 @@ each N of ``--gpus``, default `cluster.gpus`), parameter bytes, output activatio
 ``torch.cuda.max_memory_allocated`` during the unit's forward+backward on GPU; on CPU it is
 the bytes of parameters + gradients + input + output + every tensor autograd saves for the
 backward pass (counted with ``saved_tensors_hooks``). It also records the SGD update and
-gradient-aggregation cost per parameter byte, the hardware, and the point-to-point bandwidth
-between two ranks (gloo: the bytes over the time of ``--bandwidth-repeats`` messages each way,
-the directions taking turns; the slower direction's rate) and their all-reduce. The probe
-runs where training's ranks talk: two processes of this host (local), two hosts of an
-emulated network shaped like `network.rate` (emulated), or two tasks on two nodes of the
-job's allocation over the fabric's `network.interface` (slurm).
+gradient-aggregation cost per parameter byte, the hardware, and the link between two ranks
+as the link probe measured it (:mod:`ralp_pipe.planning.link_probe`, ``--bandwidth-repeats``
+messages each way).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ralp_pipe.atomic import check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, workload
-from ralp_pipe.config.units import rate_bytes_per_s
-from ralp_pipe.contract.records import LinkProbe, Profile
+from ralp_pipe.contract.records import Profile
 from ralp_pipe.contract.topology import largest_world, topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim
-from ralp_pipe.errors import RunFailure
 from ralp_pipe.planning import devicemodel
+from ralp_pipe.planning.link_probe import link_record
 from ralp_pipe.runtime import devices, hardware
-from ralp_pipe.runtime.emulated import EmulatedCluster
-from ralp_pipe.runtime.process import free_port, start_logged, supervise
 
 # what a compute profile reads of the config (a key covers those below it)
 CONFIG_KEYS = (
@@ -70,9 +59,8 @@ CONFIG_KEYS = (
     "train.weight_decay",
     "train.seed",
 )
-LINK_CONFIG_KEYS = ("network", "cluster.kind")  # what the link probe (--link-only) reads
-
-DEFAULT_MESSAGE_BYTES = 64 * 2**20
+# what the link probe (--link-only: link_probe.link_record) reads, declared here with the command's other keys
+LINK_CONFIG_KEYS = ("network", "cluster.kind")
 
 
 def _sync(device: torch.device) -> None:
@@ -210,190 +198,6 @@ def profile_model(
     return {"units": rows, "update": profile_update(model, warmup, repeats, optim)}
 
 
-def unit_macs(units: Sequence[models.Unit], image_size: int) -> list[int]:
-    """Multiply-accumulates of each unit's forward pass for one image (conv and linear layers)."""
-    counts: dict[int, int] = {}
-    hooks = []
-
-    def count(module: nn.Module, _: Any, output: torch.Tensor) -> None:
-        spatial = output.shape[2] * output.shape[3] if output.dim() == 4 else 1
-        counts[id(module)] = module.get_parameter("weight").numel() * spatial
-
-    for unit in units:
-        hooks += [
-            m.register_forward_hook(count) for m in unit.module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))
-        ]
-    try:
-        models.activation_shapes(list(units), image_size)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return [sum(counts.get(id(m), 0) for m in u.module.modules()) for u in units]
-
-
-def analytic_profile(
-    name: str,
-    num_classes: int,
-    image_size: int,
-    batches: Sequence[int],
-    macs_per_s: float,
-    bandwidth_bytes_per_s: float | None,
-    memory_bytes_per_s: float,
-    latency_s: float = 0.0,
-) -> dict[str, Any]:
-    """A profile document computed instead of measured, for hardware not at hand.
-
-    Forward time is the unit's multiply-accumulates / `macs_per_s` (backward twice that);
-    gradient aggregation and the SGD update stream parameters at `memory_bytes_per_s`
-    (aggregation reads and writes once, the update with momentum three times).
-    """
-    units = models.placement_units(models.build(name, num_classes))
-    shapes = models.activation_shapes(units, image_size)
-    rows = models.unit_rows(units, shapes)
-    for row, macs in zip(rows, unit_macs(units, image_size)):
-        row["macs_per_sample"] = macs
-        row["by_batch"] = {
-            str(b): {"fwd_s": macs * b / macs_per_s, "bwd_s": 2 * macs * b / macs_per_s} for b in batches
-        }
-    param_bytes = sum(r["param_bytes"] for r in rows)
-    return {
-        "model": name,
-        "num_classes": num_classes,
-        "image_size": image_size,
-        "device": "analytic",
-        "batches": {str(b): b for b in batches},
-        "units": rows,
-        "update": {
-            "param_bytes": param_bytes,
-            "update_s_per_byte": 3 / memory_bytes_per_s,
-            "aggregate_s_per_byte": 1 / memory_bytes_per_s,
-        },
-        "link": {
-            "measured": None
-            if bandwidth_bytes_per_s is None
-            else {"bytes_per_s": bandwidth_bytes_per_s, "latency_s": latency_s}
-        },
-    }
-
-
-def measure_bandwidth(
-    backend: str = "gloo",
-    message_bytes: int = DEFAULT_MESSAGE_BYTES,
-    repeats: int = 3,
-    argv_prefixes: Sequence[Sequence[str]] = ((), ()),
-    master_addr: str = "127.0.0.1",
-    master_port: int | None = None,
-    rank_env: Sequence[Mapping[str, str]] = ({}, {}),
-    timeout_s: float = 120.0,
-) -> dict[str, Any]:
-    """Point-to-point bytes/s between two spawned ranks, both directions, and their all-reduce bus bytes/s.
-
-    Rank r runs as ``[*argv_prefixes[r], python, -m, ralp_pipe.planning.profiling, ...]`` with
-    ``rank_env[r]`` added to its environment, so each rank can start inside its own network
-    namespace (prefix ``ip netns exec NS``, env ``GLOO_SOCKET_IFNAME=eth0``) with rank 0
-    listening on `master_addr`.
-    """
-    if len(argv_prefixes) != 2 or len(rank_env) != 2:
-        raise ValueError("measure_bandwidth needs exactly two argv prefixes and two env mappings (ranks 0 and 1)")
-    port = master_port or free_port()
-    procs, logs = [], []
-    with tempfile.TemporaryDirectory(prefix="ralp-probe-") as scratch:
-        for rank in (0, 1):
-            argv = [
-                *argv_prefixes[rank],
-                sys.executable,
-                "-m",
-                "ralp_pipe.planning.profiling",
-                "--rank",
-                str(rank),
-                "--init",
-                f"tcp://{master_addr}:{port}",
-                "--backend",
-                backend,
-                "--bytes",
-                str(message_bytes),
-                "--repeats",
-                str(repeats),
-                "--timeout",
-                str(timeout_s),
-            ]
-            logs.append(Path(scratch, f"probe{rank}.log"))
-            procs.append(start_logged(argv, logs[-1], {**os.environ, **rank_env[rank]}))
-        try:
-            supervise(procs, logs, timeout_s, "bandwidth probe rank")
-        except RunFailure as exc:
-            raise RunFailure(f"link probe between {master_addr}:{port} ({backend}): {exc}") from None
-        output = logs[0].read_text()
-    result = next(
-        (json.loads(line) for line in reversed(output.splitlines()) if line.startswith("{") and '"directions"' in line),
-        None,
-    )
-    if result is None:
-        raise RunFailure(f"link probe rank 0 printed no result; its log ends:\n{output[-2000:]}")
-    result["bytes_per_s"] = min(result["directions"].values())
-    return result
-
-
-def _bandwidth_rank(
-    rank: int, init: str, backend: str, message_bytes: int, repeats: int, timeout_s: float
-) -> dict[str, Any] | None:
-    """One rank of the probe: timed sends + 1-element acknowledgements in both directions, then all-reduces."""
-    import datetime
-
-    import torch.distributed as dist
-
-    hardware.keep_freed_memory()  # as training ranks run
-    dist.init_process_group(
-        backend, init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=timeout_s)
-    )
-    message = torch.ones(message_bytes // 4, dtype=torch.float32)
-    ack = torch.zeros(1)
-
-    def round_trip(sender: int, payload: torch.Tensor) -> float:
-        peer = 1 - rank
-        start = time.perf_counter()
-        if rank == sender:
-            dist.send(payload, peer)
-            dist.recv(ack, peer)
-        else:
-            dist.recv(payload, peer)
-            dist.send(ack, peer)
-        return time.perf_counter() - start
-
-    def all_reduce() -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(message)
-        return time.perf_counter() - start
-
-    for sender in (0, 1):
-        round_trip(sender, message)
-    # Directions take turns, so drift of the host hits both alike. On this host's loopback single
-    # 16 MiB messages ranged 2-5 GB/s with no pattern: a rate is all its messages' bytes over their
-    # time (as iperf reports), never one message's or a median of few.
-    seconds: dict[int, float] = {0: 0.0, 1: 0.0}
-    for _ in range(repeats):
-        for sender in (0, 1):
-            seconds[sender] += round_trip(sender, message)
-    latency = [round_trip(sender, torch.ones(1)) / 2 for _ in range(repeats) for sender in (0, 1)]
-    directions = {f"{s}->{1 - s}": message_bytes * repeats / seconds[s] for s in (0, 1)}
-    all_reduce()
-    all_reduce_s = sum(all_reduce() for _ in range(repeats)) / repeats
-    dist.barrier()
-    dist.destroy_process_group()
-    if rank != 0:
-        return None
-    return {
-        "backend": backend,
-        "message_bytes": message_bytes,
-        "repeats": repeats,
-        "directions": directions,
-        "latency_s": statistics.median(latency),
-        # bus bandwidth as nccl-tests define it: bytes * 2(n-1)/n / time, which is bytes / time at n=2
-        "allreduce_bus_bytes_per_s": message_bytes / all_reduce_s,
-    }
-
-
 def profile_batches(batch_size: int, gpus: Sequence[int]) -> dict[str, int]:
     """Every batch a profile for the device counts `gpus` times: the worker's and each N's PS-device batches."""
     batches = {"worker": batch_size}
@@ -455,72 +259,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="torch CPU threads while profiling (default: the threads a training rank gets here)",
-    )
-
-
-def probe_link(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
-    """The two-rank probe over the network `cfg` trains on.
-
-    On an emulated cluster the ranks run on two hosts of one shaped like `cfg.network`; under
-    SLURM they are two srun tasks, on the first two nodes of the job where it has two; elsewhere
-    they are two processes of this host. The probe moves CPU tensors, so it uses gloo even where
-    training would use NCCL.
-    """
-    kind = cluster_kind(cfg.cluster.kind)
-    if kind.launcher == "srun":
-        return _probe_fabric(cfg, message_bytes, repeats)
-    if not kind.shapes_links:
-        return {**measure_bandwidth("gloo", message_bytes, repeats), "network": "this host"}
-    with EmulatedCluster(2, cfg.network.rate, cfg.network.burst) as cluster:
-        result = measure_bandwidth(
-            "gloo",
-            message_bytes,
-            repeats,
-            argv_prefixes=(cluster.prefix(0), cluster.prefix(1)),
-            master_addr=cluster.address(0),
-            rank_env=(cluster.env(0), cluster.env(1)),
-        )
-    return {**result, "network": f"emulated {cfg.network.rate}"}
-
-
-def _probe_fabric(cfg: Any, message_bytes: int, repeats: int) -> dict[str, Any]:
-    """The probe between srun tasks of this job: nodes 0 and 1 where it has two, else both on its node."""
-    from ralp_pipe.runtime.launch import allocation_nodes
-
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        raise RunFailure(
-            "cluster=slurm link probe outside a SLURM allocation (no SLURM_JOB_ID): "
-            "submit it with sbatch/salloc or profile with cluster=local"
-        )
-    names = allocation_nodes(job)  # snakemake's jobstep executor strips SLURM_JOB_NODELIST
-    nodes = min(2, len(names))
-    srun = ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--export=ALL"]
-    interface = cfg.network.interface
-    env = {"GLOO_SOCKET_IFNAME": interface} if interface else {}
-    result = measure_bandwidth(
-        "gloo",
-        message_bytes,
-        repeats,
-        argv_prefixes=tuple([*srun, f"--relative={rank % nodes}"] for rank in (0, 1)),
-        master_addr=names[0],
-        rank_env=(env, env),
-    )
-    return {**result, "network": f"fabric ({interface or 'interface routing to rank 0'}) across {nodes} node(s)"}
-
-
-def link_record(cfg: Any, message_bytes: int, repeats: int, measure: bool = True) -> LinkProbe:
-    """The link `cfg`'s ranks train over: measured by the probe (unless `measure` is false) and, where the
-    cluster shapes its links, the configured rate."""
-    shaped = cluster_kind(cfg.cluster.kind).shapes_links
-    return LinkProbe(
-        network=cfg.network.name,
-        cluster_kind=cfg.cluster.kind,
-        interface=cfg.network.interface,
-        measured=probe_link(cfg, message_bytes, repeats) if measure else None,
-        configured_rate=cfg.network.rate if shaped else None,
-        configured_bytes_per_s=rate_bytes_per_s(cfg.network.rate) if shaped else None,
-        hardware=hardware.describe(),
     )
 
 
@@ -647,22 +385,3 @@ def _write_modelled(args: argparse.Namespace, target: str) -> int:
         f"{doc['worker_memory_bytes'] / 1e9:.1f} GB per worker -> {args.out}"
     )
     return 0
-
-
-def _rank_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(description="one rank of the bandwidth probe")
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--init", required=True)
-    parser.add_argument("--backend", default="gloo")
-    parser.add_argument("--bytes", type=int, default=DEFAULT_MESSAGE_BYTES)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=120.0)
-    a = parser.parse_args(argv)
-    result = _bandwidth_rank(a.rank, a.init, a.backend, a.bytes, a.repeats, a.timeout)
-    if result is not None:
-        print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_rank_main(sys.argv[1:]))
