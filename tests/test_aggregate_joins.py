@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from ralp_pipe.config.units import rate_bits_per_s
-from ralp_pipe.results.aggregate import Tables, build_tables, load_records
+from ralp_pipe.results.aggregate import build_tables, load_records
+from ralp_pipe.results.tables import Tables
 from workflow_records import write_results
 
 ORDER = ("ps", "ps-sequential", "allreduce", "ralp_h", "ralp_n")

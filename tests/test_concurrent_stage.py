@@ -11,7 +11,8 @@ import pytest
 
 from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE
 from ralp_pipe.contract.records import RunMetrics
-from ralp_pipe.results.aggregate import concurrent_table, load_workloads
+from ralp_pipe.results.aggregate import load_workloads
+from ralp_pipe.results.tables import concurrent_table
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]  # four training runs of two ranks each (250 s at load 12 on 2 cores)
 

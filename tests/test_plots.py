@@ -13,7 +13,8 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 
 from ralp_pipe.contract.layout import PLOT_NAMES
 from ralp_pipe.results import plots
-from ralp_pipe.results.aggregate import Tables, build_tables, load_records
+from ralp_pipe.results.aggregate import build_tables, load_records
+from ralp_pipe.results.tables import Tables
 from workflow_records import write_results
 
 REPEATS = 3

@@ -29,6 +29,7 @@ from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.contract.topology import WORKER
 from ralp_pipe.engine.metrics import MEASURE, measured_overruns
 from ralp_pipe.errors import DataError
+from ralp_pipe.results.markdown import fmt, table
 
 KEYS = ["model", "dataset", "gpus", "network", "strategy", "repeat", "run"]  # strategy: the row name (arm)
 PARTS = ["compute_s", "comm_wait_s", "data_wait_s"]  # a worker's step, in the order the plot stacks them
@@ -73,10 +74,6 @@ def by_configuration(breakdown: pd.DataFrame) -> pd.DataFrame:
     return breakdown.groupby(KEYS[:-2], sort=False, dropna=False)[FIGURES].mean().reset_index()
 
 
-def _cell(value: float, digits: int = 3, suffix: str = "") -> str:
-    return "-" if math.isnan(value) else f"{value:.{digits}f}{suffix}"
-
-
 def breakdown_markdown(breakdown: pd.DataFrame) -> str:
     """The summary's time-breakdown section with the share of a `ps` step that is communication ('' if no runs)."""
     if breakdown.empty:
@@ -84,12 +81,12 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
     mean = by_configuration(breakdown)
     header = ["model", "dataset", "N", "network", "strategy", "step (s)", "compute (s)", "comm wait (s)"]
     header += ["data wait (s)", "comm share", "PS compute (s)", "PS comm wait (s)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in mean.itertuples():
-        cells = [r.model, r.dataset, str(r.gpus), r.network, r.strategy, _cell(r.step_time_s), _cell(r.compute_s)]
-        cells += [_cell(r.comm_wait_s), _cell(r.data_wait_s), _cell(100 * r.comm_share, 0, "%")]
-        cells += [_cell(r.ps_compute_s), _cell(r.ps_comm_wait_s)]
-        lines.append("| " + " | ".join(cells) + " |")
+    rows = [
+        [r.model, r.dataset, str(r.gpus), r.network, r.strategy, fmt(r.step_time_s, 3), fmt(r.compute_s, 3)]
+        + [fmt(r.comm_wait_s, 3), fmt(r.data_wait_s, 3), fmt(100 * r.comm_share, 0, "%")]
+        + [fmt(r.ps_compute_s, 3), fmt(r.ps_comm_wait_s, 3)]
+        for r in mean.itertuples()
+    ]
     parts = [
         "## Time breakdown of a step",
         "",
@@ -97,7 +94,7 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
         "(compute, waiting on transfers, waiting for the next batch), and the server ranks' own compute "
         "and wait (ps processes or RALP's PS device; they work while the workers wait).",
         "",
-        *lines,
+        table(header, rows),
         "",
     ]
     ps = mean[mean["strategy"] == "ps"]["comm_share"].dropna()

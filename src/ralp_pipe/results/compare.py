@@ -27,8 +27,8 @@ import pandas as pd
 
 from ralp_pipe.contract.layout import PATHS, RUNS_TABLE
 from ralp_pipe.errors import ConfigError, DataError
-from ralp_pipe.results.aggregate import CONFIGURATION
 from ralp_pipe.results.intervals import Estimate, ratio_interval
+from ralp_pipe.results.tables import CONFIGURATION
 
 NEEDED = ("repeats", "images_per_sec", "images_per_sec_std", "images_per_sec_ci_low", "images_per_sec_ci_high")
 PLACEMENT = ("split", "split_unit")  # RALP's split point and its unit's name (null for ps and allreduce)

@@ -1,4 +1,4 @@
-"""The figures of an experiment, drawn from its tables (:class:`~ralp_pipe.results.aggregate.Tables`).
+"""The figures of an experiment, drawn from its tables (:class:`~ralp_pipe.results.tables.Tables`).
 
 One PNG per name of :data:`~ralp_pipe.contract.layout.PLOT_NAMES`, each captioned in the
 Snakemake report (workflow/report/plot_<name>.rst). Rows are configurations (means over
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
@@ -27,9 +27,7 @@ from ralp_pipe.atomic import Writer, atomic_path, write_together  # noqa: E402
 from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
 from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration  # noqa: E402
-
-if TYPE_CHECKING:
-    from ralp_pipe.results.aggregate import Tables
+from ralp_pipe.results.tables import Tables  # noqa: E402
 
 CATEGORY_LABELS = {
     "gb_gradients": "gradients",

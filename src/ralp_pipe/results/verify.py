@@ -43,8 +43,9 @@ from ralp_pipe.contract.topology import WORKER
 from ralp_pipe.engine.metrics import MEASURE, compute_time, measured_overruns, summarize, target_equivalent
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
-from ralp_pipe.results.aggregate import RunInput, Tables, build_tables, load_records, load_workloads
+from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS, ENVIRONMENT
+from ralp_pipe.results.tables import RunInput, Tables
 from ralp_pipe.runtime.wire import wire_total
 
 CHUNK = 1 << 20
