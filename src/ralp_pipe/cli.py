@@ -1,8 +1,8 @@
 """`ralp-pipe <stage> [options] [hydra overrides]`: one entry point per pipeline stage.
 
-Each stage lives in the module named below, which provides ``add_arguments(parser)`` and
-``main(args) -> int``. Modules are imported only when their stage runs, so `--help` and light
-stages start fast. Hydra overrides (``key=value``, ``group=option``) are collected in
+Each stage lives in the module the command table names (:data:`ralp_pipe.contract.stages.STAGES`),
+which provides ``add_arguments(parser)`` and ``main(args) -> int``. Modules are imported only when
+their stage runs, so `--help` and light stages start fast. Hydra overrides (``key=value``, ``group=option``) are collected in
 ``args.overrides`` and passed to :func:`ralp_pipe.config.load` by the stage.
 """
 
@@ -19,22 +19,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Callable, Iterator, Sequence
 
+from ralp_pipe.contract.stages import STAGES
 from ralp_pipe.errors import Interrupted, RalpError, disk_error
 from ralp_pipe.runtime.process import exit_now, start_fork_server
-
-STAGES: dict[str, tuple[str, str]] = {
-    "prepare-shards": ("ralp_pipe.data.shards", "turn an image collection into webdataset shards"),
-    "train": ("ralp_pipe.engine.train", "run one distributed training measurement"),
-    "concurrent": ("ralp_pipe.runtime.concurrent_jobs", "run several training jobs at once on one emulated network"),
-    "profile": ("ralp_pipe.planning.profiling", "measure per-unit compute, memory and link bandwidth"),
-    "plan": ("ralp_pipe.planning.planner", "choose the split point and predict throughput from a profile"),
-    "simulate": ("ralp_pipe.planning.simulate", "predict throughput for clusters this machine is not"),
-    "aggregate": ("ralp_pipe.results.aggregate", "collect runs into Parquet tables, summaries and plots"),
-    "bundle": ("ralp_pipe.results.bundle", "archive results with checksums"),
-    "verify": ("ralp_pipe.results.verify", "check a bundle's checksums and recompute its tables"),
-    "compare": ("ralp_pipe.results.compare", "compare two bundles' images/sec per configuration, beyond noise"),
-    "cluster": ("ralp_pipe.runtime.slurm_cluster", "start, stop or show a multi-node SLURM cluster on this machine"),
-}
 
 # stage -> the module its ranks run where it starts them on this machine (forked from a preloaded server)
 LOCAL_RANKS = {"train": "ralp_pipe.engine.rank"}

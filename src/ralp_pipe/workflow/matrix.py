@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
-from ralp_pipe.cli import STAGES
 from ralp_pipe.config import (
     CONFIG_DIR,
     REFERENCE,
@@ -45,6 +44,7 @@ from ralp_pipe.config import (
     validate,
 )
 from ralp_pipe.contract.layout import PATHS, RUN_ID, arm, log_path
+from ralp_pipe.contract.stages import STAGES
 from ralp_pipe.contract.topology import cpu_share
 from ralp_pipe.workflow.compositions import cached_load
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
