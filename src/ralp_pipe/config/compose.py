@@ -32,7 +32,13 @@ from ralp_pipe.config.schema import (
     MODELS,
     PS_PLACEMENTS,
     SAFE_NAME,
+    ClusterConfig,
     Config,
+    DatasetConfig,
+    ExperimentConfig,
+    NetworkConfig,
+    StrategyConfig,
+    TrainConfig,
 )
 from ralp_pipe.config.strategies import STRATEGY_KINDS, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
@@ -215,7 +221,24 @@ def _safe_name(key: str, value: str) -> None:
 
 def validate(cfg: Config) -> None:
     """Refuse values that no stage can use, naming the key, the value and what is allowed."""
-    d, m, s, c, n, t = cfg.dataset, cfg.model, cfg.strategy, cfg.cluster, cfg.network, cfg.train
+    _validate_dataset(cfg.dataset)
+    _choice("model.name", cfg.model.name, MODELS)
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout={cfg.model.dropout!r} must be in [0, 1)")
+    _validate_strategy(cfg.strategy)
+    _validate_cluster(cfg.cluster, cfg.strategy.name)
+    _validate_network(cfg.network, cfg.cluster.kind)
+    _validate_train(cfg.train, cfg.model.name)
+    _validate_device(cfg)
+    _choice("dilation.mode", cfg.dilation.mode, DILATION_MODES)
+    _choice("dilation.target", cfg.dilation.target, device_entries())
+    if cfg.dilation.factor is not None:
+        _in_range("dilation.factor", cfg.dilation.factor, 1.0, math.inf, "[1, inf) or null (no dilation)")
+    _validate_experiment(cfg.experiment)
+
+
+def _validate_dataset(d: DatasetConfig) -> None:
+    """The dataset's name, layout and class count, where its images are, and how its shards are cut."""
     _safe_name("dataset.name", d.name)
     _choice("dataset.layout", d.layout, LAYOUTS)
     _at_least("dataset.num_classes", d.num_classes, 2)
@@ -238,10 +261,8 @@ def validate(cfg: Config) -> None:
     if d.shards.resize_shorter is not None:
         _at_least("dataset.shards.resize_shorter", d.shards.resize_shorter, 8)
 
-    _choice("model.name", m.name, MODELS)
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError(f"model.dropout={m.dropout!r} must be in [0, 1)")
 
+def _validate_strategy(s: StrategyConfig) -> None:
     _choice("strategy.name", s.name, tuple(STRATEGY_KINDS))
     _at_least("strategy.num_ps", s.num_ps, 1)
     if s.split is not None:
@@ -250,14 +271,17 @@ def validate(cfg: Config) -> None:
     _at_least("strategy.credit", s.credit, 0)
     _choice("strategy.ps_placement", s.ps_placement, PS_PLACEMENTS)
 
+
+def _validate_cluster(c: ClusterConfig, strategy: str) -> None:
+    """The cluster's kind, device and backend, enough devices for `strategy`, its timeouts and SLURM requests."""
     _choice("cluster.kind", c.kind, CLUSTERS)
     _choice("cluster.device", c.device, DEVICES)
     _choice("cluster.backend", c.backend, BACKENDS)
     _at_least("cluster.gpus", c.gpus, 1)
-    kind = strategy_kind(s.name)
+    kind = strategy_kind(strategy)
     if c.gpus < kind.min_gpus:
         raise ConfigError(
-            f"cluster.gpus={c.gpus} is too few for {s.name}: it needs at least {kind.min_gpus} ({kind.ranks})"
+            f"cluster.gpus={c.gpus} is too few for {strategy}: it needs at least {kind.min_gpus} ({kind.ranks})"
         )
     _at_least("cluster.timeout_s", c.timeout_s, 1)
     _at_least("cluster.init_timeout_s", c.init_timeout_s, 1)
@@ -271,20 +295,26 @@ def validate(cfg: Config) -> None:
         if getattr(c.slurm, key) is not None:
             _at_least(f"cluster.slurm.{key}", getattr(c.slurm, key), 1)
 
+
+def _validate_network(n: NetworkConfig, cluster: str) -> None:
+    """The network's name, rate, burst and interface; no rate on a cluster whose fabric nothing shapes."""
     _safe_name("network.name", n.name)
     rate_bits_per_s(n.rate, "network.rate")
     size_bytes(n.burst, "network.burst")
     if n.interface is not None:
         _safe_name("network.interface", n.interface)
-    if cluster_kind(c.kind).on_fabric and n.rate != "unlimited":
+    if cluster_kind(cluster).on_fabric and n.rate != "unlimited":
         raise ConfigError(
             f"network '{n.name}' sets network.rate={n.rate!r}, but nothing shapes a SLURM cluster's network: "
             f"its fabric is what the hardware is; use a network naming the fabric's interface "
             f"(experiment.networks=[fabric], network.interface=...) or cluster=emulated for a shaped link"
         )
 
+
+def _validate_train(t: TrainConfig, model: str) -> None:
+    """Batch, image size (at least what `model` takes), steps, loader and SGD settings of a run."""
     _at_least("train.batch_size", t.batch_size, 1)
-    _at_least("train.image_size", t.image_size, MIN_IMAGE_SIZE.get(m.name, 32))
+    _at_least("train.image_size", t.image_size, MIN_IMAGE_SIZE.get(model, 32))
     _at_least("train.warmup_steps", t.warmup_steps, 0)
     _at_least("train.measure_steps", t.measure_steps, 1)
     _at_least("train.loader_threads", t.loader_threads, 1)
@@ -296,12 +326,9 @@ def validate(cfg: Config) -> None:
     _in_range("train.weight_decay", t.weight_decay, 0.0, math.inf, "[0, inf)")
     _at_least("train.repeat", t.repeat, 0)
 
-    _validate_device(cfg)
-    _choice("dilation.mode", cfg.dilation.mode, DILATION_MODES)
-    _choice("dilation.target", cfg.dilation.target, device_entries())
-    if cfg.dilation.factor is not None:
-        _in_range("dilation.factor", cfg.dilation.factor, 1.0, math.inf, "[1, inf) or null (no dilation)")
-    e = cfg.experiment
+
+def _validate_experiment(e: ExperimentConfig) -> None:
+    """The matrix the experiment asks for: its models, strategies, N, repeats, names and pairs."""
     _safe_name("experiment.name", e.name)
     if e.target is not None:
         _choice("experiment.target", e.target, device_entries())
