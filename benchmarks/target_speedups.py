@@ -17,7 +17,7 @@ from ralp_pipe.config import load
 from ralp_pipe.engine import models
 from ralp_pipe.planning import devicemodel
 from ralp_pipe.planning.profiling import profile_batches
-from ralp_pipe.planning.simulate import simulate
+from ralp_pipe.planning.simulate import Grid, simulate
 
 WORKLOADS = (
     ("vgg16", "synthetic22k"),
@@ -40,7 +40,7 @@ def main() -> None:
         cfg = load(devicemodel.target_overrides(args.target, overrides))
         profile = devicemodel.modelled_profile(cfg, profile_batches(args.batch, args.gpus), max(args.gpus))
         units = models.model_units(model, cfg.dataset.num_classes, cfg.model.dropout)
-        frame = simulate(profile, units, args.batch, args.gpus, args.link_gbit)
+        frame = simulate(profile, units, args.batch, Grid(args.gpus, args.link_gbit))
         for (n, gbit), point in frame.groupby(["gpus", "link_gbit"]):
             rate = point.set_index("strategy").images_per_sec
             rows.append(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from ralp_pipe.planning.costmodel import ComputeCosts, Link, Pipelining, UnitCost, predict
+from ralp_pipe.planning.costmodel import ComputeCosts, Link, Pipelining, Pricing, UnitCost, predict
 
 W, B = 2, 3
 COSTS = ComputeCosts(
@@ -45,7 +45,7 @@ def test_unit_times_are_interpolated_between_and_scaled_beyond_the_profiled_batc
 def test_ps_step_time_matches_the_hand_computation() -> None:
     """ps: fwd+bwd and zeroing on the workers, W passes + SGD on the PS, push and pull over its link."""
     # bytes: every worker pushes P gradients and pulls P parameters: 2 x 4000 + 2 x 4000 = 16000
-    pred = predict("ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK)
+    pred = predict("ps", W, 2, volume(gradients=8000, parameters=8000), Pricing(COSTS, B, LINK))
     # compute = fwd (0.014 + 0.007) + bwd (0.028 + 0.014) + 1 zeroing pass 4000 x 2e-7 = 0.063 + 0.0008 = 0.0638
     assert pred.compute_s == pytest.approx(0.0638)
     # server = (W = 2 passes x 2e-7 + 1e-6) x 4000 / 1 PS = 1.4e-6 x 4000 = 0.0056
@@ -60,7 +60,11 @@ def test_ps_step_time_matches_the_hand_computation() -> None:
 def test_pipelined_ps_hides_its_transfers_behind_backward_but_not_the_last_pull() -> None:
     """ps, pipelined in 1000-byte buckets: both link directions at once, overlapped with backward."""
     pred = predict(
-        "ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK, pipelining=Pipelining(bucket_bytes=1000)
+        "ps",
+        W,
+        2,
+        volume(gradients=8000, parameters=8000),
+        Pricing(COSTS, B, LINK, pipelining=Pipelining(bucket_bytes=1000)),
     )
     # one direction of the PS link: 8000 / 1e6 = 0.008 s; the PS's own work: 0.0056 s (as above);
     # backward (0.028 + 0.014 = 0.042 s) hides both entirely: exposed = max(0, 0.008 - 0.042) = 0
@@ -76,19 +80,19 @@ def test_pipelined_ps_on_a_slow_link_exposes_what_backward_cannot_hide() -> None
     """At 1e5 bytes/s one direction takes 0.08 s: 0.038 s of it outlasts backward."""
     slow = Link(bytes_per_s=1e5, latency_s=1e-3, allreduce_bytes_per_s=5e5)
     bytes_ = volume(gradients=8000, parameters=8000)
-    pipelined = predict("ps", COSTS, W, 2, B, bytes_, slow, pipelining=Pipelining(bucket_bytes=1000))
+    pipelined = predict("ps", W, 2, bytes_, Pricing(COSTS, B, slow, pipelining=Pipelining(bucket_bytes=1000)))
     # exposed = 0.08 - 0.042 = 0.038; tail = 2 x 1000 / 1e5 + 0.002 = 0.022; comm = 0.060
     assert pipelined.comm_s == pytest.approx(0.060)
     assert pipelined.step_time_s == pytest.approx(0.0638 + 0.0014 + 0.060)
     # sequentially the same link carries push then pull: 16000 / 1e5 + 0.002 = 0.162
-    sequential = predict("ps", COSTS, W, 2, B, bytes_, slow)
+    sequential = predict("ps", W, 2, bytes_, Pricing(COSTS, B, slow))
     assert sequential.comm_s == pytest.approx(0.162)
     assert sequential.step_time_s == pytest.approx(0.0638 + 0.0056 + 0.162)
 
 
 def test_two_parameter_servers_split_the_reduction_and_the_transfer() -> None:
     """ps with 2 PSes: each server reduces and moves half of the bytes."""
-    pred = predict("ps", COSTS, W, 2, B, volume(gradients=8000, parameters=8000), LINK, num_ps=2)
+    pred = predict("ps", W, 2, volume(gradients=8000, parameters=8000), Pricing(COSTS, B, LINK, num_ps=2))
     # server = 1.4e-6 x 4000 / 2 = 0.0028; comm = 16000 / 2 / 1e6 + 0.002 = 0.010
     assert pred.server_s == pytest.approx(0.0028)
     assert pred.comm_s == pytest.approx(0.010)
@@ -98,25 +102,25 @@ def test_two_parameter_servers_split_the_reduction_and_the_transfer() -> None:
 def test_colocated_parameter_servers_share_the_worker_links() -> None:
     """ps with 2 PSes colocated, PS i on worker i's host: each link carries half a model each way."""
     bytes_ = volume(gradients=8000, parameters=8000)
-    pred = predict("ps", COSTS, W, 2, B, bytes_, LINK, num_ps=2, colocated=True)
+    pred = predict("ps", W, 2, bytes_, Pricing(COSTS, B, LINK, num_ps=2, colocated=True))
     # host 0 sends: worker 0's push of PS 1's shard (2000) + PS 0's pull to worker 1 (2000) = 4000 per
     # direction, the pull in the other; sequential comm = 2 x 4000 / 1e6 + 0.002 = 0.010
     assert pred.comm_s == pytest.approx(0.010)
     assert pred.server_s == pytest.approx(0.0028)
     # one PS colocated with worker 0: its link carries worker 1's whole model each way (4000),
     # worker 0's exchange stays on its host: 2 x 4000 / 1e6 + 0.002 = 0.010, against 0.018 dedicated
-    one = predict("ps", COSTS, W, 2, B, bytes_, LINK, num_ps=1, colocated=True)
+    one = predict("ps", W, 2, bytes_, Pricing(COSTS, B, LINK, num_ps=1, colocated=True))
     assert one.comm_s == pytest.approx(0.010)
     # pipelined with 1000-byte buckets: the last bucket is pulled by the one remote worker only:
     # 1 x 1000 / 1e6 + 0.002 = 0.003
-    piped = predict("ps", COSTS, W, 2, B, bytes_, LINK, num_ps=2, colocated=True, pipelining=Pipelining(1000))
+    piped = predict("ps", W, 2, bytes_, Pricing(COSTS, B, LINK, num_ps=2, colocated=True, pipelining=Pipelining(1000)))
     assert piped.comm_s == pytest.approx(0.003)
 
 
 def test_allreduce_step_time_matches_the_hand_computation() -> None:
     """allreduce: fwd+bwd and two bucket copies, (N-1)/N of an addition + SGD, a ring at the bus bandwidth."""
     # bytes: 2 (W - 1) P = 2 x 1 x 4000 = 8000 over all ranks
-    pred = predict("allreduce", COSTS, W, 2, B, volume(gradients=8000), LINK)
+    pred = predict("allreduce", W, 2, volume(gradients=8000), Pricing(COSTS, B, LINK))
     # compute = 0.063 + 2 copies x 4000 x 2e-7 = 0.063 + 0.0016 = 0.0646
     assert pred.compute_s == pytest.approx(0.0646)
     # server = (1/2 x 2e-7 + 1e-6) x 4000 = 1.1e-6 x 4000 = 0.0044
@@ -133,7 +137,7 @@ def test_ralp_n_step_time_matches_the_hand_computation() -> None:
     # bytes: lower gradients and parameters W x 1000 = 2000 each; activations and their gradients
     # W x b x 100 elements x 4 bytes = 2400 each; labels W x b x 8 = 48 -> total 8848
     bytes_ = volume(gradients=2000, parameters=2000, activations=2400, activation_gradients=2400, labels=48)
-    pred = predict("ralp_n", COSTS, W, 2, B, bytes_, LINK, split=1)
+    pred = predict("ralp_n", W, 2, bytes_, Pricing(COSTS, B, LINK), split=1)
     # compute = u0 fwd 0.014 + bwd 0.028 + zeroing 1000 x 2e-7 = 0.042 + 0.0002 = 0.0422
     assert pred.compute_s == pytest.approx(0.0422)
     # server = u1 at batch 6: fwd 0.0135 + bwd 0.027, + (W - 1) x 1000 x 2e-7 = 0.0002 summing the lower
@@ -150,4 +154,4 @@ def test_ralp_n_step_time_matches_the_hand_computation() -> None:
 def test_ralp_n_without_a_split_inside_the_model_is_refused(split: int | None) -> None:
     """Two units leave exactly one split point: 1."""
     with pytest.raises(ValueError, match=rf"split point {split} .*out of range: choose 1\.\.1"):
-        predict("ralp_n", COSTS, W, 2, B, volume(gradients=1), LINK, split=split)
+        predict("ralp_n", W, 2, volume(gradients=1), Pricing(COSTS, B, LINK), split=split)

@@ -13,7 +13,7 @@ from ralp_pipe.config import STRATEGIES
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
-from ralp_pipe.planning.simulate import simulate
+from ralp_pipe.planning.simulate import Grid, Servers, simulate
 from support.prediction import plan_predictions, prediction_error
 from support.profiles import analytic_profile
 
@@ -27,7 +27,7 @@ def vgg11() -> tuple[dict, list[models.Unit]]:
 @pytest.mark.slow  # simulates every strategy over N up to 1024 with exact VGG-11 bytes (4-8 s)
 def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> None:
     profile, units = vgg11
-    frame = simulate(profile, units, 4, gpus=[2, 16, 1024], link_gbit=[1, 100])
+    frame = simulate(profile, units, 4, Grid(gpus=[2, 16, 1024], link_gbit=[1, 100]))
     assert len(frame) == len(STRATEGIES) * 3 * 2
     assert set(frame.strategy) == set(STRATEGIES) and set(frame.gpus) == {2, 16, 1024}
     for row in frame[frame.gpus == 1024].itertuples():
@@ -41,7 +41,7 @@ def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> 
     ps = ps_rows.set_index(["gpus", "link_gbit"]).images_per_sec
     # one PS per worker host: each link carries 2(N-1)/N models a step whatever N, so it scales
     assert ps[(1024, 1)] > 0.5 * 64 * ps[(16, 1)]
-    single = simulate(profile, units, 4, gpus=[16, 1024], link_gbit=[1], ps_per_host=False)
+    single = simulate(profile, units, 4, Grid(gpus=[16, 1024], link_gbit=[1]), Servers(per_host=False))
     single_ps = single[single.strategy == "ps"].set_index("gpus").images_per_sec
     assert single_ps[1024] < 2 * single_ps[16]  # one PS link caps the baseline however many GPUs join
 
@@ -143,7 +143,7 @@ def test_a_link_probe_latency_is_paid_per_ring_message(vgg11) -> None:
     """allreduce at N: 2(N-1) latency-bound ring steps, so 0.01 s a message adds 2 x 15 x 0.01 s at N=16."""
     profile, units = vgg11
     rows = [
-        simulate(profile, units, 4, gpus=[16], link_gbit=[10], latency_s=latency).set_index("strategy")
+        simulate(profile, units, 4, Grid(gpus=[16], link_gbit=[10], latency_s=latency)).set_index("strategy")
         for latency in (None, 0.01)
     ]
     assert rows[1].step_time_s["allreduce"] - rows[0].step_time_s["allreduce"] == pytest.approx(0.3)

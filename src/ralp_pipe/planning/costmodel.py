@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -225,87 +225,99 @@ def ps_direction_bytes(model_bytes: float, workers: int, num_ps: int, colocated:
     return model_bytes * ((1 - m / num_ps) + (workers - 1) * m / num_ps)
 
 
-def _slowdown(shared: SharedCpu | None, concurrent: int, world_size: int) -> float:
-    return 1.0 if shared is None else shared.slowdown(concurrent, world_size)
+@dataclass(frozen=True)
+class Pricing:
+    """What the steps of one plan are priced with: the profile's unit costs at the per-worker batch, the link,
+    the `ps` PS ranks and their placement, whether their transfers are pipelined, and the CPU ranks share."""
+
+    costs: ComputeCosts
+    batch_size: int
+    link: Link
+    num_ps: int = 1
+    colocated: bool = False  # `ps` PS ranks on the workers' hosts (strategy.ps_placement)
+    pipelining: Pipelining | None = None  # None: the sequential step (it prices only `ps`, see predict)
+    shared: SharedCpu | None = None  # None: every rank has a device of its own
+
+    def slowdown(self, concurrent: int, world_size: int) -> float:
+        """Time factor against the profile for `concurrent` of `world_size` ranks computing at once."""
+        return 1.0 if self.shared is None else self.shared.slowdown(concurrent, world_size)
 
 
 def predict(
-    strategy: str,
-    costs: ComputeCosts,
-    num_workers: int,
-    gpus: int,
-    batch_size: int,
-    volume: Mapping[str, int],
-    link: Link,
-    split: int | None = None,
-    num_ps: int = 1,
-    shared: SharedCpu | None = None,
-    pipelining: Pipelining | None = None,
-    colocated: bool = False,
+    strategy: str, num_workers: int, gpus: int, volume: Mapping[str, int], pricing: Pricing, split: int | None = None
 ) -> Prediction:
-    """Predicted step of `strategy` with `num_workers` workers moving `volume` bytes (see module doc).
+    """Predicted step of `strategy` at `gpus` devices with `num_workers` workers moving `volume` bytes (see module doc).
 
-    `colocated` places `ps` PS ranks on the workers' hosts (``strategy.ps_placement``).
-
-    `pipelining` None is the sequential step; it prices only `ps` (RALP's lower-part pushes are
+    `pricing.pipelining` None is the sequential step; it prices only `ps` (RALP's lower-part pushes are
     small next to its activations and are priced sequentially either way).
     """
-    w, b = num_workers, batch_size
-    total_param = costs.param_bytes
-    add = costs.aggregate_s_per_byte  # one in-place pass over a gradient set, per byte
-    sent = volume["total"]
     kind = strategy_kind(strategy)
-    if not kind.places_layers:
-        # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP)
-        passes = 1 if kind.has_ps else 2
-        compute = costs.fwd(slice(None), b) + costs.bwd(slice(None), b) + passes * total_param * add
-        world = w + kind.servers(gpus, num_ps)
-        compute *= _slowdown(shared, w, world)
-    if kind.has_ps:
-        # add the W gradient sets into the first and average them, SGD; each server holds 1/num_ps
-        reduce_passes = w if w > 1 else 0
-        server = (
-            (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * _slowdown(shared, num_ps, world)
-        )
-        direction_s = ps_direction_bytes(total_param, w, num_ps, colocated) / link.bytes_per_s
-        comm = 2 * direction_s + 2 * link.latency_s
-        if pipelining is not None:
-            server, comm = _pipelined_ps(
-                costs.bwd(slice(None), b) * _slowdown(shared, w, world),
-                server,
-                direction_s,
-                total_param / num_ps,
-                pipelining.bucket_bytes,
-                w - 1 if colocated else w,
-                link,
-            )
-    elif not kind.places_layers:  # ring all-reduce
-        server = ((w - 1) / w * add + costs.update_s_per_byte) * total_param * _slowdown(shared, w, world)
-        comm = (sent / w / link.ring_bytes_per_s + 2 * (w - 1) * link.latency_s) if w > 1 else 0.0
+    if kind.places_layers:
+        check_split(split, len(pricing.costs.units), f"the {strategy} prediction")
+        compute, server, comm = _layer_placing_step(pricing, num_workers, cast(int, split), volume["total"])
     else:
-        check_split(split, len(costs.units), f"the {strategy} prediction")
-        lower, upper = slice(0, split), slice(split, None)
-        lower_param = sum(u.param_bytes for u in costs.units[lower])
-        compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + lower_param * add) * _slowdown(shared, w, w + 1)
-        # upper layers at the concatenated batch; the W lower gradient sets summed into the first; SGD of all
-        server = (
-            costs.fwd(upper, w * b)
-            + costs.bwd(upper, w * b)
-            + (w - 1) * lower_param * add
-            + total_param * costs.update_s_per_byte
-        ) * _slowdown(shared, 1, w + 1)
-        comm = sent / link.bytes_per_s + 4 * link.latency_s
-    return Prediction(strategy, gpus, split, w * b, compute, server, comm, dict(volume))
+        world = num_workers + kind.servers(gpus, pricing.num_ps)
+        # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP)
+        compute = _full_model_compute(pricing, 1 if kind.has_ps else 2) * pricing.slowdown(num_workers, world)
+        if kind.has_ps:
+            server, comm = _ps_step(pricing, num_workers, world)
+        else:
+            server, comm = _allreduce_step(pricing, num_workers, world, volume["total"])
+    return Prediction(strategy, gpus, split, num_workers * pricing.batch_size, compute, server, comm, dict(volume))
+
+
+def _full_model_compute(pricing: Pricing, passes: int) -> float:
+    """A worker's forward+backward of every unit and `passes` passes over its gradients, as profiled."""
+    costs, b = pricing.costs, pricing.batch_size
+    return (
+        costs.fwd(slice(None), b) + costs.bwd(slice(None), b) + passes * costs.param_bytes * costs.aggregate_s_per_byte
+    )
+
+
+def _ps_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]:
+    """(server, comm) seconds of a `ps` step: each PS adds the W gradient sets into the first, averages them
+    and applies SGD to its 1/num_ps of the parameters; pushes and pulls cross the busiest host link."""
+    costs, link, num_ps = pricing.costs, pricing.link, pricing.num_ps
+    total_param, add = costs.param_bytes, costs.aggregate_s_per_byte
+    reduce_passes = workers if workers > 1 else 0
+    server = (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * pricing.slowdown(num_ps, world)
+    direction_s = ps_direction_bytes(total_param, workers, num_ps, pricing.colocated) / link.bytes_per_s
+    if pricing.pipelining is None:
+        return server, 2 * direction_s + 2 * link.latency_s
+    backward_s = costs.bwd(slice(None), pricing.batch_size) * pricing.slowdown(workers, world)
+    return _pipelined_ps(pricing, backward_s, server, direction_s, workers - 1 if pricing.colocated else workers)
+
+
+def _allreduce_step(pricing: Pricing, workers: int, world: int, sent: int) -> tuple[float, float]:
+    """(server, comm) seconds of a ring all-reduce step: (N-1)/N of an addition and SGD, then the ring."""
+    costs, link = pricing.costs, pricing.link
+    add = costs.aggregate_s_per_byte
+    server = ((workers - 1) / workers * add + costs.update_s_per_byte) * costs.param_bytes
+    server *= pricing.slowdown(workers, world)
+    comm = (sent / workers / link.ring_bytes_per_s + 2 * (workers - 1) * link.latency_s) if workers > 1 else 0.0
+    return server, comm
+
+
+def _layer_placing_step(pricing: Pricing, workers: int, split: int, sent: int) -> tuple[float, float, float]:
+    """(compute, server, comm) seconds of a RALP step split after unit `split`: the lower units on the
+    workers, the upper ones on the PS device at the concatenated batch, every transfer over its link."""
+    costs, b, link = pricing.costs, pricing.batch_size, pricing.link
+    add = costs.aggregate_s_per_byte
+    lower, upper = slice(0, split), slice(split, None)
+    lower_param = sum(u.param_bytes for u in costs.units[lower])
+    compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + lower_param * add) * pricing.slowdown(workers, workers + 1)
+    # upper layers at the concatenated batch; the W lower gradient sets summed into the first; SGD of all
+    server = (
+        costs.fwd(upper, workers * b)
+        + costs.bwd(upper, workers * b)
+        + (workers - 1) * lower_param * add
+        + costs.param_bytes * costs.update_s_per_byte
+    ) * pricing.slowdown(1, workers + 1)
+    return compute, server, sent / link.bytes_per_s + 4 * link.latency_s
 
 
 def _pipelined_ps(
-    backward_s: float,
-    server_s: float,
-    direction_s: float,
-    shard_bytes: float,
-    bucket_bytes: float,
-    workers: int,
-    link: Link,
+    pricing: Pricing, backward_s: float, server_s: float, direction_s: float, workers: int
 ) -> tuple[float, float]:
     """(server, comm) seconds a pipelined PS step adds to the workers' forward+backward.
 
@@ -314,9 +326,11 @@ def _pipelined_ps(
     last bucket is updated and pulled by the `workers` remote workers over the PS link, behind
     two latencies.
     """
+    assert pricing.pipelining is not None
+    shard_bytes, bucket_bytes = pricing.costs.param_bytes / pricing.num_ps, pricing.pipelining.bucket_bytes
     last = min(bucket_bytes, shard_bytes) / shard_bytes if shard_bytes else 0.0
     exposed = max(0.0, max(direction_s, server_s) - backward_s)
-    tail_comm = workers * min(bucket_bytes, shard_bytes) / link.bytes_per_s + 2 * link.latency_s
+    tail_comm = workers * min(bucket_bytes, shard_bytes) / pricing.link.bytes_per_s + 2 * pricing.link.latency_s
     if server_s > direction_s:
         return exposed + last * server_s, tail_comm
     return last * server_s, exposed + tail_comm

@@ -36,10 +36,10 @@ from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.planning.costmodel import (
-    ComputeCosts,
     Link,
     Pipelining,
     Prediction,
+    Pricing,
     SharedCpu,
     compute_costs,
     effective_link,
@@ -163,37 +163,14 @@ def pipelining_of(cfg: Config) -> Pipelining | None:
 
 
 def best_prediction(
-    strategy: str,
-    costs: ComputeCosts,
-    volume: VolumeFn,
-    gpus: int,
-    batch_size: int,
-    link: Link,
-    num_ps: int = 1,
-    shared: SharedCpu | None = None,
-    pipelining: Pipelining | None = None,
-    colocated: bool = False,
+    strategy: str, volume: VolumeFn, gpus: int, pricing: Pricing
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
-    topo = topology(strategy, gpus, num_ps)
-    splits: Sequence[int | None] = range(1, len(costs.units)) if strategy_kind(strategy).places_layers else [None]
-    table = [
-        predict(
-            strategy,
-            costs,
-            topo.num_workers,
-            gpus,
-            batch_size,
-            volume(strategy, gpus, k),
-            link,
-            k,
-            num_ps=num_ps,
-            shared=shared,
-            pipelining=pipelining,
-            colocated=colocated,
-        )
-        for k in splits
-    ]
+    workers = topology(strategy, gpus, pricing.num_ps).num_workers
+    splits: Sequence[int | None] = (
+        range(1, len(pricing.costs.units)) if strategy_kind(strategy).places_layers else [None]
+    )
+    table = [predict(strategy, workers, gpus, volume(strategy, gpus, k), pricing, k) for k in splits]
     return max(table, key=lambda p: p.images_per_sec), table
 
 
@@ -212,28 +189,15 @@ def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: S
     )
 
 
-def plan_gpus(
-    costs: ComputeCosts,
-    unit_names: Sequence[str],
-    volume: VolumeFn,
-    gpus: int,
-    batch_size: int,
-    link: Link,
-    num_ps: int = 1,
-    shared: SharedCpu | None = None,
-    pipelining: Pipelining | None = None,
-    colocated: bool = False,
-) -> dict[str, dict[str, Any]]:
+def plan_gpus(unit_names: Sequence[str], volume: VolumeFn, gpus: int, pricing: Pricing) -> dict[str, dict[str, Any]]:
     """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
     entries: dict[str, dict[str, Any]] = {}
-    baseline, _ = best_prediction("ps", costs, volume, gpus, batch_size, link, num_ps, shared, pipelining, colocated)
+    baseline, _ = best_prediction("ps", volume, gpus, pricing)
     for strategy, kind in STRATEGY_KINDS.items():
         if gpus < kind.min_gpus:
             continue
-        best, table = best_prediction(
-            strategy, costs, volume, gpus, batch_size, link, num_ps, shared, pipelining, colocated
-        )
-        topo = topology(strategy, gpus, num_ps)
+        best, table = best_prediction(strategy, volume, gpus, pricing)
+        topo = topology(strategy, gpus, pricing.num_ps)
         speedup = best.images_per_sec / baseline.images_per_sec
         entry = {
             **best.as_dict(),
@@ -268,17 +232,18 @@ def build_plan(
     names = [u.name for u in units]
     if names != [u["name"] for u in profile.units]:
         raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")
-    costs = compute_costs(profile.to_dict())
     link = cluster_link(profile, cfg, probe)
-    num_ps = cfg.strategy.num_ps
-    volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, num_ps)
-    pipelining = pipelining_of(cfg)
-    colocated = cfg.strategy.ps_placement == "colocated"
+    volume = volume_function(units, cfg.train.batch_size, cfg.train.image_size, cfg.strategy.num_ps)
+    pricing = Pricing(
+        compute_costs(profile.to_dict()),
+        cfg.train.batch_size,
+        link,
+        cfg.strategy.num_ps,
+        cfg.strategy.ps_placement == "colocated",
+        pipelining_of(cfg),
+    )
     shared = {n: shared_cpu(cfg, profile, n) for n in gpus}
-    by_gpus = {
-        str(n): plan_gpus(costs, names, volume, n, cfg.train.batch_size, link, num_ps, shared[n], pipelining, colocated)
-        for n in gpus
-    }
+    by_gpus = {str(n): plan_gpus(names, volume, n, dataclasses.replace(pricing, shared=shared[n])) for n in gpus}
     first_shared = shared[gpus[0]]
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(

@@ -14,6 +14,7 @@ over `ps`, and prints a short summary.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, cast
 
@@ -24,7 +25,7 @@ from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
 from ralp_pipe.contract.records import LinkProbe, Profile
 from ralp_pipe.engine import models
 from ralp_pipe.planning import devicemodel
-from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, compute_costs
+from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, Pricing, compute_costs
 from ralp_pipe.planning.planner import best_prediction, check_profile_matches, pipelining_of, volume_function
 from ralp_pipe.planning.profiling import profile_batches
 
@@ -34,39 +35,46 @@ PAPER_GPUS = (2, 16)  # the paper's evaluation: 2..16 GPUs (config/experiment/pa
 PAPER_LINK_GBIT = (1, 10, 25)  # ... on 1, 10 and 25 Gbit/s links
 
 
-def simulate(
-    profile: Mapping[str, Any],
-    units: list[models.Unit],
-    batch_size: int,
-    gpus: Sequence[int] = GPUS,
-    link_gbit: Sequence[float] = LINK_GBIT,
-    num_ps: int = 1,
-    pipelining: Pipelining | None = None,
-    colocated: bool = False,
-    ps_per_host: bool = True,
-    latency_s: float | None = None,
-) -> pd.DataFrame:
-    """One row per strategy x N x link speed with the best configuration's predictions.
+@dataclass(frozen=True)
+class Grid:
+    """The clusters a simulation prices: every N of `gpus` on every link speed of `link_gbit`, paying
+    `latency_s` per message (None: the profile's own probe's, 0 for a compute-only profile)."""
 
-    `ps_per_host` prices `ps` at N with N PS ranks colocated on the worker hosts; otherwise with
-    `num_ps` PS ranks placed as `colocated` says. `latency_s` per message: the profile's own probe's
-    where None (0 for a compute-only profile).
-    """
+    gpus: Sequence[int] = GPUS
+    link_gbit: Sequence[float] = LINK_GBIT
+    latency_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Servers:
+    """How `ps` runs: at N with N PS ranks colocated on the worker hosts (`per_host`), otherwise with `num_ps`
+    PS ranks placed as `colocated` says; its transfers pipelined as `pipelining` says (None: sequential)."""
+
+    num_ps: int = 1
+    colocated: bool = False
+    per_host: bool = True
+    pipelining: Pipelining | None = None
+
+
+def simulate(
+    profile: Mapping[str, Any], units: list[models.Unit], batch_size: int, grid: Grid = Grid(), ps: Servers = Servers()
+) -> pd.DataFrame:
+    """One row per strategy x N x link speed of `grid` with the best configuration's predictions."""
     costs = compute_costs(profile)
     names = [u.name for u in units]
-    volume = volume_function(units, batch_size, int(profile["image_size"]), num_ps)
+    volume = volume_function(units, batch_size, int(profile["image_size"]), ps.num_ps)
+    latency_s = grid.latency_s
     if latency_s is None:
         latency_s = float(((profile.get("link") or {}).get("measured") or {}).get("latency_s", 0.0))
     rows = []
-    for gbit in link_gbit:
+    for gbit in grid.link_gbit:
         link = Link(gbit * 1e9 / 8 * TCP_PAYLOAD_PER_WIRE_BYTE, latency_s, f"{gbit} Gbit/s")
-        for n in gpus:
+        for n in grid.gpus:
             baseline = None
             for strategy, kind in STRATEGY_KINDS.items():
-                servers, beside = (n, True) if ps_per_host and kind.has_ps else (num_ps, colocated)
-                best, _ = best_prediction(
-                    strategy, costs, volume, n, batch_size, link, servers, pipelining=pipelining, colocated=beside
-                )
+                servers, beside = (n, True) if ps.per_host and kind.has_ps else (ps.num_ps, ps.colocated)
+                pricing = Pricing(costs, batch_size, link, servers, beside, ps.pipelining)
+                best, _ = best_prediction(strategy, volume, n, pricing)
                 baseline = baseline or best
                 rows.append(
                     {
@@ -207,17 +215,12 @@ def main(args: argparse.Namespace) -> int:
         profile = Profile.read(args.profile)
         check_profile_matches(profile, cfg, args.profile)
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    latency_s = float((LinkProbe.read(args.link).measured or {}).get("latency_s", 0.0)) if args.link else None
+    servers = Servers(
+        cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", args.ps_per_host, pipelining_of(cfg)
+    )
     frame = simulate(
-        profile.to_dict(),
-        units,
-        cfg.train.batch_size,
-        args.gpus,
-        args.link_gbit,
-        cfg.strategy.num_ps,
-        pipelining_of(cfg),
-        colocated=cfg.strategy.ps_placement == "colocated",
-        ps_per_host=args.ps_per_host,
-        latency_s=float((LinkProbe.read(args.link).measured or {}).get("latency_s", 0.0)) if args.link else None,
+        profile.to_dict(), units, cfg.train.batch_size, Grid(args.gpus, args.link_gbit, latency_s), servers
     )
     frame["profile_kind"] = profile.kind
     frame["device"] = (profile.target or {}).get("name", profile.device)
