@@ -19,7 +19,7 @@ from ralp_pipe.planning import devicemodel
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, simulate
 
-WORKLOADS = (
+PAIRS = (
     ("vgg16", "synthetic22k"),
     ("vgg11", "synthetic1k"),
     ("resnet50", "synthetic1k"),
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     rows = []
-    for model, dataset in WORKLOADS:
+    for model, dataset in PAIRS:
         overrides = [f"model={model}", f"dataset={dataset}", f"train.batch_size={args.batch}", "train.image_size=224"]
         cfg = load(devicemodel.target_overrides(args.target, overrides))
         profile = devicemodel.modelled_profile(cfg, profile_batches(args.batch, args.gpus), max(args.gpus))

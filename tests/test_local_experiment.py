@@ -24,7 +24,7 @@ PAPER_IMAGE = 224
 
 RALP_STRATEGIES = [name for name, kind in STRATEGY_KINDS.items() if kind.places_layers]
 LOCAL = Matrix(parse_settings({"experiment": "local"}))
-CELLS = sorted({(r.dataset, r.model, r.gpus, r.network) for r in LOCAL.runs if r.strategy in RALP_STRATEGIES})
+GROUPS = sorted({(r.dataset, r.model, r.gpus, r.network) for r in LOCAL.runs if r.strategy in RALP_STRATEGIES})
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,7 +74,7 @@ def test_local_is_the_representative_default() -> None:
 # (7); 176 px moves AlexNet's ralp_h to 4, 160 px also ResNet-18's ralp_h to 6 (on 10 Gbit/s, 160 px
 # kept all but ResNet-18's ralp_n, 7 against 10 at 224 px, at every size from 128 to 192 px).
 @pytest.mark.parametrize(
-    ("dataset", "model", "gpus", "network", "strategy"), [(*cell, s) for cell in CELLS for s in RALP_STRATEGIES]
+    ("dataset", "model", "gpus", "network", "strategy"), [(*group, s) for group in GROUPS for s in RALP_STRATEGIES]
 )
 def test_the_default_image_size_gets_the_split_of_224_px(
     dataset: str, model: str, gpus: int, network: str, strategy: str

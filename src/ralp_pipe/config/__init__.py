@@ -8,10 +8,10 @@ from ralp_pipe.config.compose import (
     digest,
     from_dict,
     load,
+    made_for,
     refuse_repeated,
     to_dict,
     validate,
-    workload,
 )
 from ralp_pipe.config.schema import (
     BACKENDS,
@@ -83,5 +83,5 @@ __all__ = [
     "strategy_kind",
     "to_dict",
     "validate",
-    "workload",
+    "made_for",
 ]

@@ -373,8 +373,8 @@ def _validate_device(cfg: Config) -> None:
     )
 
 
-def workload(cfg: Config) -> dict[str, Any]:
-    """What a profile or plan was made for: model, dataset, class count, image size, batch."""
+def made_for(cfg: Config) -> dict[str, Any]:
+    """What a profile or plan is made for: model, dataset, class count, image size, batch."""
     return {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
-from ralp_pipe.config import Config, cluster_kind, digest, load, strategy_kind, to_dict, workload
+from ralp_pipe.config import Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.contract.topology import Topology, of_strategy
@@ -61,7 +61,7 @@ ROW_BYTES = 1024  # one step record as JSON in the rank result, in steps.parquet
 FULL_BYTES = 2**20  # a filesystem with less free space is full for the ranks' logs
 RANK_BASE_BYTES = 500_000_000  # memory of one rank before its model: interpreter, torch, gloo buffers
 PARAMETER_COPIES = 3  # a rank holds parameters, their gradients and momentum (or the buffers in flight)
-# What a plan was made for (Plan fields, as config.workload names them) -> the config key of the run
+# What a plan was made for (Plan fields, as config.made_for names them) -> the config key of the run
 PLAN_KEYS = {
     "model": "model.name",
     "dataset": "dataset.name",
@@ -152,7 +152,7 @@ def plan_entry(cfg: Config) -> dict[str, Any] | None:
         return None
     path = Path(cfg.strategy.plan)
     plan = Plan.read(path)
-    wanted = workload(cfg)
+    wanted = made_for(cfg)
     for field, key in PLAN_KEYS.items():
         held = getattr(plan, field)
         if held is not None and held != wanted[field]:

@@ -37,7 +37,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, workload
+from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, made_for
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import FlatSgd, Optim, nbytes
 
@@ -243,7 +243,7 @@ def modelled_profile(cfg: Config, batches: dict[str, int], gpus: int) -> dict[st
     aggregate, update = trace_update(param_tensors, Optim(t.lr, t.momentum, t.weight_decay))
     aggregate_s, update_s = aggregate.seconds(device), update.seconds(device)
     return {
-        **workload(cfg),
+        **made_for(cfg),
         "gpus": gpus,
         "batches": batches,
         "device": "cuda",

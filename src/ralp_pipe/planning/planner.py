@@ -27,8 +27,8 @@ from ralp_pipe.config import (
     ConfigError,
     cluster_kind,
     load,
+    made_for,
     strategy_kind,
-    workload,
 )
 from ralp_pipe.contract.records import LinkProbe, Plan, Profile
 from ralp_pipe.contract.topology import cpu_share, topology
@@ -69,7 +69,7 @@ VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
 def check_profile_matches(profile: Profile, cfg: Config, path: str | Path) -> None:
     """Refuse a profile of another model, class count or image size than `cfg`."""
-    wanted = workload(cfg)
+    wanted = made_for(cfg)
     for key in ("model", "num_classes", "image_size"):
         value, profiled = wanted[key], getattr(profile, key)
         if profiled != value:
@@ -247,7 +247,7 @@ def build_plan(
     first_shared = shared[gpus[0]]
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(
-        **workload(cfg),
+        **made_for(cfg),
         gpus=gpus[0],
         network=cfg.network.name,
         cluster_kind=cfg.cluster.kind,

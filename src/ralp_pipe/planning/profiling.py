@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ralp_pipe.atomic import check_writable
-from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, workload
+from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, made_for
 from ralp_pipe.contract.records import Profile
 from ralp_pipe.contract.topology import largest_world, topology
 from ralp_pipe.engine import models
@@ -303,7 +303,7 @@ def build_profile(
     probe = link_record(cfg, message_bytes, bandwidth_repeats, bandwidth)
     link = {k: getattr(probe, k) for k in ("measured", "configured_rate", "configured_bytes_per_s")}
     return {
-        **workload(cfg),
+        **made_for(cfg),
         "gpus": counts[-1],
         "batches": batches,
         "device": device.type,

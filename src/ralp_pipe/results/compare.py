@@ -132,16 +132,16 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
     )
     rows = []
     for row in joined.itertuples(index=False):
-        cells = {key: getattr(row, key) for key in CONFIGURATION}
+        configuration = {key: getattr(row, key) for key in CONFIGURATION}
         if row.side != "both":
             only = ONLY_A if row.side == "left_only" else ONLY_B
-            rows.append({**cells, "verdict": only})
+            rows.append({**configuration, "verdict": only})
             continue
         pick = {side: _side(row, side) for side in ("a", "b")}
         change = ratio_interval(pick["b"], pick["a"])
         rows.append(
             {
-                **cells,
+                **configuration,
                 "images_per_sec_a": pick["a"].mean,
                 "half_width_a": pick["a"].half_width,
                 "repeats_a": pick["a"].count,

@@ -188,17 +188,17 @@ def gb_per_step(tables: Tables, path: Path) -> None:
     for axis, ((model, dataset), group) in zip(axes, panels):
         gpus = _largest_compared_n(group)
         network = sorted(group["network"].unique())[0]
-        cell = group[(group["gpus"] == gpus) & (group["network"] == network)].reset_index(drop=True)
-        volume = cell[list(CATEGORY_LABELS)].fillna(0.0)
+        bars = group[(group["gpus"] == gpus) & (group["network"] == network)].reset_index(drop=True)
+        volume = bars[list(CATEGORY_LABELS)].fillna(0.0)
         present = [column for column in CATEGORY_LABELS if (volume[column] > 0).any()]
         width = 0.8 / max(len(present), 1)
         for index, column in enumerate(present):
             values = volume[column].to_numpy(dtype=float)
             shown = values > 0  # a zero has no place on a log axis
-            positions = np.arange(len(cell))[shown] + (index - (len(present) - 1) / 2) * width
+            positions = np.arange(len(bars))[shown] + (index - (len(present) - 1) / 2) * width
             colour = f"C{list(CATEGORY_LABELS).index(column)}"
             axis.bar(positions, values[shown], width=width, label=CATEGORY_LABELS[column], color=colour)
-        for position, total in enumerate(cell["gb_total"].to_numpy(dtype=float)):
+        for position, total in enumerate(bars["gb_total"].to_numpy(dtype=float)):
             label = f"{total:.3g} GB" if total > 0 else "0 GB"
             axis.annotate(
                 label, (position, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize="x-small"
@@ -206,8 +206,8 @@ def gb_per_step(tables: Tables, path: Path) -> None:
         shown = volume[volume > 0]
         if shown.notna().any().any():  # the smallest bar a third of a decade tall at least
             _log_scale(axis, "y", shown.min().min() / 3, shown.max().max() * 1.5)
-        names = [strategy.replace("-", "-\n") for strategy in cell["strategy"]]  # ps-sequential on two lines
-        axis.set_xticks(range(len(cell)), names, fontsize="small")
+        names = [strategy.replace("-", "-\n") for strategy in bars["strategy"]]  # ps-sequential on two lines
+        axis.set_xticks(range(len(bars)), names, fontsize="small")
         axis.set(ylabel="GB/step (log scale)")
         axis.set_title(f"{model} / {dataset}, N={gpus}, {network}", pad=16)
         axis.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -221,18 +221,18 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     frame = _typed(order(pd.DataFrame([_configuration_row(group) for _, group in groups]), CONFIGURATION))
     estimates = {key: _estimate(group["images_per_sec"]) for key, group in groups}
     for baseline in BASELINES:
-        cells = []
+        ratios = []
         for key in frame[CONFIGURATION].itertuples(index=False, name=None):
             base = estimates.get((*key[:-1], baseline))
             if base is None:
-                cells.append(Estimate(math.nan, math.nan, 0, math.nan))
+                ratios.append(Estimate(math.nan, math.nan, 0, math.nan))
             elif key[-1] == baseline:  # the same repeats on both sides: exactly 1
-                cells.append(Estimate(1.0, 0.0, base.count, 0.0))
+                ratios.append(Estimate(1.0, 0.0, base.count, 0.0))
             else:
-                cells.append(ratio_interval(estimates[key], base))
-        frame[f"speedup_vs_{baseline}"] = [e.mean for e in cells]
-        frame[f"speedup_vs_{baseline}_ci_low"] = [e.low for e in cells]
-        frame[f"speedup_vs_{baseline}_ci_high"] = [e.high for e in cells]
+                ratios.append(ratio_interval(estimates[key], base))
+        frame[f"speedup_vs_{baseline}"] = [e.mean for e in ratios]
+        frame[f"speedup_vs_{baseline}_ci_low"] = [e.low for e in ratios]
+        frame[f"speedup_vs_{baseline}_ci_high"] = [e.high for e in ratios]
     frame["prediction_error"] = relative_error(frame["predicted_images_per_sec"], frame["images_per_sec"])
     return frame
 
