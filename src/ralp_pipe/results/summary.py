@@ -148,7 +148,7 @@ def concurrent_markdown(concurrent: pd.DataFrame) -> str:
         return ""
     rows = [
         [
-            r.workload,
+            str(r.workload),
             str(r.job),
             f"`{r.overrides}`",
             fmt(r.alone_images_per_sec),
