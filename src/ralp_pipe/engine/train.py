@@ -45,7 +45,6 @@ from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_comm
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
 from ralp_pipe.locks import LockHeld, exclusive
 from ralp_pipe.runtime import devices, hardware
-from ralp_pipe.runtime.emulated import emulated_sites
 from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launch_slurm, rank_log, srun_log
 from ralp_pipe.runtime.nodes import node_of_ranks
 
@@ -485,6 +484,8 @@ def _launch(
             nodes = node_of_ranks(topo, cfg.cluster.slurm.gpus_per_node)
             launch_slurm(entry, nodes, timeout, staging, gpus_per_task, cfg.network.interface)
         elif launcher == "emulated":
+            from ralp_pipe.runtime.emulated import emulated_sites
+
             rate = dilation.shaped_rate(cfg.network.rate, cfg.dilation.factor)
             with emulated_sites(topo.hosts, rate, cfg.network.burst, shared) as emulated:
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
