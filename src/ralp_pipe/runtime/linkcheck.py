@@ -22,7 +22,6 @@ reaches the threshold, with every measurement taken.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -31,7 +30,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import ralp_pipe
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine.dilation import shaped_rate
 from ralp_pipe.errors import ConfigError, RunFailure
@@ -44,9 +42,8 @@ WINDOW_S = 0.5  # measured window per candidate
 WARMUP_S = 0.3  # traffic runs this long before the window opens (TCP ramps up, tbf's burst drains)
 PORT = 5201  # every host has its own address, so one port serves them all
 IN_FLIGHT_S = 0.02  # each direction's streams together keep about this much of the link's rate in flight
-BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (4 MiB: Linux's default maximum)
-_TRAFFIC = [sys.executable, "-m", "ralp_pipe.runtime.linktraffic"]
-_PACKAGE_ROOT = str(Path(ralp_pipe.__file__).resolve().parents[1])  # children import this same ralp_pipe
+BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (the kernel caps it at net.core.rmem_max)
+_PROBE = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]  # standard library only: run by path
 
 
 @dataclass(frozen=True)
@@ -186,7 +183,7 @@ def _traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]
     """(host, argv) of every traffic process: host 0 receives from all and sends to each, one process a stream."""
     server = cluster.address(0)
     others = range(1, cluster.hosts)
-    traffic = [*_TRAFFIC, "--rcvbuf", str(buffer)]
+    traffic = [*_PROBE, "traffic", "--rcvbuf", str(buffer)]
     return [
         (0, [*traffic, "--listen", f"{server}:{PORT}:{cluster.hosts - 1}"]),
         *[(0, [*traffic, "--send", f"{cluster.address(i)}:{PORT}"]) for i in others],
@@ -195,9 +192,7 @@ def _traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]
 
 
 def _start_traffic(cluster: EmulatedCluster, host: int, argv: list[str]) -> Process:
-    path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
-    return start([*cluster.prefix(host), *argv], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return start([*cluster.prefix(host), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _expect(host: int, proc: Process, line: str) -> None:
@@ -217,26 +212,18 @@ def _stderr(proc: Process) -> str:
 def _released_bits_per_s(
     run: Callable[[list[str]], subprocess.CompletedProcess[str]], device: str, seconds: float
 ) -> tuple[float, float]:
-    """Bits/s the root qdisc of `device` released over about `seconds`, read inside its namespace by `run`.
-
-    One shell reads the qdisc's byte counter twice, each read between two clock readings; the
-    rate is the bytes between the reads over the time between their midpoints. Returned with the
-    rate: the most the window's length may be off, relative to it (half of each read's bracket).
-    """
-    read = f"date +%s.%N; tc -s -j qdisc show dev {device}; date +%s.%N"
-    shown = run(["sh", "-c", f"{read}; sleep {seconds}; {read}"])
-    lines = shown.stdout.split("\n")
-    if shown.returncode != 0 or len(lines) < 6:
-        raise RunFailure(f"reading the qdisc of {device} failed: {shown.stderr.strip() or shown.stdout.strip()}")
-    first, second = _root_bytes(lines[1]), _root_bytes(lines[4])
-    clock = [float(lines[i]) for i in (0, 2, 3, 5)]
-    window = (clock[2] + clock[3] - clock[0] - clock[1]) / 2
-    return (second - first) * 8 / window, (clock[1] - clock[0] + clock[3] - clock[2]) / 2 / window
-
-
-def _root_bytes(shown: str) -> int:
-    """Bytes sent by the root qdisc in one ``tc -s -j qdisc show dev X`` output."""
-    return int(next(q["bytes"] for q in json.loads(shown) if q.get("root")))
+    """Bits/s the root qdisc of `device` released over about `seconds`, read inside its namespace by `run`,
+    and the most the window's length may be off, relative to it (half of each read's clock bracket)."""
+    shown = run([*_PROBE, "qdisc", device, str(seconds)])
+    try:
+        reading = json.loads(shown.stdout)
+        (first, second), (before_1, after_1, before_2, after_2) = reading["bytes"], reading["clock"]
+    except (ValueError, KeyError, TypeError):
+        raise RunFailure(
+            f"reading the qdisc of {device} failed: {shown.stderr.strip() or shown.stdout.strip()}"
+        ) from None
+    window = (before_2 + after_2 - before_1 - after_1) / 2
+    return (second - first) * 8 / window, (after_1 - before_1 + after_2 - before_2) / 2 / window
 
 
 def _snapshot(cluster: EmulatedCluster) -> tuple[float, ...]:
