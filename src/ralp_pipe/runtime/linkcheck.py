@@ -7,7 +7,7 @@ emulation, not by the target's network. :func:`accurate_factor` tries factors D 
 order. For each it brings up an emulated cluster with every link at R / D and loads host 0's
 link the way a parameter server's is loaded, both directions at once: every other host sends
 to host 0 (incast) while host 0 sends to every other host (fan-out), one TCP stream and one
-process per sender. The streams' receive buffers hold ~20 ms of the rate per direction, so
+process per sender. The streams' receive buffers hold ~50 ms of the rate per direction, so
 windows, not congestion control, bound what is in flight: left to the system's congestion
 control (BBR, say), each direction's acknowledgements queue behind up to 100 ms of the other's
 data in tbf's FIFO and one direction often starves even at low rates, hiding what D changes.
@@ -41,7 +41,7 @@ THRESHOLD = 0.95
 WINDOW_S = 0.5  # measured window per candidate
 WARMUP_S = 0.3  # traffic runs this long before the window opens (TCP ramps up, tbf's burst drains)
 PORT = 5201  # every host has its own address, so one port serves them all
-IN_FLIGHT_S = 0.02  # each direction's streams together keep about this much of the link's rate in flight
+IN_FLIGHT_S = 0.05  # each direction's streams together keep about this much of the link's rate in flight
 BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (the kernel caps it at net.core.rmem_max)
 _PROBE = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]  # standard library only: run by path
 
@@ -50,12 +50,12 @@ _PROBE = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]  # stan
 class LinkMeasurement:
     """Host 0's link at one dilation factor, both directions loaded at once.
 
-    ``upload`` (host 0 to the switch) and ``download`` (switch to host 0) are the bytes tbf
-    released per second over the asked rate; ``wire_upload``/``wire_download`` the same from the
-    interface's counters. ``kernel_cpu`` is the share of all cores' time spent in the kernel
-    (system, irq and softirq) during the window, by every process on the machine. ``timing_error``
-    bounds the relative error of ``upload`` and ``download`` from when their counters were read
-    (a loaded machine delays the reads).
+    ``upload`` (host 0's ``eth0`` to the switch) and ``download`` (the switch's port ``s0`` to
+    host 0) are the bytes their tbf released per second over the asked rate;
+    ``wire_upload``/``wire_download`` the same from those interfaces' counters. ``seconds`` is the
+    window, ``kernel_cpu`` the share of all cores' time spent in the kernel (system, irq and
+    softirq) during it, by every process on the machine. ``timing_error`` bounds the relative
+    error the reads' timing may put on the ratios (a loaded machine delays a read).
     """
 
     factor: float
@@ -111,14 +111,14 @@ def accurate_factor(
     if rate_bits_per_s(rate) is None:
         return FactorChoice(rate, hosts, burst, threshold, 1.0, ())
     measured: list[LinkMeasurement] = []
-    for factor in sorted(set(candidates)):
+    for factor in sorted({float(c) for c in candidates}):
         measured.append(measure_link(hosts, rate, burst, factor, seconds))
         if measured[-1].worst >= threshold:
             return FactorChoice(rate, hosts, burst, threshold, factor, tuple(measured))
     best = max(measured, key=lambda m: m.worst)
     raise ConfigError(
         f"emulated links of {hosts} hosts at {rate} / D deliver at best {best.worst:.2f} of their rate "
-        f"(D={best.factor:g}), below {threshold:g} at every D in {[m.factor for m in measured]}; "
+        f"(D={best.factor:g}), below {threshold:g} at every D tried ({', '.join(f'{m.factor:g}' for m in measured)}); "
         f"try larger factors or fewer hosts"
     )
 
@@ -138,13 +138,11 @@ def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: floa
             for host, proc in procs:
                 _expect(host, proc, "sending")
             time.sleep(WARMUP_S)
-            with ThreadPoolExecutor(2) as pool:
-                upload = pool.submit(_released_bits_per_s, lambda argv: cluster.run(0, argv), INTERFACE, seconds)
-                download = pool.submit(_released_bits_per_s, cluster.switch_run, "s0", seconds)
-                before = _snapshot(cluster)
-                time.sleep(seconds)
-                after = _snapshot(cluster)
-                (up_bits, up_error), (down_bits, down_error) = upload.result(), download.result()
+            with ThreadPoolExecutor(1) as pool:  # the two directions read at once
+                limit = seconds + 30
+                reading = pool.submit(_read, lambda argv: cluster.run(0, argv, limit), INTERFACE, seconds)
+                download = _read(lambda argv: cluster.switch_run(argv, limit), "s0", seconds)
+                upload = reading.result()
             for host, proc in procs:
                 if proc.poll() is not None:
                     raise RunFailure(f"the link check's traffic on host {host} stopped: {_stderr(proc)}")
@@ -154,18 +152,16 @@ def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: floa
                 for pipe in (proc.stdout, proc.stderr):
                     if pipe is not None:
                         pipe.close()
-    tx, rx, window_s, *ticks = (end - start for start, end in zip(before, after))
-    user, nice, system, idle, iowait, irq, softirq, steal = ticks
     return LinkMeasurement(
         factor=factor,
         shaped_rate=shaped,
-        upload=up_bits / asked,
-        download=down_bits / asked,
-        wire_upload=tx * 8 / window_s / asked,
-        wire_download=rx * 8 / window_s / asked,
-        seconds=window_s,
-        kernel_cpu=(system + irq + softirq) / max(1, sum(ticks)),
-        timing_error=max(up_error, down_error),
+        upload=upload.released_bits_per_s / asked,
+        download=download.released_bits_per_s / asked,
+        wire_upload=upload.wire_bits_per_s / asked,
+        wire_download=download.wire_bits_per_s / asked,
+        seconds=upload.seconds,
+        kernel_cpu=upload.kernel_cpu,
+        timing_error=max(upload.timing_error, download.timing_error),
     )
 
 
@@ -209,27 +205,34 @@ def _stderr(proc: Process) -> str:
     return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
-def _released_bits_per_s(
-    run: Callable[[list[str]], subprocess.CompletedProcess[str]], device: str, seconds: float
-) -> tuple[float, float]:
-    """Bits/s the root qdisc of `device` released over about `seconds`, read inside its namespace by `run`,
-    and the most the window's length may be off, relative to it (half of each read's clock bracket)."""
-    shown = run([*_PROBE, "qdisc", device, str(seconds)])
+@dataclass(frozen=True)
+class _Direction:
+    """What one direction's shaping device (host 0's ``eth0``, or the switch's port to it) sent in a window."""
+
+    released_bits_per_s: float  # by its tbf
+    wire_bits_per_s: float  # as its interface counted
+    seconds: float
+    timing_error: float  # the most the window's length may be off, relative to it
+    kernel_cpu: float  # share of the machine's CPU time in the kernel
+
+
+def _read(run: Callable[[list[str]], subprocess.CompletedProcess[str]], device: str, seconds: float) -> _Direction:
+    """`device`'s rates over about `seconds`, read inside its namespace by `run` (two readings of
+    :mod:`ralp_pipe.runtime.linkprobe`; the window runs between their clock brackets' midpoints)."""
+    shown = run([*_PROBE, "read", device, str(seconds)])
     try:
-        reading = json.loads(shown.stdout)
-        (first, second), (before_1, after_1, before_2, after_2) = reading["bytes"], reading["clock"]
+        first, second = json.loads(shown.stdout)
+        window = (sum(second["clock"]) - sum(first["clock"])) / 2
+        spread = (second["clock"][1] - second["clock"][0] + first["clock"][1] - first["clock"][0]) / 2
+        ticks = [b - a for a, b in zip(first["cpu"], second["cpu"])]
+        user, nice, system, idle, iowait, irq, softirq, steal = ticks
+        return _Direction(
+            released_bits_per_s=(second["qdisc"] - first["qdisc"]) * 8 / window,
+            wire_bits_per_s=(second["interface"] - first["interface"]) * 8 / window,
+            seconds=window,
+            timing_error=spread / window,
+            kernel_cpu=(system + irq + softirq) / max(1, sum(ticks)),
+        )
     except (ValueError, KeyError, TypeError):
-        raise RunFailure(
-            f"reading the qdisc of {device} failed: {shown.stderr.strip() or shown.stdout.strip()}"
-        ) from None
-    window = (before_2 + after_2 - before_1 - after_1) / 2
-    return (second - first) * 8 / window, (after_1 - before_1 + after_2 - before_2) / 2 / window
-
-
-def _snapshot(cluster: EmulatedCluster) -> tuple[float, ...]:
-    """Read together: host 0's interface tx and rx bytes, the clock (s), and the machine's CPU time
-    so far in ticks (user, nice, system, idle, iowait, irq, softirq, steal)."""
-    link = cluster.read_counters()[0]
-    with open("/proc/stat") as stat:
-        ticks = [float(value) for value in stat.readline().split()[1:9]]
-    return (float(link.tx_bytes), float(link.rx_bytes), time.perf_counter(), *ticks)
+        said = (shown.stderr.strip() or shown.stdout.strip() or f"exit status {shown.returncode}").splitlines()[-1]
+        raise RunFailure(f"reading the counters of {device} failed: {said}") from None

@@ -13,10 +13,11 @@ round trip it saw, below what the other direction's queue needs). It prints ``re
 listening and ``sending`` once connected, then runs until it is stopped; a stream that fails
 ends it with status 1 and the error on stderr.
 
-``qdisc DEVICE SECONDS`` reads the byte counter of DEVICE's root qdisc, sleeps SECONDS and reads
-it again, and prints ``{"bytes": [first, second], "clock": [...]}``: the clock (seconds) just
-before and just after each read. The reads go to one ``tc -batch`` started beforehand, so each
-takes a fraction of a millisecond instead of a process start.
+``read DEVICE SECONDS`` reads the bytes DEVICE's root qdisc sent, the bytes DEVICE's interface
+counted as sent and the machine's CPU time (/proc/stat), sleeps SECONDS and reads them again;
+it prints both readings as JSON, each with the clock (seconds) just before and just after it.
+The qdisc is read through one ``tc -batch`` started beforehand, so a reading takes a fraction
+of a millisecond instead of a process start.
 """
 
 from __future__ import annotations
@@ -96,21 +97,39 @@ def _traffic(args: argparse.Namespace) -> None:
     threading.Event().wait()
 
 
-def _qdisc(args: argparse.Namespace) -> None:
-    """Read the root qdisc's sent bytes twice, `args.seconds` apart, each read bracketed by the clock."""
+def _sent_bytes(device: str) -> int:
+    """Bytes `device` in this network namespace sent, from /proc/net/dev."""
+    with open("/proc/net/dev") as dev:
+        for line in dev:
+            name, _, fields = line.partition(":")
+            if name.strip() == device:
+                return int(fields.split()[8])
+    raise RuntimeError(f"/proc/net/dev has no {device}")
+
+
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU time so far, in ticks: user, nice, system, idle, iowait, irq, softirq, steal."""
+    with open("/proc/stat") as stat:
+        return [int(value) for value in stat.readline().split()[1:9]]
+
+
+def _read(args: argparse.Namespace) -> None:
+    """Read the device's counters twice, `args.seconds` apart, each reading bracketed by the clock."""
     tc = subprocess.Popen(
         ["stdbuf", "-oL", "tc", "-s", "-j", "-batch", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     commands, replies = tc.stdin, tc.stdout
     assert commands is not None and replies is not None
 
-    def read() -> tuple[int, float, float]:
+    def read() -> dict[str, object]:
         before = time.perf_counter()
         commands.write(f"qdisc show dev {args.device}\n")
         commands.flush()
         shown = json.loads(replies.readline())
+        sent, ticks = _sent_bytes(args.device), _cpu_ticks()
         after = time.perf_counter()
-        return int(next(q["bytes"] for q in shown if q.get("root"))), before, after
+        qdisc = int(next(q["bytes"] for q in shown if q.get("root")))
+        return {"clock": [before, after], "qdisc": qdisc, "interface": sent, "cpu": ticks}
 
     read()  # the first command pays for tc's start
     first = read()
@@ -118,7 +137,7 @@ def _qdisc(args: argparse.Namespace) -> None:
     second = read()
     commands.close()
     tc.wait()
-    print(json.dumps({"bytes": [first[0], second[0]], "clock": [*first[1:], *second[1:]]}))
+    print(json.dumps([first, second]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,10 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     traffic.add_argument("--listen", help="ADDR:PORT:COUNT: accept COUNT streams and discard their bytes")
     traffic.add_argument("--send", help="ADDR:PORT: send to it as fast as the link allows")
     traffic.set_defaults(run=_traffic)
-    qdisc = commands.add_parser("qdisc", help="the root qdisc's sent bytes, twice")
-    qdisc.add_argument("device")
-    qdisc.add_argument("seconds", type=float)
-    qdisc.set_defaults(run=_qdisc)
+    read = commands.add_parser("read", help="a device's sent bytes (qdisc, interface) and the CPU time, twice")
+    read.add_argument("device")
+    read.add_argument("seconds", type=float)
+    read.set_defaults(run=_read)
     args = parser.parse_args(argv)
     args.run(args)
 
