@@ -168,8 +168,9 @@ def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: floa
 def _receive_buffer(asked_bits_per_s: float, streams: int) -> int:
     """Receive buffer per stream: `streams` of them hold :data:`IN_FLIGHT_S` of the rate, within :data:`BUFFER_BYTES`.
 
-    Both directions then queue about half of that at their tbf, far below its 100 ms limit, so
-    nothing is dropped and each direction's acknowledgements wait only briefly behind the other's data.
+    Both directions then queue about half of that at their tbf, well within what it holds (100 ms of
+    the rate plus the burst), so nothing is dropped and each direction's acknowledgements wait only
+    briefly behind the other's data.
     """
     low, high = BUFFER_BYTES
     return int(min(high, max(low, asked_bits_per_s / 8 * IN_FLIGHT_S / streams)))
@@ -188,10 +189,12 @@ def _traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]
 
 
 def _start_traffic(cluster: EmulatedCluster, host: int, argv: list[str]) -> Process:
+    """Start `argv` inside `host`, its stdout and stderr piped back."""
     return start([*cluster.prefix(host), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _expect(host: int, proc: Process, line: str) -> None:
+    """Wait for `proc`'s next line to be `line`; a traffic process that exited instead is named."""
     assert proc.stdout is not None
     if proc.stdout.readline().decode(errors="replace").strip() != line:
         proc.wait(timeout=5)
