@@ -268,7 +268,7 @@ def resolve_auto(
         print(
             f"ralp-pipe train: dilation.factor=auto: measuring the emulated links at {cfg.network.rate} / D", flush=True
         )
-        choice = accurate_factor(topo.hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy)
+        choice = accurate_factor(topo.num_hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy)
         factor, how = choice.factor, {"method": "links", **choice.to_dict()}
     print(f"ralp-pipe train: dilation.factor=auto chose D = {factor:g}", flush=True)
     cfg = dilation.with_factor(cfg, factor)
