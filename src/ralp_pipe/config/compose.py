@@ -209,6 +209,12 @@ def _validate_dilation(cfg: Config) -> None:
         _in_range(f"dilation.{key}", value, 1, target, f"[1, {target}] (train.{key.removeprefix('compute_')})")
     if d.compute_image_size is not None:
         _at_least("dilation.compute_image_size", d.compute_image_size, MIN_IMAGE_SIZE.get(cfg.model.name, 32))
+    planned = cfg.experiment.target
+    if factor is not None and planned is not None and planned != d.target:
+        raise ConfigError(
+            f"experiment.target={planned} plans for another GPU than dilation.target={d.target} emulates: "
+            f"give both the same config/device entry"
+        )
 
 
 def _choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
