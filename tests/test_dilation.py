@@ -410,16 +410,38 @@ def test_emulated_links_of_a_dilated_run_are_shaped_to_rate_over_d(tmp_path: Pat
         assert shaped[-1] == rate
 
 
-def test_a_dilated_run_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -> None:
+def test_auto_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -> None:
     from ralp_pipe.engine import train
 
-    cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2", "dilation.factor=4"])
-    with pytest.raises(ConfigError, match=r"--shared-hosts.*dilation.factor=4"):
+    cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2", "dilation.factor=auto"])
+    with pytest.raises(ConfigError, match=r"--shared-hosts.*dilation.factor=auto"):
         train.run(cfg, tmp_path / "run", shared=[{"host": 0}])
 
 
-def test_the_workflow_refuses_dilation_it_does_not_run_yet() -> None:
+def test_a_concurrent_workload_shapes_its_links_at_rate_over_d_and_refuses_mixed_factors(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from ralp_pipe.runtime import concurrent_jobs
+
+    shaped = []
+
+    class Cluster:
+        def __init__(self, hosts: int, rate: str, burst: str) -> None:
+            shaped.append(rate)
+            raise RuntimeError("stopped before any job starts")
+
+    monkeypatch.setattr(concurrent_jobs, "EmulatedCluster", Cluster)
+    common = ["network=1gbit", "dilation.factor=4", "dilation.mode=modelled"]
+    jobs = [["strategy=ps", "cluster.gpus=2"], ["strategy=ralp_n", "cluster.gpus=2"]]
+    with pytest.raises(RuntimeError, match="stopped"):
+        concurrent_jobs.run_concurrent(jobs, common, tmp_path)
+    assert shaped == ["250000000bit"]
+    with pytest.raises(ConfigError, match=r"different networks"):
+        concurrent_jobs.run_concurrent([jobs[0], [*jobs[1], "dilation.factor=2"]], common[:1], tmp_path)
+
+
+def test_the_workflow_passes_dilation_overrides_to_its_stages() -> None:
     from ralp_pipe.workflow.matrix import parse_settings
 
-    with pytest.raises(ConfigError, match=r"'dilation.factor=8'.*ralp-pipe train"):
-        parse_settings({"experiment": "smoke", "overrides": ["dilation.factor=8"]})
+    settings = parse_settings({"experiment": "smoke", "overrides": ["dilation.factor=8"]})
+    assert "dilation.factor=8" in settings.overrides

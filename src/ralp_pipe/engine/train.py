@@ -587,10 +587,10 @@ def run(
             f"--shared-hosts places ranks on an emulated cluster but this run has cluster.kind={cfg.cluster.kind}: "
             f"add cluster=emulated"
         )
-    if shared is not None and cfg.dilation.factor is not None:
+    if shared is not None and cfg.dilation.factor == AUTO_FACTOR:
         raise ConfigError(
-            f"--shared-hosts joins links the concurrent workload shaped at network.rate={cfg.network.rate}, but "
-            f"dilation.factor={cfg.dilation.factor:g} needs them at rate / D: run dilated jobs on clusters of their own"
+            "--shared-hosts joins links the concurrent workload shaped before this job started, so "
+            "dilation.factor=auto cannot choose them: give the jobs of a concurrent workload one number"
         )
     if reads_shards(cfg.train.loader) and dilation.computes(cfg):  # unfit shards are refused before any rank starts
         shards = output_dir(cfg) if shards is None else shards
