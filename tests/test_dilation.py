@@ -144,16 +144,14 @@ def test_an_overrun_is_a_unit_later_than_its_deadline_by_more_than_the_tolerance
     for late, overrun in ((0.5 * OVERRUN_TOLERANCE_S, 0), (2 * OVERRUN_TOLERANCE_S, 1)):
         clock = Clock(0.0)
         pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock)
-        with pacer.padded(0.01):
-            clock.now += 0.01 + late
+        pacer.run(0.01, lambda: setattr(clock, "now", clock.now + 0.01 + late))  # noqa: B023
         assert pacer.take() == overrun
 
 
 def test_a_unit_ends_when_the_device_finished_its_queued_work() -> None:
     clock = Clock(0.0)
     pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock, sync=lambda: setattr(clock, "now", 0.02))
-    with pacer.padded(0.01):
-        pass  # the hooks returned at once, the GPU's kernels ran until 20 ms
+    pacer.run(0.01, lambda: None)  # the hooks returned at once, the GPU's kernels ran until 20 ms
     assert pacer.take() == 1
 
 
@@ -161,9 +159,12 @@ def test_communication_waited_inside_a_unit_moves_its_deadline() -> None:
     waited = [0.0]
     pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: waited[0])
     began = time.perf_counter()
-    with pacer.padded(0.01):
+
+    def work() -> None:
         time.sleep(0.002)
         waited[0] += 0.02  # as if the block had been blocked on a transfer for 20 ms
+
+    pacer.run(0.01, work)
     assert time.perf_counter() - began >= 0.03
     assert pacer.take() == 0
 
@@ -177,8 +178,15 @@ def test_shaped_rate_divides_the_link_by_the_factor() -> None:
 def test_dilation_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"dilation.factor=0.5"):
         load(["dilation.factor=0.5"])
-    with pytest.raises(ConfigError, match=r"dilation.mode='modelled'.*real"):
-        load(["dilation.mode=modelled"])
+    with pytest.raises(ConfigError, match=r"dilation.mode='fast'.*real, modelled"):
+        load(["dilation.mode=fast"])
+    with pytest.raises(ConfigError, match=r"dilation.factor='fast'.*auto"):
+        load(["dilation.factor=fast"])
+    with pytest.raises(ConfigError, match=r"dilation.compute_batch_size=2 applies to mode real only"):
+        load(["dilation.mode=modelled", "dilation.compute_batch_size=2"])
+    with pytest.raises(ConfigError, match=r"dilation.compute_image_size=512 .*train.image_size"):
+        load(["dilation.compute_image_size=512", "train.image_size=64"])
+    assert load(["dilation.factor=auto"]).dilation.factor == "auto"
     with pytest.raises(ConfigError, match=r"dilation.target='tpu'.*v100"):
         load(["dilation.target=tpu"])
     assert load([]).dilation.factor is None
@@ -398,20 +406,42 @@ def test_emulated_links_of_a_dilated_run_are_shaped_to_rate_over_d(tmp_path: Pat
         cfg.dilation.factor = factor
         topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
         with pytest.raises(RunFailure):
-            train._launch(cfg, topo, tmp_path, None, None, ("cpu", "gloo"), None)
+            train._launch(cfg, topo, tmp_path, train.Ranks(None, None, ("cpu", "gloo")))
         assert shaped[-1] == rate
 
 
-def test_a_dilated_run_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -> None:
+def test_auto_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -> None:
     from ralp_pipe.engine import train
 
-    cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2", "dilation.factor=4"])
-    with pytest.raises(ConfigError, match=r"--shared-hosts.*dilation.factor=4"):
+    cfg = load(["cluster=emulated", "network=1gbit", "strategy=allreduce", "cluster.gpus=2", "dilation.factor=auto"])
+    with pytest.raises(ConfigError, match=r"--shared-hosts.*dilation.factor=auto"):
         train.run(cfg, tmp_path / "run", shared=[{"host": 0}])
 
 
-def test_the_workflow_refuses_dilation_it_does_not_run_yet() -> None:
+def test_a_concurrent_workload_shapes_its_links_at_rate_over_d_and_refuses_mixed_factors(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from ralp_pipe.runtime import concurrent_jobs
+
+    shaped = []
+
+    class Cluster:
+        def __init__(self, hosts: int, rate: str, burst: str) -> None:
+            shaped.append(rate)
+            raise RuntimeError("stopped before any job starts")
+
+    monkeypatch.setattr(concurrent_jobs, "EmulatedCluster", Cluster)
+    common = ["network=1gbit", "dilation.factor=4", "dilation.mode=modelled"]
+    jobs = [["strategy=ps", "cluster.gpus=2"], ["strategy=ralp_n", "cluster.gpus=2"]]
+    with pytest.raises(RuntimeError, match="stopped"):
+        concurrent_jobs.run_concurrent(jobs, common, tmp_path)
+    assert shaped == ["250000000bit"]
+    with pytest.raises(ConfigError, match=r"different networks"):
+        concurrent_jobs.run_concurrent([jobs[0], [*jobs[1], "dilation.factor=2"]], common[:1], tmp_path)
+
+
+def test_the_workflow_passes_dilation_overrides_to_its_stages() -> None:
     from ralp_pipe.workflow.matrix import parse_settings
 
-    with pytest.raises(ConfigError, match=r"'dilation.factor=8'.*ralp-pipe train"):
-        parse_settings({"experiment": "smoke", "overrides": ["dilation.factor=8"]})
+    settings = parse_settings({"experiment": "smoke", "overrides": ["dilation.factor=8"]})
+    assert "dilation.factor=8" in settings.overrides

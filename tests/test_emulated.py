@@ -17,7 +17,7 @@ import pytest
 from ralp_pipe.runtime.emulated import SWITCH_ENV, EmulatedCluster, EmulationUnavailable
 from ralp_pipe.runtime.process import GRACE_S
 from ralp_pipe.runtime.wire import LinkCounters, wire_gb_per_step
-from support.emulated_hosts import emulation_available, host_run, measure_link_rates, qdisc_stats, run_on_hosts
+from support.emulated_hosts import emulation_available, measure_link_rates, qdisc_stats, run_on_hosts
 
 SUPPORT_ROOT = Path(__file__).resolve().parent  # holds support/, for the test's own subprocesses
 
@@ -83,7 +83,7 @@ def test_a_failing_rank_stops_the_others_and_leaves_nothing_behind(tmp_path: Pat
 def test_an_exception_inside_the_cluster_removes_its_namespaces() -> None:
     with pytest.raises(ZeroDivisionError):
         with EmulatedCluster(2, "1gbit") as cluster:
-            namespaces = {host_run(cluster, i, ["readlink", "/proc/self/ns/net"]).stdout.strip() for i in range(2)}
+            namespaces = {cluster.run(i, ["readlink", "/proc/self/ns/net"]).stdout.strip() for i in range(2)}
             holders = cluster.namespace_pids()
             raise ZeroDivisionError("an exception inside the cluster's block")
     _wait_gone(namespaces, holders)
@@ -145,7 +145,7 @@ def test_both_directions_of_every_link_are_shaped_and_100mbit_is_achieved() -> N
 
 def test_unlimited_links_have_no_rate_limit() -> None:
     with EmulatedCluster(2, "unlimited") as cluster:
-        assert "tbf" not in host_run(cluster, 0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        assert "tbf" not in cluster.run(0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
         assert "tbf" not in cluster.switch_run(["tc", "qdisc", "show"]).stdout
 
 

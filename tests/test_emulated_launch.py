@@ -18,7 +18,7 @@ from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.runtime import emulated
 from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites
 from ralp_pipe.runtime.launch import PythonMain, launch_local
-from support.emulated_hosts import host_run, qdisc_stats
+from support.emulated_hosts import qdisc_stats
 
 pytestmark = pytest.mark.netns
 
@@ -44,7 +44,7 @@ def test_a_child_launcher_joins_the_shared_cluster_it_is_given(tmp_path: Path) -
         shared = json.loads(json.dumps(cluster.share([2, 0], master_host=2)))  # as --shared-hosts hands it over
         with emulated_sites([0, 1], "unlimited", "1mb", shared) as sites:
             launch_local(PythonMain(RANK, (str(tmp_path),)), 2, 120, tmp_path, sites=sites)
-        host_namespaces = [host_run(cluster, h, ["readlink", "/proc/self/ns/net"]).stdout.strip() for h in (2, 0)]
+        host_namespaces = [cluster.run(h, ["readlink", "/proc/self/ns/net"]).stdout.strip() for h in (2, 0)]
     ranks = _ranks(tmp_path, 2)
     assert [r[:3] for r in ranks] == [["2", "10.213.0.3", "2"], ["0", "10.213.0.3", "2"]]
     assert [r[3] for r in ranks] == host_namespaces

@@ -32,6 +32,10 @@ KNOWN = {
     # dilation imports the strategies' base, which imports dilation
     ("ralp_pipe.engine.dilation", "ralp_pipe.planning.devicemodel"),
     ("ralp_pipe.engine.dilation", "ralp_pipe.engine.strategies.base"),
+    # to be removed by the dilation work: the runtime takes the dilated link rate (shaped_rate) and the fixed
+    # factor (fixed_factor) from engine.dilation, configuration arithmetic that belongs below the runtime
+    ("ralp_pipe.runtime.concurrent_jobs", "ralp_pipe.engine.dilation"),
+    ("ralp_pipe.runtime.linkcheck", "ralp_pipe.engine.dilation"),
 }
 
 Graph = dict[str, dict[str, int]]  # importer -> imported module -> line of the first such import

@@ -39,7 +39,6 @@ from ralp_pipe.runtime.slurm_cluster import (
     node_counters,
     running,
 )
-from support.emulated_hosts import host_run
 from workflow_helpers import REPO, snakemake
 
 NODES, RATE, GPUS = 4, "1gbit", 3
@@ -141,7 +140,7 @@ def test_a_rank_binds_to_the_interface_holding_its_route_to_rank_0_also_on_rank_
     probe = "import sys; from ralp_pipe.runtime.wire import route_interface; print(route_interface(sys.argv[1]))"
     with EmulatedCluster(2) as cluster:
         for host in (0, 1):  # host 0 is rank 0's: its route to its own address goes through lo
-            found = host_run(cluster, host, [sys.executable, "-c", probe, cluster.address(0)], timeout=60)
+            found = cluster.run(host, [sys.executable, "-c", probe, cluster.address(0)], timeout=60)
             assert found.returncode == 0 and found.stdout.strip() == "eth0", found.stderr
 
 

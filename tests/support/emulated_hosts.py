@@ -87,13 +87,6 @@ def measure_link_rate(
     return measure_link_rates(cluster, [(src, dst)], nbytes, port, python)[0]
 
 
-def host_run(
-    cluster: EmulatedCluster, host: int, argv: Sequence[str], timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
-    return subprocess.run([*cluster.prefix(host), *argv], capture_output=True, text=True, timeout=timeout)
-
-
 def read_counters(cluster: EmulatedCluster) -> list[LinkCounters]:
     """Per host, the kernel's tx/rx byte counters of its link (from its namespace's /proc/net/dev)."""
     return [interface_counters(f"/proc/{pid}/net/dev") for pid in cluster.namespace_pids()]
@@ -112,8 +105,7 @@ def qdisc_stats(cluster: EmulatedCluster) -> dict[str, dict[str, Any]]:
     """
     found: dict[str, dict[str, Any]] = {}
     sides = [
-        (f"h{i}", host_run(cluster, i, ["tc", "-s", "-j", "qdisc", "show", "dev", INTERFACE]))
-        for i in range(cluster.hosts)
+        (f"h{i}", cluster.run(i, ["tc", "-s", "-j", "qdisc", "show", "dev", INTERFACE])) for i in range(cluster.hosts)
     ]
     sides.append(("switch", cluster.switch_run(["tc", "-s", "-j", "qdisc", "show"])))
     for side, shown in sides:
@@ -189,7 +181,7 @@ def emulation_available() -> tuple[bool, str]:
     """Whether an emulated cluster can be built here, and a sentence saying how or why not."""
     try:
         with EmulatedCluster(hosts=1, rate="1gbit") as cluster:
-            shown = host_run(cluster, 0, ["tc", "qdisc", "show", "dev", INTERFACE]).stdout
+            shown = cluster.run(0, ["tc", "qdisc", "show", "dev", INTERFACE]).stdout
             if "tbf" not in shown:
                 return False, f"tc could not attach tbf to {INTERFACE} (got {shown.strip()!r}); use cluster=local"
             return True, f"network namespaces with tc tbf ({cluster.mode})"

@@ -14,6 +14,7 @@ from ralp_pipe.config.compose import (
     validate,
 )
 from ralp_pipe.config.schema import (
+    AUTO_FACTOR,
     BACKENDS,
     CLUSTERS,
     CONFIG_DIR,
@@ -44,6 +45,7 @@ from ralp_pipe.config.strategies import STRATEGY_KINDS, StrategyKind, strategy_k
 from ralp_pipe.errors import ConfigError
 
 __all__ = [
+    "AUTO_FACTOR",
     "BACKENDS",
     "CLUSTERS",
     "CLUSTER_KINDS",

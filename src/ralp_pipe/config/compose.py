@@ -21,6 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ralp_pipe.config.clusters import cluster_kind
 from ralp_pipe.config.schema import (
+    AUTO_FACTOR,
     BACKENDS,
     CLUSTERS,
     CONFIG_DIR,
@@ -191,6 +192,37 @@ def from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _validate_dilation(cfg: Config) -> None:
+    """The dilation section: a mode, a shipped target, a factor >= 1 or "auto", a compute size no larger than the run's."""
+    d, t = cfg.dilation, cfg.train
+    _choice("dilation.mode", d.mode, DILATION_MODES)
+    _choice("dilation.target", d.target, device_entries())
+    factor = d.factor
+    if factor is not None and factor != AUTO_FACTOR:
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise ConfigError(f"dilation.factor={factor!r} is not allowed: give a number >= 1, {AUTO_FACTOR} or null")
+        _in_range("dilation.factor", factor, 1.0, math.inf, f"[1, inf), {AUTO_FACTOR} or null (no dilation)")
+    _in_range("dilation.margin", d.margin, 1.0, math.inf, "[1, inf)")
+    _in_range("dilation.link_accuracy", d.link_accuracy, 0.0, 1.0, "(0, 1]", low_open=True)
+    for key, value, target in (
+        ("compute_batch_size", d.compute_batch_size, t.batch_size),
+        ("compute_image_size", d.compute_image_size, t.image_size),
+    ):
+        if value is None:
+            continue
+        if d.mode != "real":
+            raise ConfigError(f"dilation.{key}={value} applies to mode real only (modelled mode computes nothing)")
+        _in_range(f"dilation.{key}", value, 1, target, f"[1, {target}] (train.{key.removeprefix('compute_')})")
+    if d.compute_image_size is not None:
+        _at_least("dilation.compute_image_size", d.compute_image_size, MIN_IMAGE_SIZE.get(cfg.model.name, 32))
+    planned = cfg.experiment.target
+    if factor is not None and planned is not None and planned != d.target:
+        raise ConfigError(
+            f"experiment.target={planned} plans for another GPU than dilation.target={d.target} emulates: "
+            f"give both the same config/device entry"
+        )
+
+
 def _choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
@@ -230,10 +262,7 @@ def validate(cfg: Config) -> None:
     _validate_network(cfg.network, cfg.cluster.kind)
     _validate_train(cfg.train, cfg.model.name)
     _validate_device(cfg)
-    _choice("dilation.mode", cfg.dilation.mode, DILATION_MODES)
-    _choice("dilation.target", cfg.dilation.target, device_entries())
-    if cfg.dilation.factor is not None:
-        _in_range("dilation.factor", cfg.dilation.factor, 1.0, math.inf, "[1, inf) or null (no dilation)")
+    _validate_dilation(cfg)
     _validate_experiment(cfg.experiment)
 
 

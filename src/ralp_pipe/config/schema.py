@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS
 from ralp_pipe.config.strategies import STRATEGY_KINDS
@@ -35,7 +36,8 @@ LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = tuple(CLUSTER_KINDS)
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
-DILATION_MODES = ("real",)  # time-dilated emulation: real compute padded to D x the target's time per unit
+AUTO_FACTOR = "auto"  # dilation.factor measured before the run (engine/dilation.py)
+DILATION_MODES = ("real", "modelled")  # time-dilated emulation: real compute padded, or the target's time alone
 MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -187,11 +189,17 @@ class DilationConfig:
 
     With a factor D every rank pads each placement unit's forward and backward, and the servers' gradient
     aggregation and SGD update, to D x the target's modelled time, and emulated links run at rate / D.
+    The target configuration is the run's own (model, dataset, train.batch_size, train.image_size): every
+    message carries its bytes; in `real` mode the ranks may compute at a smaller batch and image size.
     """
 
-    factor: float | None = None  # D >= 1; None: no dilation (the run measures this machine as it is)
-    mode: str = "real"  # real: run the real computation, then wait to the padded time
+    factor: Any = None  # D >= 1, or "auto" (the smallest fitting D, measured before the run); None: no dilation
+    mode: str = "real"  # real: run the real computation, then wait; modelled: no computation, only the wait
     target: str = "v100"  # the config/device entry emulated (its shipped file, apart from the `device` group)
+    compute_batch_size: int | None = None  # real mode: images per worker the ranks compute on (None: train's)
+    compute_image_size: int | None = None  # real mode: the crop they compute on (None: train's)
+    margin: float = 1.25  # auto, real mode: D = this x the largest measured/target unit time
+    link_accuracy: float = 0.95  # auto, modelled mode: smallest achieved/asked rate of the links at R / D
 
 
 @dataclass

@@ -1,42 +1,62 @@
-"""Time-dilated emulation, ``real`` mode: every rank spends D x a target GPU's time on each unit of work.
+"""Time-dilated emulation: every rank spends D x a target GPU's time on each unit of work.
 
-With ``dilation.factor`` D, every rank runs the real computation of each placement unit (forward,
-backward), then waits until D x the target's modelled time for that unit (``dilation.target``, a
-``config/device`` entry as shipped, :func:`ralp_pipe.planning.devicemodel.modelled_profile`, priced at
-the run's batch and image size: the worker's batch, the PS device's concatenated batch for its upper units) has passed
-since the unit began; the servers' gradient aggregation and SGD update, and ``allreduce``'s
-optimizer step, likewise (per parameter byte). Emulated links run at ``network.rate`` / D
-(:func:`shaped_rate`). The cluster then behaves like the target cluster with time slowed by D:
-target-equivalent images/sec = measured x D, GB/step and parameters those of the target.
+With ``dilation.factor`` D, each placement unit's forward and backward on every rank takes D x the
+target's modelled time for that unit (``dilation.target``, a ``config/device`` entry as shipped,
+:func:`ralp_pipe.planning.devicemodel.modelled_profile`, priced at the run's batch and image size:
+the worker's batch, the PS device's concatenated batch for its upper units); the servers' gradient
+aggregation and SGD update, and ``allreduce``'s optimizer step, likewise (per parameter byte).
+Emulated links run at ``network.rate`` / D (:func:`shaped_rate`). The cluster then behaves like the
+target cluster with time slowed by D: target-equivalent images/sec = measured x D, GB/step and
+splits those of the target. Two modes (``dilation.mode``):
+
+- ``real``: each unit runs its real computation, then waits out its padded time. The ranks may
+  compute on fewer images and a smaller crop (``dilation.compute_batch_size``/``compute_image_size``)
+  than the run's ``train.*``; messages whose size depends on them (RALP's activations, their
+  gradients and the labels) are padded to the run's sizes, so the bytes are always the target's.
+- ``modelled``: no computation. Each unit is a :class:`StandIn` holding the unit's parameters and
+  producing outputs of the target's shapes in no time; its forward and backward wait out the padded
+  time, and the real tensors (gradient buckets, parameters, activations and their gradients) go
+  through the real communication stack in the order the target would produce them. The servers'
+  aggregation and update and the optimizer steps are waited for, not run: parameters are not trained.
 
 A unit's time excludes the communication it waited for inside it (a forward waiting for its
 pulled parameters, a backward hook waiting for push credit): the deadline moves by that wait.
-A unit whose real compute ended after its deadline (by more than :data:`OVERRUN_TOLERANCE_S`) is an
+A unit whose own time exceeded its padded time (by more than :data:`OVERRUN_TOLERANCE_S`) is an
 *overrun*: it is counted, per rank and step, and the target's timing is not reproduced there (raise D).
+The rank's timeline then runs behind the target's; the following units' deadlines are moved earlier by
+that lateness (less the communication waited since, which absorbs it) until it is caught up, so jitter
+of this host does not add up over a step.
+Every pacer also keeps the largest ratio of a unit's own time to its target time at D = 1
+(:attr:`Pacer.needed`): the smallest D that would have fitted. ``dilation.factor=auto`` runs the
+ranks once undilated to measure it (real mode) or measures the links (modelled mode) before the run.
 
 This module owns the decision: target times per unit and role (:class:`Targets`), the deadline
-wait (:func:`wait_until`) and the hooks that pad (:class:`Pacer`).
+wait (:func:`wait_until`), the stand-ins (:func:`stand_ins`) and the hooks that pad (:class:`Pacer`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable
 
 import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from ralp_pipe.config import CONFIG_DIR, Config, DeviceConfig, strategy_kind
+from ralp_pipe.config import AUTO_FACTOR, CONFIG_DIR, Config, DeviceConfig, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.topology import Topology
+from ralp_pipe.engine.models import Unit, activation_shapes
 
-SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
-# a unit ending later than its deadline by more than this is an overrun (a flatten's 0 s target costs ~20 us here)
-OVERRUN_TOLERANCE_S = 1e-4
+SPIN_S = 2e-4  # sleep to this long before a deadline, then spin (time.sleep overshoots ~0.1 ms, more under load)
+# a unit whose own time exceeds its padded time by more than this is an overrun: a flatten's 0 s target costs
+# ~20 us here, and a rank on a loaded host is descheduled for a millisecond or more at times; later units catch up
+OVERRUN_TOLERANCE_S = 1e-3
 WORKER, PS_DEVICE_BATCH = "worker", "ps_device"  # whose batch a unit's time is priced at
+REAL, MODELLED = "real", "modelled"  # dilation.mode
 
 
 def wait_until(deadline: float, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -62,6 +82,25 @@ class Targets:
     aggregate_s_per_byte: float  # adding one more worker's gradient set into the sum, per byte ...
     aggregate_s_fixed: float  # ... plus its kernels' launches
 
+    @property
+    def computes(self) -> bool:
+        """Whether the ranks run the real computation (mode real) or only wait (mode modelled)."""
+        return self.mode == REAL
+
+    def scaled(self, factor: float) -> Targets:
+        """These targets at dilation factor `factor` instead of :attr:`factor`."""
+        k = factor / self.factor
+        return dataclasses.replace(
+            self,
+            factor=factor,
+            fwd_s={role: [k * s for s in times] for role, times in self.fwd_s.items()},
+            bwd_s={role: [k * s for s in times] for role, times in self.bwd_s.items()},
+            update_s_per_byte=k * self.update_s_per_byte,
+            update_s_fixed=k * self.update_s_fixed,
+            aggregate_s_per_byte=k * self.aggregate_s_per_byte,
+            aggregate_s_fixed=k * self.aggregate_s_fixed,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The targets as JSON (handed from the driver to the ranks)."""
         return asdict(self)
@@ -72,9 +111,11 @@ class Targets:
         return cls(**data)
 
 
-def targets(cfg: Config, topo: Topology) -> Targets | None:
-    """The run's padded times (None without ``dilation.factor``); the target must hold the worker's model."""
-    d, factor = cfg.dilation, cfg.dilation.factor
+def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets | None:
+    """The run's padded times at `factor` (default ``dilation.factor``; None without one, or while it is
+    ``auto``: see :meth:`Targets.scaled`); the target must hold the worker's model."""
+    d = cfg.dilation
+    factor = fixed_factor(cfg) if factor is None else factor
     if factor is None:
         return None
     from ralp_pipe.engine.strategies.base import Optim  # the device model traces the strategies' own update
@@ -113,6 +154,38 @@ def targets(cfg: Config, topo: Topology) -> Targets | None:
     )
 
 
+def fixed_factor(cfg: Config) -> float | None:
+    """``dilation.factor`` as a number (None when undilated or still ``auto``)."""
+    factor = cfg.dilation.factor
+    return None if factor is None or factor == AUTO_FACTOR else float(factor)
+
+
+def with_factor(cfg: Config, factor: float) -> Config:
+    """`cfg` with ``dilation.factor`` resolved to `factor` (what ``auto`` measured)."""
+    return dataclasses.replace(cfg, dilation=dataclasses.replace(cfg.dilation, factor=factor))
+
+
+def computes(cfg: Config) -> bool:
+    """Whether the run's ranks compute (undilated, or mode real) or only wait (mode modelled: no data read)."""
+    return cfg.dilation.factor is None or cfg.dilation.mode == REAL
+
+
+def compute_size(cfg: Config) -> tuple[int, int]:
+    """The batch per worker and the crop the ranks compute on: ``dilation.compute_*`` in real mode, else train's."""
+    d, t = cfg.dilation, cfg.train
+    if d.factor is None:
+        return t.batch_size, t.image_size
+    return d.compute_batch_size or t.batch_size, d.compute_image_size or t.image_size
+
+
+def auto_factor(needed: float, margin: float) -> float:
+    """The factor ``auto`` picks from the largest measured / target unit time `needed`: `margin` x it, rounded up
+    to two significant digits (at least 1)."""
+    raw = max(1.0, needed * margin)
+    step = 10.0 ** (math.floor(math.log10(raw)) - 1)
+    return round(math.ceil(raw / step - 1e-9) * step, 9)
+
+
 def device_entry(name: str) -> DeviceConfig:
     """The shipped device entry `name` (``config/device/<name>.yaml``)."""
     data = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "device" / f"{name}.yaml"))
@@ -128,33 +201,43 @@ def shaped_rate(rate: str, factor: float | None) -> str:
     return f"{bits / factor:.0f}bit"
 
 
-def record(cfg: Config, overruns: int) -> dict[str, Any] | None:
-    """metrics.json's ``dilation`` record of a run (None without dilation)."""
-    d = cfg.dilation
-    if d.factor is None:
+def record(cfg: Config, overruns: int, needed: float, calibration: dict[str, Any] | None) -> dict[str, Any] | None:
+    """metrics.json's ``dilation`` record of a run (None without dilation): the factor, mode, target, link rates,
+    overruns, the smallest factor that would have fitted (`needed`) and, with ``auto``, how the factor was chosen."""
+    d, factor = cfg.dilation, fixed_factor(cfg)
+    if factor is None:
         return None
     return {
-        "factor": d.factor,
+        "factor": factor,
         "mode": d.mode,
         "target_device": d.target,
         "target_link_rate": cfg.network.rate,
-        "shaped_link_rate": shaped_rate(cfg.network.rate, d.factor),
+        "shaped_link_rate": shaped_rate(cfg.network.rate, factor),
+        "compute_batch_size": compute_size(cfg)[0],
+        "compute_image_size": compute_size(cfg)[1],
         "overruns": overruns,
+        "needed_factor": needed,
+        "auto": calibration,
     }
 
 
-def padded(pacer: Pacer | None, seconds: Callable[[Pacer], float]) -> ContextManager[None]:
-    """`pacer`'s padding of a block to `seconds(pacer)`; nothing without a pacer (an undilated run)."""
-    return contextlib.nullcontext() if pacer is None else pacer.padded(seconds(pacer))
+def paced(pacer: Pacer | None, seconds: Callable[[Pacer], float], work: Callable[[], Any]) -> None:
+    """Run `work` undilated; dilated, pad it to `seconds(pacer)` (modelled mode: only wait that long)."""
+    if pacer is None:
+        work()
+    else:
+        pacer.run(seconds(pacer), work)
 
 
 class Pacer:
-    """One rank's padding: units' forward and backward (:meth:`attach`) and the servers' work (:meth:`padded`).
+    """One rank's padding: units' forward and backward (:meth:`attach`) and the servers' work (:meth:`run`).
 
     `waited` reads the communication wait counted so far (:attr:`ralp_pipe.engine.comm.Comm.wait_s`);
     what a unit waited for is added to its deadline. `sync` waits for the device's queued work (on a GPU,
     whose kernels run after the hooks return) before a unit's end is read. :meth:`take` returns the
-    overruns since the last call.
+    overruns since the last call; :attr:`needed` is the largest ratio of a unit's own time to its target
+    time at D = 1 so far. With `measure_only` nothing waits: the ranks run undilated and only measure
+    :attr:`needed` (``dilation.factor=auto`` in real mode).
     """
 
     def __init__(
@@ -163,24 +246,35 @@ class Pacer:
         waited: Callable[[], float],
         clock: Callable[[], float] = time.perf_counter,
         sync: Callable[[], None] = lambda: None,
+        measure_only: bool = False,
     ):
         self.targets, self.waited, self.clock, self.sync = targets, waited, clock, sync
-        self.overruns = 0
+        self.measure_only = measure_only
+        self.overruns, self.needed = 0, 0.0
+        self.behind = 0.0  # how late this rank's timeline runs against the target's (seconds)
 
     def pad(self, began: float, waited_at_start: float, seconds: float) -> None:
-        """Wait until `seconds` (plus the communication waited since `waited_at_start`) after `began`;
-        count an overrun when that moment passed more than :data:`OVERRUN_TOLERANCE_S` ago."""
+        """Wait until `seconds` (plus the communication waited since `waited_at_start`, less any lateness carried)
+        after `began`; count an overrun when the unit's own time exceeded `seconds` by more than
+        :data:`OVERRUN_TOLERANCE_S`."""
         self.sync()
-        deadline = began + seconds + (self.waited() - waited_at_start)
-        if self.clock() > deadline + OVERRUN_TOLERANCE_S:
+        now, moved = self.clock(), self.waited() - waited_at_start
+        own = now - began - moved
+        if seconds > 0 and own > OVERRUN_TOLERANCE_S:
+            self.needed = max(self.needed, own * self.targets.factor / seconds)
+        if self.measure_only:
+            return
+        if own > seconds + OVERRUN_TOLERANCE_S:
             self.overruns += 1
+        deadline = began + moved + seconds - max(0.0, self.behind - moved)
+        self.behind = max(0.0, now - deadline)
         wait_until(deadline, self.clock)
 
-    @contextlib.contextmanager
-    def padded(self, seconds: float) -> Iterator[None]:
-        """Run the block, then wait until `seconds` after it began."""
+    def run(self, seconds: float, work: Callable[[], Any]) -> None:
+        """Run `work` (in real mode; modelled: nothing), then wait until `seconds` after it began."""
         began, waited = self.clock(), self.waited()
-        yield
+        if self.targets.computes:
+            work()
         self.pad(began, waited, seconds)
 
     def update_s(self, nbytes: int) -> float:
@@ -257,3 +351,58 @@ class _BackwardChain:
         if self.left[i] == 0:
             self.pacer.pad(self.began[0], self.began[1], self.seconds[i])
             self._start()
+
+
+class _NoCompute(torch.autograd.Function):
+    """A unit's place in autograd without its arithmetic: forward returns an uninitialised output of the target's
+    shape; backward an uninitialised input gradient and, for every parameter, an empty sparse gradient, which
+    accumulates in no time whatever the parameter's size (a dense zero would cost a pass over it: ~40 ms for
+    VGG's fc6 here, 100x its V100 time), so the parameter hooks of push/pull and the pacer fire in the order the
+    real backward fires them, at no cost."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, sample_shape: tuple[int, ...], *params: torch.Tensor) -> torch.Tensor:
+        ctx.input_shape, ctx.param_shapes = x.shape, [p.shape for p in params]
+        return x.new_empty((x.shape[0], *sample_shape))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x_grad = grad.new_empty(ctx.input_shape) if ctx.needs_input_grad[0] else None
+        return (x_grad, None, *(empty_gradient(shape, grad) for shape in ctx.param_shapes))
+
+
+def empty_gradient(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    """A sparse all-zero gradient of `shape` (no stored element), `like`'s dtype and device."""
+    indices = torch.empty((len(shape), 0), dtype=torch.int64, device=like.device)
+    values = like.new_empty(0)
+    return torch.sparse_coo_tensor(indices, values, shape, is_coalesced=True, check_invariants=False)
+
+
+class StandIn(nn.Module):
+    """A placement unit in ``modelled`` mode: the unit's parameters (in its order) and outputs of its shape per
+    sample for whatever batch comes in, computed in no time (the pacer supplies the time)."""
+
+    def __init__(self, module: nn.Module, sample_shape: tuple[int, ...]):
+        super().__init__()
+        self.sample_shape = sample_shape
+        for index, param in enumerate(module.parameters()):
+            self.register_parameter(f"p{index}", param)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """An output of ``(batch, *sample_shape)`` wired into autograd, without computing it."""
+        return _NoCompute.apply(x, self.sample_shape, *self.parameters())
+
+
+def stand_ins(units: list[Unit], image_size: int, device: str) -> list[Unit]:
+    """Meta-device `units` as :class:`StandIn` units for `image_size` crops, their parameters allocated on `device`
+    uninitialised (``meta``: not at all, for a rank that holds no model)."""
+    with torch.device("meta"):
+        shapes = activation_shapes(units, image_size)
+    for unit in units:
+        unit.module.to_empty(device=device)
+    return [Unit(u.name, StandIn(u.module, shape[1:])) for u, shape in zip(units, shapes)]
+
+
+def placeholder_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a worker feeds a modelled model: no pixels (the first stand-in ignores them) and `batch_size` labels."""
+    return torch.empty(batch_size, 0), torch.zeros(batch_size, dtype=torch.int64)

@@ -1,5 +1,5 @@
 """One rank of a training run: ``python -m ralp_pipe.engine.rank --rank-result FILE [--split K] [--shards DIR]
-[--dilation JSON] CONFIG``.
+[--dilation JSON [--calibrate]] CONFIG``.
 
 The driver (:mod:`ralp_pipe.engine.train`) resolves the split point, the padded times of a dilated
 run (:class:`ralp_pipe.engine.dilation.Targets`) and the shards folder a shard loader reads (CONFIG
@@ -7,7 +7,8 @@ is the resolved configuration as JSON) and starts every rank with :func:`rank_co
 identity comes from the environment (see :class:`ralp_pipe.runtime.launch.RankEnv`), the device type
 and backend from ``RALP_PIPE_DEVICE`` and ``RALP_PIPE_BACKEND``. Each rank builds the model with the configured
 seed, trains `warmup_steps + measure_steps` steps and sends its step records to rank 0, which
-writes the gathered :class:`RankResult` to FILE. Rank 0 prints its progress
+writes the gathered :class:`RankResult` to FILE. With ``--calibrate`` (``dilation.factor=auto`` in real
+mode) the ranks run undilated and only measure the smallest factor that would fit. Rank 0 prints its progress
 (:class:`ralp_pipe.engine.metrics.Progress`) to its log while it trains.
 
 Test hooks: ``RALP_PIPE_FAIL_RANK=r`` and ``RALP_PIPE_FAIL_STEP=s`` make rank r fail at step s;
@@ -18,6 +19,7 @@ until stopped).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -35,7 +37,7 @@ from ralp_pipe.config import Config, from_dict, to_dict
 from ralp_pipe.contract.topology import Topology, of_strategy
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.engine.dilation import Pacer, Targets
+from ralp_pipe.engine.dilation import Pacer, Targets, compute_size, placeholder_batch, stand_ins
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
 from ralp_pipe.errors import RunFailure
@@ -60,31 +62,44 @@ class RankResult(TypedDict):
     threads: list[int]  # torch threads of every rank
     keeps_freed: list[bool]  # whether every rank's allocator reuses freed memory (hardware.keep_freed_memory)
     peak_rss_mb: list[float]  # peak resident memory of every rank's process
+    needed_factor: list[float]  # dilated: the smallest factor every rank's units would have fitted (0: undilated)
 
 
 def rank_command(
-    result_file: Path, cfg: Config, split: int | None, shards: Path | None, targets: Targets | None = None
+    result_file: Path,
+    cfg: Config,
+    split: int | None,
+    shards: Path | None,
+    targets: Targets | None = None,
+    calibrate: bool = False,
 ) -> PythonMain:
     """What every rank of `cfg`'s run runs: this module's :func:`main` with these arguments."""
     split_args = () if split is None else ("--split", str(split))
     shard_args = () if shards is None else ("--shards", str(shards))
-    dilation_args = () if targets is None else ("--dilation", json.dumps(targets.to_dict()))
+    dilation_args: tuple[str, ...] = () if targets is None else ("--dilation", json.dumps(targets.to_dict()))
+    dilation_args += ("--calibrate",) if calibrate else ()
     return PythonMain(
         __name__,
         ("--rank-result", str(result_file), *split_args, *shard_args, *dilation_args, json.dumps(to_dict(cfg))),
     )
 
 
-def _batches(cfg: Config, topo: Topology, rank: int, device: torch.device, shards: Path | None) -> Iterator[Any] | None:
+def _batches(
+    cfg: Config, topo: Topology, rank: int, device: torch.device, shards: Path | None, targets: Targets | None
+) -> Iterator[Any] | None:
+    """A worker's batches at the size it computes on (modelled: labels only); None on a server rank."""
     if rank not in topo.workers:
         return None
+    if targets is not None and not targets.computes:
+        return itertools.repeat(tuple(t.to(device) for t in placeholder_batch(cfg.train.batch_size)))
     from ralp_pipe.data.loaders import make_loader
 
+    batch_size, image_size = compute_size(cfg)
     loader = make_loader(
         cfg.train.loader,
         shards,
-        cfg.train.batch_size,
-        cfg.train.image_size,
+        batch_size,
+        image_size,
         cfg.dataset.num_classes,
         rank=topo.workers.index(rank),
         world_size=topo.num_workers,
@@ -124,6 +139,17 @@ def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | N
     return wire_gb_per_step(start, end, steps)
 
 
+def _units(cfg: Config, topo: Topology, rank: int, targets: Targets | None) -> list[models.Unit]:
+    """This rank's placement units: the model (on the meta device for a rank that holds none), or its stand-ins
+    where the run is modelled."""
+    m, device = cfg.model, "cpu" if holds_model(topo, rank) else "meta"
+    if targets is None or targets.computes:
+        return models.model_units(m.name, cfg.dataset.num_classes, m.dropout, device)
+    return stand_ins(
+        models.model_units(m.name, cfg.dataset.num_classes, m.dropout, "meta"), cfg.train.image_size, device
+    )
+
+
 def run_rank(
     cfg: Config,
     env: RankEnv,
@@ -132,9 +158,11 @@ def run_rank(
     split: int | None,
     shards: Path | None,
     targets: Targets | None = None,
+    calibrate: bool = False,
 ) -> RankResult | None:
     """Train with the driver's `split` on batches from `shards` (None: no shard loader), padded to `targets`
-    where dilated; rank 0 returns every rank's records and the window, the others None."""
+    where dilated (`calibrate`: only measured against them); rank 0 returns every rank's records and the window,
+    the others None."""
     keeps_freed = hardware.keep_freed_memory()
     sharing = cfg.train.cpu_share or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     torch.set_num_threads(hardware.threads_per_rank(sharing))
@@ -150,28 +178,29 @@ def run_rank(
                 f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}"
             )
         torch.manual_seed(cfg.train.seed)
-        t, m = cfg.train, cfg.model
+        t = cfg.train
         comm = Comm(env.rank, env.world_size, backend)
-        pacer = None if targets is None else Pacer(targets, lambda: comm.wait_s, sync=lambda: synchronize(device))
+        pacer = None
+        if targets is not None:
+            pacer = Pacer(targets, lambda: comm.wait_s, sync=lambda: synchronize(device), measure_only=calibrate)
         setup = StepSetup(
             topo,
             comm,
-            models.model_units(
-                m.name, cfg.dataset.num_classes, m.dropout, "cpu" if holds_model(topo, env.rank) else "meta"
-            ),
+            _units(cfg, topo, env.rank, targets),
             split,
             Optim(t.lr, t.momentum, t.weight_decay),
             device,
-            t.batch_size,
-            t.image_size,
+            *compute_size(cfg),
             t.amp,
             cfg.strategy.overlap,
             cfg.strategy.bucket_mb,
             cfg.strategy.credit,
             pacer,
+            message_batch=t.batch_size,
+            message_image=t.image_size,
         )
         strategy = build(setup)
-        batches = _batches(cfg, topo, env.rank, device, shards)
+        batches = _batches(cfg, topo, env.rank, device, shards, targets)
         role = topo.role(env.rank)
         total = t.warmup_steps + t.measure_steps
         progress = Progress(total, topo.num_workers * t.batch_size, _print_now) if env.rank == 0 else None
@@ -179,6 +208,8 @@ def run_rank(
         for step in range(total):
             if step == t.warmup_steps:
                 start, wire_start = window_edge(device), _wire_reading()
+                if pacer is not None:
+                    pacer.needed = 0.0  # the window's units only: the first steps allocate and rebuild buckets
             _maybe_fail(env.rank, step)
             began = time.perf_counter()
             batch, data_wait_s = None, 0.0  # server ranks read no batches
@@ -205,6 +236,7 @@ def run_rank(
             "threads": torch.get_num_threads(),
             "peak_rss_mb": hardware.peak_rss_mb(),
             "keeps_freed": keeps_freed,
+            "needed_factor": 0.0 if pacer is None else pacer.needed,
         }
         dist.gather_object(mine, gathered, dst=0)
     finally:
@@ -221,6 +253,7 @@ def run_rank(
         threads=[g["threads"] for g in gathered],
         peak_rss_mb=[g["peak_rss_mb"] for g in gathered],
         keeps_freed=[g["keeps_freed"] for g in gathered],
+        needed_factor=[g["needed_factor"] for g in gathered],
     )
 
 
@@ -231,12 +264,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--split", type=int, help="RALP split point resolved by the driver (none for ps/allreduce)")
     parser.add_argument("--shards", type=Path, help="prepared shards a shard loader reads (resolved by the driver)")
     parser.add_argument("--dilation", help="padded times of a dilated run as JSON (resolved by the driver)")
+    parser.add_argument("--calibrate", action="store_true", help="run undilated, measuring against --dilation")
     parser.add_argument("config", help="resolved configuration as JSON")
     args = parser.parse_args(argv)
     cfg = from_dict(json.loads(args.config))
     env = RankEnv.from_environ()
     targets = None if args.dilation is None else Targets.from_dict(json.loads(args.dilation))
-    result = run_rank(cfg, env, os.environ[DEVICE_ENV], os.environ[BACKEND_ENV], args.split, args.shards, targets)
+    device_type, backend = os.environ[DEVICE_ENV], os.environ[BACKEND_ENV]
+    result = run_rank(cfg, env, device_type, backend, args.split, args.shards, targets, args.calibrate)
     if result is not None:
         write_json_atomic(args.rank_result, result)
     return 0

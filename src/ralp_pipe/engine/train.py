@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
-from ralp_pipe.config import Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
+from ralp_pipe.config import AUTO_FACTOR, Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.contract.topology import Topology, of_strategy
@@ -60,6 +60,7 @@ ROW_BYTES = 1024  # one step record as JSON in the rank result, in steps.parquet
 FULL_BYTES = 2**20  # a filesystem with less free space is full for the ranks' logs
 RANK_BASE_BYTES = 500_000_000  # memory of one rank before its model: interpreter, torch, gloo buffers
 PARAMETER_COPIES = 3  # a rank holds parameters, their gradients and momentum (or the buffers in flight)
+CALIBRATION_WARMUP, CALIBRATION_STEPS = 2, 3  # dilation.factor=auto, real mode: steps before and while measuring
 # What a plan was made for (Plan fields, as config.made_for names them) -> the config key of the run
 PLAN_KEYS = {
     "model": "model.name",
@@ -207,11 +208,76 @@ def split_and_bytes(
         return split, volume.step_bytes(topo.strategy, units, split, topo, t.batch_size, t.image_size)
 
 
-def build_metrics(
-    cfg: Config, topo: Topology, split: int | None, analytic: dict[str, int], result: RankResult
-) -> RunMetrics:
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What a run produced: the driver's split and analytic bytes per step, rank 0's result and, where
+    ``dilation.factor=auto`` chose the factor, how (:func:`resolve_auto`)."""
+
+    split: int | None
+    analytic: dict[str, int]
+    result: RankResult
+    calibration: dict[str, Any] | None
+
+
+def resolve_auto(
+    cfg: Config, topo: Topology, staging: Path, ranks: Ranks
+) -> tuple[Config, Ranks, dict[str, Any] | None]:
+    """`cfg` and `ranks` with ``dilation.factor=auto`` resolved, and how it was (None when the factor was given).
+
+    Real mode: the ranks run :data:`CALIBRATION_STEPS` steps after a warm-up, undilated and all at once on
+    their hosts, measuring every unit's time against its target time; D = ``dilation.margin`` x the largest
+    ratio (:func:`ralp_pipe.engine.dilation.auto_factor`). Modelled mode: D is the smallest at which the
+    emulated links deliver ``dilation.link_accuracy`` of network.rate / D
+    (:func:`ralp_pipe.runtime.linkcheck.accurate_factor`).
+    """
+    d = cfg.dilation
+    if d.factor != AUTO_FACTOR:
+        return cfg, ranks, None
+    if d.mode == dilation.REAL:
+        measuring = dilation.targets(cfg, topo, factor=1.0)
+        steps = dataclasses.replace(cfg.train, warmup_steps=CALIBRATION_WARMUP, measure_steps=CALIBRATION_STEPS)
+        print(
+            f"ralp-pipe train: dilation.factor=auto: measuring every unit's time on {topo.world_size} ranks", flush=True
+        )
+        calibration_staging = staging / "calibration"
+        calibration_staging.mkdir()
+        result = _launch(
+            dataclasses.replace(cfg, train=steps),
+            topo,
+            calibration_staging,
+            dataclasses.replace(ranks, targets=measuring),
+            calibrate=True,
+        )
+        needed = max(result["needed_factor"])
+        factor = dilation.auto_factor(needed, d.margin)
+        how: dict[str, Any] = {
+            "method": "calibration",
+            "needed_factor": needed,
+            "margin": d.margin,
+            "warmup_steps": CALIBRATION_WARMUP,
+            "steps": CALIBRATION_STEPS,
+        }
+    else:
+        if cluster_kind(cfg.cluster.kind).launcher != "emulated":
+            raise ConfigError(
+                f"dilation.factor=auto in mode modelled measures the emulated links at network.rate / D, but "
+                f"cluster.kind={cfg.cluster.kind} shapes none: add cluster=emulated, or give dilation.factor a number"
+            )
+        from ralp_pipe.runtime.linkcheck import accurate_factor  # brings up network namespaces: emulated runs only
+
+        print(
+            f"ralp-pipe train: dilation.factor=auto: measuring the emulated links at {cfg.network.rate} / D", flush=True
+        )
+        choice = accurate_factor(topo.num_hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy)
+        factor, how = choice.factor, {"method": "links", **choice.to_dict()}
+    print(f"ralp-pipe train: dilation.factor=auto chose D = {factor:g}", flush=True)
+    cfg = dilation.with_factor(cfg, factor)
+    return cfg, dataclasses.replace(ranks, targets=dilation.targets(cfg, topo)), how
+
+
+def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics:
     """The run's record from the driver's split and analytic bytes and rank 0's result."""
-    t = cfg.train
+    t, split, analytic, result = cfg.train, measured.split, measured.analytic, measured.result
     figures = summarize(result["rows"], result["window_s"], topo.num_workers, t.batch_size, t.measure_steps)
     wire = result["wire"]
     config = to_dict(cfg)
@@ -237,8 +303,10 @@ def build_metrics(
         warmup_steps=t.warmup_steps,
         measure_steps=t.measure_steps,
         images_per_sec=figures.images_per_sec,
-        target_images_per_sec=target_equivalent(figures.images_per_sec, cfg.dilation.factor),
-        dilation=dilation.record(cfg, measured_overruns(result["rows"])),
+        target_images_per_sec=target_equivalent(figures.images_per_sec, dilation.fixed_factor(cfg)),
+        dilation=dilation.record(
+            cfg, measured_overruns(result["rows"]), max(result["needed_factor"]), measured.calibration
+        ),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],
@@ -287,11 +355,9 @@ def write_run(out: Path, metrics: RunMetrics, rows: list[dict[str, Any]]) -> Non
         ) from exc
 
 
-def _finish(
-    cfg: Config, topo: Topology, out: Path, split: int | None, analytic: dict[str, int], result: RankResult
-) -> RunMetrics:
-    metrics = build_metrics(cfg, topo, split, analytic, result)
-    write_run(out, metrics, result["rows"])
+def _finish(cfg: Config, topo: Topology, out: Path, measured: Measured) -> RunMetrics:
+    metrics = build_metrics(cfg, topo, measured)
+    write_run(out, metrics, measured.result["rows"])
     return metrics
 
 
@@ -302,8 +368,9 @@ def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bo
     """
     cores, (memory, bound) = hardware.usable_cores(), hardware.usable_memory()
     parameters = sum(p.numel() * p.element_size() for u in units for p in u.module.parameters())
-    t = cfg.train
-    activations = models.activation_bytes(units, t.image_size, t.batch_size, 2 if t.amp else 4) if on_cpu else 0
+    t, (batch, image) = cfg.train, dilation.compute_size(cfg)
+    keeps = on_cpu and dilation.computes(cfg)  # modelled units keep no activations
+    activations = models.activation_bytes(units, image, batch, 2 if t.amp else 4) if keeps else 0
     per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters + activations
     by_cores, by_memory = max(8, 4 * cores), memory // per_rank
     if topo.world_size <= min(by_cores, by_memory):
@@ -450,25 +517,27 @@ def set_aside_previous(out: Path) -> None:
     )
 
 
-def _launch(
-    cfg: Config,
-    topo: Topology,
-    staging: Path,
-    split: int | None,
-    shards: Path | None,
-    devices_of: tuple[str, str],
-    shared: list[dict[str, Any]] | None,
-    targets: dilation.Targets | None = None,
-) -> RankResult:
-    """Start and supervise the ranks (on the hosts `shared` names, where given); return rank 0's result.
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """What the ranks of a launch are given: the split, the shards a shard loader reads, the ranks' device type and
+    backend, where they run on a shared emulated cluster (`shared`) and, dilated, their padded times."""
 
-    `devices_of` is the ranks' device type and backend; `targets` the padded times of a dilated run, whose
-    emulated links run at network.rate / D. A full disk under the ranks' logs is named.
+    split: int | None
+    shards: Path | None
+    devices_of: tuple[str, str]
+    shared: list[dict[str, Any]] | None = None
+    targets: dilation.Targets | None = None
+
+
+def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate: bool = False) -> RankResult:
+    """Start and supervise the ranks (on the hosts `ranks.shared` names, where given); return rank 0's result.
+
+    A dilated run's emulated links run at network.rate / D. A full disk under the ranks' logs is named.
     """
-    device_type, backend = devices_of
+    device_type, backend = ranks.devices_of
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
-    entry = rank_command(result_file, cfg, split, shards, targets)
+    entry = rank_command(result_file, cfg, ranks.split, ranks.shards, ranks.targets, calibrate)
     env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
     progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)
@@ -486,8 +555,8 @@ def _launch(
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
-            rate = dilation.shaped_rate(cfg.network.rate, cfg.dilation.factor)
-            with emulated_sites(topo.hosts, rate, cfg.network.burst, shared) as emulated:
+            rate = dilation.shaped_rate(cfg.network.rate, dilation.fixed_factor(cfg))
+            with emulated_sites(topo.hosts, rate, cfg.network.burst, ranks.shared) as emulated:
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(entry, topo.world_size, timeout, staging, None, env)
@@ -518,12 +587,12 @@ def run(
             f"--shared-hosts places ranks on an emulated cluster but this run has cluster.kind={cfg.cluster.kind}: "
             f"add cluster=emulated"
         )
-    if shared is not None and cfg.dilation.factor is not None:
+    if shared is not None and cfg.dilation.factor == AUTO_FACTOR:
         raise ConfigError(
-            f"--shared-hosts joins links the concurrent workload shaped at network.rate={cfg.network.rate}, but "
-            f"dilation.factor={cfg.dilation.factor:g} needs them at rate / D: run dilated jobs on clusters of their own"
+            "--shared-hosts joins links the concurrent workload shaped before this job started, so "
+            "dilation.factor=auto cannot choose them: give the jobs of a concurrent workload one number"
         )
-    if reads_shards(cfg.train.loader):  # missing or unfit shards are refused before any rank starts
+    if reads_shards(cfg.train.loader) and dilation.computes(cfg):  # unfit shards are refused before any rank starts
         shards = output_dir(cfg) if shards is None else shards
         shard_files(shards, cfg.dataset.num_classes)
         prepared = read_manifest(shards).get("dataset")
@@ -536,19 +605,26 @@ def run(
         shards = None
     units = meta_units(cfg)
     split, analytic = split_and_bytes(cfg, topo, units)
-    targets = dilation.targets(cfg, topo)
     device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
-    if kind.launcher == "srun" and in_slurm_step(topo.world_size):  # every task is a rank; rank 0 writes `out`
-        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards, targets)
-        return None if result is None else _finish(cfg, topo, out, split, analytic, result)
+    ranks = Ranks(split, shards, (device_type, backend), shared, dilation.targets(cfg, topo))
+    in_step = kind.launcher == "srun" and in_slurm_step(topo.world_size)
+    if in_step:  # every task is a rank; rank 0 writes `out`
+        if cfg.dilation.factor == AUTO_FACTOR:
+            raise ConfigError(
+                "dilation.factor=auto runs the ranks twice (a calibration, then the run), which one srun step of "
+                "one task per rank cannot: give dilation.factor a number, or start `ralp-pipe train` outside srun"
+            )
+        result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards, ranks.targets)
+        return None if result is None else _finish(cfg, topo, out, Measured(split, analytic, result, None))
     if kind.shares_host_cpus:
         check_host(cfg, topo, units, device_type == "cpu")
     with out_locked(out):
         staging = make_staging(out, record_bytes(cfg, topo))
         try:
             set_aside_previous(out)
-            result = _launch(cfg, topo, staging, split, shards, (device_type, backend), shared, targets)
-            metrics = _finish(cfg, topo, out, split, analytic, result)
+            cfg, ranks, calibration = resolve_auto(cfg, topo, staging, ranks)
+            result = _launch(cfg, topo, staging, ranks)
+            metrics = _finish(cfg, topo, out, Measured(split, analytic, result, calibration))
             shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
             return metrics
         finally:

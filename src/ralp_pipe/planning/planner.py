@@ -91,8 +91,11 @@ def check_link_matches(probe: LinkProbe, cfg: Config, path: str | Path) -> None:
 
 def cluster_link(profile: Profile, cfg: Config, probe: LinkProbe | None = None) -> Link:
     """The link the run will see: measured (by `probe`, else the profile's own probe), capped by
-    network.rate where the cluster is shaped."""
+    network.rate where the cluster is shaped. A dilated run emulates the target's link: network.rate itself
+    (this machine's probe says what its links deliver undilated, not what the target's do)."""
     measured = (probe.measured if probe else profile.link.get("measured")) or {}
+    if cfg.dilation.factor is not None:
+        measured = {}
     rate = cfg.network.rate if cluster_kind(cfg.cluster.kind).shapes_links else None
     try:
         return effective_link(

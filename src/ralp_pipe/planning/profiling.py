@@ -330,7 +330,9 @@ def main(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads} must be at least 1")
     message_bytes = int(args.message_mb * 2**20)
-    target = args.target or cfg.experiment.target
+    target = args.target or (
+        None if args.link_only else cfg.experiment.target
+    )  # an experiment's links are this machine's
     if target:
         return _write_modelled(args, target)
     if args.link_only:

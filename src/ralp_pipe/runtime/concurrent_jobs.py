@@ -26,6 +26,7 @@ from ralp_pipe.config import Config, ConfigError, load
 from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE
 from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.contract.topology import of_strategy
+from ralp_pipe.engine.dilation import fixed_factor, shaped_rate
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import start_logged, stop, wait_all
@@ -82,9 +83,12 @@ def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Pa
         raise ConfigError(f"concurrent needs at least 2 jobs, got {len(jobs)}: give --job once per job")
     overrides = [[*common, "cluster=emulated", *job] for job in jobs]
     configs = [load(o) for o in overrides]
-    networks = {(c.network.rate, c.network.burst) for c in configs}
+    networks = {(shaped_rate(c.network.rate, fixed_factor(c)), c.network.burst) for c in configs}
     if len(networks) != 1:
-        raise ConfigError(f"the jobs ask for different networks {sorted(networks)}; they must share one network")
+        raise ConfigError(
+            f"the jobs ask for different networks (tc rate and burst, dilated: network.rate / dilation.factor) "
+            f"{sorted(networks)}; they must share one network"
+        )
     rate, burst = networks.pop()
     hosts, n_hosts = layout(configs)
     timeout_s = max(c.cluster.timeout_s for c in configs)

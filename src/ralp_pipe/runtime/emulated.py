@@ -224,6 +224,10 @@ class EmulatedCluster:
             for host in hosts_of_ranks
         ]
 
+    def run(self, host: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run `argv` inside `host` and return its completed process (stdout/stderr captured)."""
+        return subprocess.run([*self.prefix(host), *argv], capture_output=True, text=True, timeout=timeout)
+
     def switch_run(self, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside the switch namespace (e.g. ``tc -s qdisc show``)."""
         if self._switch is None:

@@ -162,11 +162,6 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
             )
         if slurm and key == "cluster":
             raise ConfigError(f"override {override!r}: the slurm profile runs every stage with cluster=slurm")
-        if key.split(".", 1)[0] == "dilation":
-            raise ConfigError(
-                f"override {override!r}: the workflow does not run time-dilated training yet; run it with "
-                f"`ralp-pipe train --out DIR {override} ...` (README: Time-dilated emulation)"
-            )
     per_dataset = {str(name): _override_list(value) for name, value in config["dataset_overrides"].items()}
     for name, values in per_dataset.items():
         try:

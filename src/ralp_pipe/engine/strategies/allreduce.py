@@ -7,6 +7,9 @@ The step's communication wait is the time backward still runs after the last buc
 handed to the all-reduce, i.e. the time spent waiting for outstanding reductions.
 With one worker (N=1, the single-device reference of the scaling plots) there is nothing to
 reduce: the model trains unwrapped, without DDP's buckets, and the step has no communication.
+In ``modelled`` dilation the units compute nothing and their gradients are empty (engine/dilation.py),
+which DDP cannot take; :class:`ModelledBuckets` then all-reduces buffers of DDP's bucket sizes in DDP's
+order instead, each as soon as backward has produced its last parameter.
 """
 
 import time
@@ -15,8 +18,43 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.dilation import WORKER
 from ralp_pipe.engine.strategies.base import Batch, Piece, StepSetup, Strategy, loss_fn
+
+BUCKET_CAP_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default (its first bucket: dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+class ModelledBuckets:
+    """DDP's gradient buckets for parameters whose gradients are not computed: as DDP rebuilds them after its first
+    step (a first bucket of 1 MiB, then 25 MiB, filled in the order backward produces the gradients: reverse model
+    order), each all-reduced in bucket order once backward has produced all of its parameters' gradients."""
+
+    def __init__(self, comm: Comm, params: list[torch.Tensor]):
+        self.comm = comm
+        order = list(reversed(params))
+        limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, BUCKET_CAP_BYTES]
+        buckets, _ = dist._compute_bucket_assignment_by_size(order, limits)
+        self.buffers = [torch.zeros(sum(order[i].numel() for i in b), dtype=order[0].dtype) for b in buckets]
+        self.bucket_of = {id(order[i]): k for k, bucket in enumerate(buckets) for i in bucket}
+        self.sizes = [len(bucket) for bucket in buckets]
+        self.left, self.last_bucket_at = list(self.sizes), 0.0
+        self.futures: list[torch.futures.Future[list[torch.Tensor]]] = []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def _ready(self, param: torch.Tensor) -> None:
+        self.left[self.bucket_of[id(param)]] -= 1
+        while len(self.futures) < len(self.buffers) and self.left[len(self.futures)] == 0:
+            self.futures.append(self.comm.all_reduce(self.buffers[len(self.futures)], "gradients"))
+            self.last_bucket_at = time.perf_counter()
+
+    def wait(self) -> None:
+        """Wait for this step's all-reduces (counted as communication wait from the last bucket's start)."""
+        for future in self.futures:
+            future.wait()
+        self.comm.add_wait(time.perf_counter() - self.last_bucket_at)
+        self.left, self.futures = list(self.sizes), []
 
 
 class AllReduceStrategy(Strategy):
@@ -27,7 +65,10 @@ class AllReduceStrategy(Strategy):
         self.net = setup.network()
         self.single = setup.topology.num_workers == 1
         self.ddp: torch.nn.Module = self.net
-        if not self.single:
+        self.modelled: ModelledBuckets | None = None
+        if not self.single and setup.pacer is not None and not setup.pacer.targets.computes:
+            self.modelled = ModelledBuckets(setup.comm, list(self.net.parameters()))
+        elif not self.single:
             device_ids = [setup.device.index] if setup.device.type == "cuda" else None
             ddp = DistributedDataParallel(
                 self.net, device_ids=device_ids, process_group=setup.comm.group, forward_sync_buffers=False
@@ -52,10 +93,11 @@ class AllReduceStrategy(Strategy):
         with self.setup.autocast():
             logits = self.ddp(images)
         loss_fn(logits, labels).backward()
-        if not self.single:
+        if self.modelled is not None:
+            self.modelled.wait()
+        elif not self.single:
             self.setup.comm.add_wait(time.perf_counter() - self.last_bucket_at)
-        with self.setup.padded_update(list(self.net.parameters())):
-            self.optimizer.step()
+        self.setup.update(list(self.net.parameters()), self.optimizer.step)
 
     def state(self) -> list[Piece]:
         """Every worker holds the whole model; rank 0 reports it."""

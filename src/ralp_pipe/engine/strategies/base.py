@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ralp_pipe.contract.topology import Topology, assign_to_ps
 from ralp_pipe.engine.comm import SETUP, Comm, Handle
-from ralp_pipe.engine.dilation import Pacer, padded
+from ralp_pipe.engine.dilation import Pacer, paced
 from ralp_pipe.engine.models import Unit
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -56,15 +56,24 @@ class StepSetup:
     bucket_mb: float = 4.0
     credit: int = 4
     pacer: Pacer | None = None  # time-dilated emulation (engine/dilation.py); None: no padding
+    # the batch per worker and crop RALP's messages carry where a dilated run computes on less (None: the above)
+    message_batch: int | None = None
+    message_image: int | None = None
 
     def pace(self, modules: list[nn.Module], first: int, role: str) -> None:
         """Pad the forward and backward of `modules`, units `first`.. at `role`'s batch, where the run is dilated."""
         if self.pacer is not None:
             self.pacer.attach(modules, first, role)
 
-    def padded_update(self, params: list[torch.Tensor]) -> ContextManager[None]:
-        """Pad an SGD step of `params` to the target's time, where the run is dilated."""
-        return padded(self.pacer, lambda pacer: pacer.update_s(nbytes(params)))
+    def update(self, params: list[torch.Tensor], step: Callable[[], Any]) -> None:
+        """Run the SGD `step` of `params`, padded to the target's time where the run is dilated (modelled: only
+        the wait)."""
+        paced(self.pacer, lambda pacer: pacer.update_s(nbytes(params)), step)
+
+    @property
+    def message_size(self) -> tuple[int, int]:
+        """The batch per worker and the crop the messages between workers and the PS device are sized for."""
+        return self.message_batch or self.batch_size, self.message_image or self.image_size
 
     def buckets(self, sizes: list[int], servers: list[int], element_size: int) -> list[Bucket]:
         """The push/pull buckets of parameters of `sizes` elements (one per server when not overlapping)."""
@@ -343,10 +352,8 @@ class PushPullServer:
     def _reduce_update(self, sgd: FlatSgd) -> None:
         """Reduce a bucket's gradient sets and update it, each padded to the target's time where dilated."""
         size = nbytes([sgd.flat])
-        with padded(self.pacer, lambda pacer: pacer.aggregate_s(size, len(sgd.inbox))):
-            sgd.reduce()
-        with padded(self.pacer, lambda pacer: pacer.update_s(size)):
-            sgd.update()
+        paced(self.pacer, lambda pacer: pacer.aggregate_s(size, len(sgd.inbox)), sgd.reduce)
+        paced(self.pacer, lambda pacer: pacer.update_s(size), sgd.update)
 
     def state(self) -> list[Piece]:
         """The elements of the held buckets, as pieces of the parameters they belong to."""

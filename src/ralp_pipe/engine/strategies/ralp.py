@@ -15,6 +15,8 @@ part, and returns each bucket as soon as every worker's copy has arrived.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ralp_pipe.contract.topology import PS_DEVICE
@@ -30,8 +32,11 @@ class LayerPlacementStrategy(Strategy):
         split = check_split(setup.split, len(setup.units))
         self.setup = setup
         self.server_rank = setup.topology.ps[0]
-        if setup.role == PS_DEVICE:
-            self.act_shape = (setup.batch_size, *activation_shapes(setup.units[:split], setup.image_size)[-1][1:])
+        self.act_shape = (setup.batch_size, *activation_shapes(setup.units[:split], setup.image_size)[-1][1:])
+        batch, image = setup.message_size
+        target = (batch, *activation_shapes(setup.units[:split], image)[-1][1:])
+        self.message_elements = max(math.prod(target), math.prod(self.act_shape))
+        self.message_labels = max(batch, setup.batch_size)
         net = setup.network()
         self.lower, self.upper = net[:split], net[split:]
         named = list(self.lower.named_parameters())
@@ -63,35 +68,36 @@ class LayerPlacementStrategy(Strategy):
         self.client.begin()
         with self.setup.autocast():
             activations = self.lower(images).float()
-        grad = torch.empty_like(activations)
+        grad = activations.new_empty(self.message_elements)
         comm.wait(
             [
-                comm.isend(activations, self.server_rank, "activations"),
-                comm.isend(labels, self.server_rank, "labels"),
+                comm.isend(padded(activations, self.message_elements), self.server_rank, "activations"),
+                comm.isend(padded(labels, self.message_labels), self.server_rank, "labels"),
                 comm.irecv(grad, self.server_rank),
             ]
         )
-        activations.backward(grad)
+        activations.backward(grad[: activations.numel()].view_as(activations))
         self.client.end_backward()
 
     def _serve(self) -> None:
         comm, device = self.setup.comm, self.setup.device
         workers = self.setup.topology.workers
-        acts = [torch.empty(self.act_shape, device=device) for _ in workers]
-        labels = [torch.empty(self.act_shape[0], dtype=torch.int64, device=device) for _ in workers]
+        acts = [torch.empty(self.message_elements, device=device) for _ in workers]
+        labels = [torch.empty(self.message_labels, dtype=torch.int64, device=device) for _ in workers]
         comm.wait([h for w, a, y in zip(workers, acts, labels) for h in (comm.irecv(a, w), comm.irecv(y, w))])
-        inputs = torch.cat(acts).requires_grad_()
+        batch, elements = self.act_shape[0], math.prod(self.act_shape)
+        inputs = torch.cat([a[:elements].view(self.act_shape) for a in acts]).requires_grad_()
         self.upper.zero_grad(set_to_none=True)
         with self.setup.autocast():
             logits = self.upper(inputs)
-        loss_fn(logits, torch.cat(labels)).backward()
+        loss_fn(logits, torch.cat([y[:batch] for y in labels])).backward()
         assert inputs.grad is not None
         sends = [
-            comm.isend(g, w, "activation_gradients") for g, w in zip(inputs.grad.split(self.act_shape[0]), workers)
+            comm.isend(padded(g, self.message_elements), w, "activation_gradients")
+            for g, w in zip(inputs.grad.split(batch), workers)
         ]
         self.server.post_receives()  # the lower part's gradients arrive while the upper part updates
-        with self.setup.padded_update(list(self.upper.parameters())):
-            self.upper_optimizer.step()
+        self.setup.update(list(self.upper.parameters()), self.upper_optimizer.step)
         comm.wait(sends)
         self.server.step()
 
@@ -105,3 +111,14 @@ class LayerPlacementStrategy(Strategy):
         if self.setup.role != PS_DEVICE:
             return []
         return [*self.server.state(), *(Piece.whole(name, p) for name, p in self.upper.named_parameters())]
+
+
+def padded(tensor: torch.Tensor, elements: int) -> torch.Tensor:
+    """`tensor`'s elements first in a flat message of `elements` (the target's size where a dilated run computes on
+    fewer images or a smaller crop; the rest is never read)."""
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() == elements:
+        return flat
+    message = flat.new_empty(elements)
+    message[: flat.numel()] = flat
+    return message

@@ -1,0 +1,55 @@
+"""How far emulated links must be slowed to stay accurate: the link check at 5 and 9 hosts, 1-25 Gbit/s.
+
+For each host count and target rate R, :func:`ralp_pipe.runtime.linkcheck.accurate_factor` tries
+D = 1, 2, 4, ... in turn: links shaped to R / D, host 0's link loaded both ways at once (every
+other host sends to it, it sends to every other host), stopping at the first D where both
+directions deliver at least 0.95 of R / D. Printed per D tried: what tbf released per direction
+over R / D, the relative error the counters' read times may put on both (+-), the same ratios
+from the interface counters (TCP payload plus one header per offloaded packet, ~0.96 where tbf
+is exact), the kernel's share of the machine's CPU (all processes), then the chosen D.
+Run: `python benchmarks/link_accuracy.py [--hosts 5 9] [--rates 1gbit 10gbit 25gbit] [--seconds 0.5]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ralp_pipe.errors import ConfigError
+from ralp_pipe.runtime.linkcheck import THRESHOLD, WINDOW_S, LinkMeasurement, accurate_factor
+
+
+def _row(hosts: int, rate: str, m: LinkMeasurement) -> str:
+    return (
+        f"{hosts:>5} {rate:>7} {m.factor:>4g} {m.shaped_rate:>15} {m.upload:7.3f} {m.download:9.3f} "
+        f"{m.timing_error:7.3f} {m.wire_upload:8.3f} {m.wire_download:10.3f} {m.kernel_cpu:11.2f}"
+    )
+
+
+def main() -> int:
+    """Run the check for every host count and rate; print each measurement and the chosen factor."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", nargs="+", type=int, default=[5, 9])
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit", "25gbit"])
+    parser.add_argument("--seconds", type=float, default=WINDOW_S, help="measured window per factor")
+    args = parser.parse_args()
+    print(f"threshold {THRESHOLD}: both directions of host 0's link deliver >= {THRESHOLD} of R / D (tbf's bytes)")
+    print(
+        f"{'hosts':>5} {'rate':>7} {'D':>4} {'tc rate':>15} {'upload':>7} {'download':>9} {'+-':>7} {'wire up':>8} {'wire down':>10} {'kernel cpu':>11}"
+    )
+    chosen = []
+    for hosts in args.hosts:
+        for rate in args.rates:
+            try:
+                choice = accurate_factor(hosts, rate, seconds=args.seconds)
+            except ConfigError as exc:
+                chosen.append(f"{hosts} hosts at {rate}: none ({exc})")
+                continue
+            for measurement in choice.measurements:
+                print(_row(hosts, rate, measurement))
+            chosen.append(f"{hosts} hosts at {rate}: D = {choice.factor:g}")
+    print("chosen:", *chosen, sep="\n  ")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""The smallest dilation factor whose emulated links still deliver their rate.
+
+Time-dilated emulation shapes every link to R / D. ``tc tbf`` holds its rate up to a few
+Gbit/s on a small machine, but above that the kernel's CPU binds (the more so the more hosts
+send at once) and a link delivers less than asked: a dilated run would then be slowed by the
+emulation, not by the target's network. :func:`accurate_factor` tries factors D in ascending
+order. For each it brings up an emulated cluster with every link at R / D and loads host 0's
+link the way a parameter server's is loaded, both directions at once: every other host sends
+to host 0 (incast) while host 0 sends to every other host (fan-out), one TCP stream and one
+process per sender. The streams' receive buffers hold ~50 ms of the rate per direction, so
+windows, not congestion control, bound what is in flight: left to the system's congestion
+control (BBR, say), each direction's acknowledgements queue behind up to 100 ms of the other's
+data in tbf's FIFO and one direction often starves even at low rates, hiding what D changes.
+Over a short window it reads, per direction, the bytes the link's tbf released (the qdisc's
+own counter, which counts headers as tbf does, so an exact shaper reads 1.0 of R / D), the
+bytes the interface counted (what a run's ``wire_gb_per_step`` sees: TCP payload plus one
+header per segmentation-offload packet, ~0.96 of R / D when tbf is exact) and the kernel's
+share of the machine's CPU time. It returns the first D whose worse direction (tbf's bytes)
+reaches the threshold, with every measurement taken.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.engine.dilation import shaped_rate
+from ralp_pipe.errors import ConfigError, RunFailure
+from ralp_pipe.runtime.emulated import EmulatedCluster
+from ralp_pipe.runtime.process import Process, start, stop
+from ralp_pipe.runtime.wire import INTERFACE
+
+CANDIDATES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+THRESHOLD = 0.95
+WINDOW_S = 0.5  # measured window per candidate
+WARMUP_S = 0.3  # traffic runs this long before the window opens (TCP ramps up, tbf's burst drains)
+PORT = 5201  # every host has its own address, so one port serves them all
+IN_FLIGHT_S = 0.05  # each direction's streams together keep about this much of the link's rate in flight
+BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (the kernel caps it at net.core.rmem_max)
+_PROBE = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]  # standard library only: run by path
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """Host 0's link at one dilation factor, both directions loaded at once.
+
+    ``upload`` (host 0's ``eth0`` to the switch) and ``download`` (the switch's port ``s0`` to
+    host 0) are the bytes their tbf released per second over the asked rate;
+    ``wire_upload``/``wire_download`` the same from those interfaces' counters. ``seconds`` is the
+    window, ``kernel_cpu`` the share of all cores' time spent in the kernel (system, irq and
+    softirq) during it, by every process on the machine. ``timing_error`` bounds the relative
+    error the reads' timing may put on the ratios (a loaded machine delays a read).
+    """
+
+    factor: float
+    shaped_rate: str
+    upload: float
+    download: float
+    wire_upload: float
+    wire_download: float
+    seconds: float
+    kernel_cpu: float
+    timing_error: float
+
+    @property
+    def worst(self) -> float:
+        """The direction further below its asked rate (tbf's bytes)."""
+        return min(self.upload, self.download)
+
+
+@dataclass(frozen=True)
+class FactorChoice:
+    """The chosen factor and every measurement that led to it (none for an unlimited rate)."""
+
+    rate: str
+    hosts: int
+    burst: str
+    threshold: float
+    factor: float
+    measurements: tuple[LinkMeasurement, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record (for metrics.json)."""
+        return asdict(self) | {"measurements": [asdict(m) | {"worst": m.worst} for m in self.measurements]}
+
+
+def accurate_factor(
+    hosts: int,
+    rate: str,
+    burst: str = "1mb",
+    candidates: Sequence[float] = CANDIDATES,
+    threshold: float = THRESHOLD,
+    seconds: float = WINDOW_S,
+) -> FactorChoice:
+    """The smallest factor D in `candidates` at which `hosts` emulated hosts' links, shaped to `rate` / D
+    with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link."""
+    if hosts < 2:
+        raise ConfigError(f"the link check needs at least 2 hosts (a server and a worker), got {hosts}")
+    if not 0 < threshold <= 1:
+        raise ConfigError(f"the link check's threshold must be in (0, 1], got {threshold}")
+    if not candidates or min(candidates) <= 0:
+        raise ConfigError(f"the link check needs positive candidate factors, got {list(candidates)}")
+    if seconds <= 0:
+        raise ConfigError(f"the link check's window must be positive, got {seconds} s")
+    if rate_bits_per_s(rate) is None:
+        return FactorChoice(rate, hosts, burst, threshold, 1.0, ())
+    measured: list[LinkMeasurement] = []
+    for factor in sorted({float(c) for c in candidates}):
+        measured.append(measure_link(hosts, rate, burst, factor, seconds))
+        if measured[-1].worst >= threshold:
+            return FactorChoice(rate, hosts, burst, threshold, factor, tuple(measured))
+    best = max(measured, key=lambda m: m.worst)
+    raise ConfigError(
+        f"emulated links of {hosts} hosts at {rate} / D deliver at best {best.worst:.2f} of their rate "
+        f"(D={best.factor:g}), below {threshold:g} at every D tried ({', '.join(f'{m.factor:g}' for m in measured)}); "
+        f"try larger factors or fewer hosts"
+    )
+
+
+def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: float = WINDOW_S) -> LinkMeasurement:
+    """Load host 0's link of a fresh cluster shaped to `rate` / `factor` both ways and measure it."""
+    shaped = shaped_rate(rate, factor)
+    asked = rate_bits_per_s(shaped)
+    assert asked is not None  # a limited rate stays limited
+    with EmulatedCluster(hosts, shaped, burst) as cluster:
+        procs: list[tuple[int, Process]] = []
+        try:
+            buffer = _receive_buffer(asked, hosts - 1)
+            procs = [(host, _start_traffic(cluster, host, argv)) for host, argv in _traffic(cluster, buffer)]
+            for host, proc in procs:
+                _expect(host, proc, "ready")
+            for host, proc in procs:
+                _expect(host, proc, "sending")
+            time.sleep(WARMUP_S)
+            with ThreadPoolExecutor(1) as pool:  # the two directions read at once
+                limit = seconds + 30
+                reading = pool.submit(_read, lambda argv: cluster.run(0, argv, limit), INTERFACE, seconds)
+                download = _read(lambda argv: cluster.switch_run(argv, limit), "s0", seconds)
+                upload = reading.result()
+            for host, proc in procs:
+                if proc.poll() is not None:
+                    raise RunFailure(f"the link check's traffic on host {host} stopped: {_stderr(proc)}")
+        finally:
+            stop([proc for _, proc in procs])
+            for _, proc in procs:
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
+    return LinkMeasurement(
+        factor=factor,
+        shaped_rate=shaped,
+        upload=upload.released_bits_per_s / asked,
+        download=download.released_bits_per_s / asked,
+        wire_upload=upload.wire_bits_per_s / asked,
+        wire_download=download.wire_bits_per_s / asked,
+        seconds=upload.seconds,
+        kernel_cpu=upload.kernel_cpu,
+        timing_error=max(upload.timing_error, download.timing_error),
+    )
+
+
+def _receive_buffer(asked_bits_per_s: float, streams: int) -> int:
+    """Receive buffer per stream: `streams` of them hold :data:`IN_FLIGHT_S` of the rate, within :data:`BUFFER_BYTES`.
+
+    Both directions then queue about half of that at their tbf, well within what it holds (100 ms of
+    the rate plus the burst), so nothing is dropped and each direction's acknowledgements wait only
+    briefly behind the other's data.
+    """
+    low, high = BUFFER_BYTES
+    return int(min(high, max(low, asked_bits_per_s / 8 * IN_FLIGHT_S / streams)))
+
+
+def _traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]]]:
+    """(host, argv) of every traffic process: host 0 receives from all and sends to each, one process a stream."""
+    server = cluster.address(0)
+    others = range(1, cluster.hosts)
+    traffic = [*_PROBE, "traffic", "--rcvbuf", str(buffer)]
+    return [
+        (0, [*traffic, "--listen", f"{server}:{PORT}:{cluster.hosts - 1}"]),
+        *[(0, [*traffic, "--send", f"{cluster.address(i)}:{PORT}"]) for i in others],
+        *[(i, [*traffic, "--listen", f"{cluster.address(i)}:{PORT}:1", "--send", f"{server}:{PORT}"]) for i in others],
+    ]
+
+
+def _start_traffic(cluster: EmulatedCluster, host: int, argv: list[str]) -> Process:
+    """Start `argv` inside `host`, its stdout and stderr piped back."""
+    return start([*cluster.prefix(host), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _expect(host: int, proc: Process, line: str) -> None:
+    """Wait for `proc`'s next line to be `line`; a traffic process that exited instead is named."""
+    assert proc.stdout is not None
+    if proc.stdout.readline().decode(errors="replace").strip() != line:
+        proc.wait(timeout=5)
+        raise RunFailure(f"the link check's traffic on host {host} did not start: {_stderr(proc)}")
+
+
+def _stderr(proc: Process) -> str:
+    """The last line a stopped traffic process wrote to stderr."""
+    assert proc.stderr is not None
+    lines = proc.stderr.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
+
+
+@dataclass(frozen=True)
+class _Direction:
+    """What one direction's shaping device (host 0's ``eth0``, or the switch's port to it) sent in a window."""
+
+    released_bits_per_s: float  # by its tbf
+    wire_bits_per_s: float  # as its interface counted
+    seconds: float
+    timing_error: float  # the most the window's length may be off, relative to it
+    kernel_cpu: float  # share of the machine's CPU time in the kernel
+
+
+def _read(run: Callable[[list[str]], subprocess.CompletedProcess[str]], device: str, seconds: float) -> _Direction:
+    """`device`'s rates over about `seconds`, read inside its namespace by `run` (two readings of
+    :mod:`ralp_pipe.runtime.linkprobe`; the window runs between their clock brackets' midpoints)."""
+    shown = run([*_PROBE, "read", device, str(seconds)])
+    try:
+        first, second = json.loads(shown.stdout)
+        window = (sum(second["clock"]) - sum(first["clock"])) / 2
+        spread = (second["clock"][1] - second["clock"][0] + first["clock"][1] - first["clock"][0]) / 2
+        ticks = [b - a for a, b in zip(first["cpu"], second["cpu"])]
+        user, nice, system, idle, iowait, irq, softirq, steal = ticks
+        return _Direction(
+            released_bits_per_s=(second["qdisc"] - first["qdisc"]) * 8 / window,
+            wire_bits_per_s=(second["interface"] - first["interface"]) * 8 / window,
+            seconds=window,
+            timing_error=spread / window,
+            kernel_cpu=(system + irq + softirq) / max(1, sum(ticks)),
+        )
+    except (ValueError, KeyError, TypeError):
+        said = (shown.stderr.strip() or shown.stdout.strip() or f"exit status {shown.returncode}").splitlines()[-1]
+        raise RunFailure(f"reading the counters of {device} failed: {said}") from None

@@ -1,0 +1,199 @@
+"""Time-dilated emulation beyond real compute: modelled stand-ins, messages padded to the target's bytes,
+the lateness a pacer catches up on, and ``dilation.factor=auto``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from ralp_pipe.config import load
+from ralp_pipe.contract.topology import of_strategy
+from ralp_pipe.engine import dilation, models
+from ralp_pipe.engine.dilation import OVERRUN_TOLERANCE_S, WORKER, Pacer, Targets, placeholder_batch, stand_ins
+from ralp_pipe.engine.strategies.ralp import padded
+from support.small_run import small
+from support.train import train_metrics
+
+
+class Clock:
+    """A clock that advances by a microsecond at every reading (so that waiting on it ends) and on demand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` pass."""
+        self.now += seconds
+
+
+def _targets(seconds: float, units: int = 1) -> Targets:
+    return Targets(
+        factor=1.0,
+        mode="real",
+        device="test",
+        fwd_s={WORKER: [seconds] * units},
+        bwd_s={WORKER: [seconds] * units},
+        update_s_per_byte=0.0,
+        update_s_fixed=0.0,
+        aggregate_s_per_byte=0.0,
+        aggregate_s_fixed=0.0,
+    )
+
+
+def test_stand_ins_give_the_target_shapes_and_fire_every_parameter_hook_without_computing() -> None:
+    units = models.model_units("resnet18", 10, 0.5, "meta")
+    real = models.activation_shapes(models.model_units("resnet18", 10, 0.5), 64, batch=3)
+    modelled = stand_ins(units, 64, "cpu")
+    net = nn.Sequential(*(u.module for u in modelled))
+    params = list(net.parameters())
+    assert [p.shape for p in params] == [
+        p.shape for u in models.model_units("resnet18", 10, 0.5) for p in u.module.parameters()
+    ]
+    images, labels = placeholder_batch(3)
+    assert images.numel() == 0 and labels.shape == (3,)
+    outputs = []
+    x = images
+    for unit in net:
+        x = unit(x)
+        outputs.append(tuple(x.shape))
+    assert outputs == real  # every unit's output has its real shape, for the batch that came in
+    fired: list[int] = []
+    for index, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda _p, index=index: fired.append(index))
+    before = [p.detach().clone() for p in params]
+    nn.functional.cross_entropy(x, labels).backward()
+    assert sorted(fired) == list(range(len(params)))
+    # backward order: a later unit's parameters are ready before an earlier unit's
+    assert fired.index(len(params) - 1) < fired.index(0)
+    assert all(p.grad is not None and p.grad.is_sparse and p.grad._nnz() == 0 for p in params)
+    same = (torch.equal(a.view(torch.int32), p.detach().view(torch.int32)) for a, p in zip(before, params))
+    assert all(same)  # nothing is trained (bit for bit: uninitialised values may be NaN)
+
+
+def test_padded_messages_carry_the_values_first_and_the_target_size() -> None:
+    values = torch.arange(6.0).reshape(2, 3)
+    message = padded(values, 10)
+    assert message.numel() == 10 and torch.equal(message[:6], values.reshape(-1))
+    assert padded(values, 6).data_ptr() == values.data_ptr()  # the target's size already: no copy
+
+
+def test_a_late_unit_makes_the_next_deadlines_earlier_until_caught_up() -> None:
+    clock = Clock()
+    pacer = Pacer(_targets(0.01, 3), lambda: 0.0, clock=clock)
+    pacer.run(0.01, lambda: clock.advance(0.015))  # 5 ms late: an overrun
+    assert pacer.take() == 1 and pacer.behind == pytest.approx(0.005, abs=1e-4)
+    began = clock.now
+    pacer.run(0.01, lambda: clock.advance(0.002))
+    assert clock.now == pytest.approx(began + 0.005, abs=1e-4)  # its 10 ms less the 5 ms carried
+    assert pacer.behind == 0.0 and pacer.take() == 0
+    assert pacer.needed == pytest.approx(1.5, abs=1e-2)  # the late unit needed D = 1.5 at least
+
+
+def test_communication_waited_absorbs_the_lateness_carried() -> None:
+    clock, waited = Clock(), [0.0]
+    pacer = Pacer(_targets(0.01), lambda: waited[0], clock=clock)
+    pacer.run(0.01, lambda: clock.advance(0.015))
+    began = clock.now
+
+    def wait_for_a_transfer() -> None:
+        clock.advance(0.02)
+        waited[0] += 0.02
+
+    pacer.run(0.01, wait_for_a_transfer)
+    assert clock.now == pytest.approx(began + 0.03, abs=1e-4)  # the transfer's 20 ms took the 5 ms up: a full 10
+
+
+def test_measure_only_records_the_factor_needed_and_never_waits() -> None:
+    clock = Clock()
+    pacer = Pacer(_targets(0.01), lambda: 0.0, clock=clock, measure_only=True)
+    pacer.run(0.01, lambda: clock.advance(0.03))
+    pacer.run(0.01, lambda: clock.advance(OVERRUN_TOLERANCE_S / 2))  # too short to judge
+    assert clock.now == pytest.approx(0.03 + OVERRUN_TOLERANCE_S / 2, abs=1e-4)
+    assert pacer.needed == pytest.approx(3.0, abs=1e-2) and pacer.take() == 0
+
+
+def test_auto_factor_is_the_margin_over_the_need_rounded_up_to_two_digits() -> None:
+    assert dilation.auto_factor(3.0, 1.25) == 3.8
+    assert dilation.auto_factor(117.0, 1.25) == 150.0
+    assert dilation.auto_factor(0.2, 1.25) == 1.0
+    assert dilation.auto_factor(8.0, 1.25) == 10.0
+
+
+def test_targets_scale_with_the_factor() -> None:
+    cfg = load(["model=resnet18", "train.image_size=32", "train.batch_size=2", "dilation.factor=1"])
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    one, three = dilation.targets(cfg, topo), dilation.targets(cfg, topo, 3.0)
+    assert one is not None and three is not None
+    scaled = one.scaled(3.0)
+    assert scaled.fwd_s[WORKER] == pytest.approx(three.fwd_s[WORKER]) and scaled.factor == 3.0
+    assert scaled.update_s_per_byte == pytest.approx(three.update_s_per_byte)
+
+
+MODELLED = ["dataset.num_classes=10", "train.image_size=64", "train.measure_steps=2", "dilation.mode=modelled"]
+
+
+@pytest.mark.slow  # train subprocesses
+@pytest.mark.parametrize("strategy,gpus", [("ps", 2), ("allreduce", 2), ("ralp_n", 3)])
+def test_a_modelled_run_moves_the_target_bytes_in_the_padded_time(strategy: str, gpus: int, tmp_path: Path) -> None:
+    factor = 20.0
+    overrides = small(*MODELLED, f"strategy={strategy}", f"cluster.gpus={gpus}", f"dilation.factor={factor}")
+    metrics = train_metrics(tmp_path / "run", overrides)
+    record = metrics["dilation"]
+    assert record["mode"] == "modelled" and record["factor"] == factor
+    assert metrics["gb_per_step"] == pytest.approx(metrics["analytic_gb_per_step"], rel=1e-9)
+    cfg = load(overrides)
+    targets = dilation.targets(cfg, of_strategy(cfg.strategy, cfg.cluster.gpus))
+    assert targets is not None
+    worker = sum(targets.fwd_s[WORKER]) + sum(targets.bwd_s[WORKER])
+    if strategy == "ralp_n":  # a worker runs the units below the split
+        split = models.default_split(models.model_units("resnet18", 10, 0.5, "meta"))
+        worker = sum(targets.fwd_s[WORKER][:split]) + sum(targets.bwd_s[WORKER][:split])
+    assert metrics["step_time_s"] >= worker
+    assert metrics["target_images_per_sec"] == pytest.approx(metrics["images_per_sec"] * factor)
+    steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
+    assert record["overruns"] == int(steps.loc[steps["phase"] == "measure", "overruns"].sum())
+
+
+@pytest.mark.slow  # a train subprocess
+def test_a_real_run_on_a_smaller_batch_and_crop_sends_the_target_bytes(tmp_path: Path) -> None:
+    overrides = small(
+        "strategy=ralp_n",
+        "cluster.gpus=3",
+        "dataset.num_classes=10",
+        "train.batch_size=4",
+        "train.image_size=64",
+        "train.measure_steps=2",
+        "dilation.factor=4",
+        "dilation.compute_batch_size=2",
+        "dilation.compute_image_size=32",
+    )
+    metrics = train_metrics(tmp_path / "run", overrides)
+    assert metrics["dilation"]["compute_batch_size"] == 2 and metrics["dilation"]["compute_image_size"] == 32
+    sent, analytic = metrics["gb_per_step"], metrics["analytic_gb_per_step"]
+    assert sent == pytest.approx(analytic, rel=1e-9)  # the target's 4 images at 64 px, padded
+    units = models.model_units("resnet18", 10, 0.5, "meta")
+    split = metrics["split"]
+    with torch.device("meta"):
+        elements = math.prod(models.activation_shapes(units[:split], 64)[-1][1:])
+    assert analytic["activations"] == pytest.approx(2 * 4 * elements * 4 / 1e9)  # 2 workers x 4 images, float32
+
+
+@pytest.mark.slow  # two launches of train's ranks
+def test_auto_measures_the_units_and_leaves_no_overrun(tmp_path: Path) -> None:
+    overrides = small("dataset.num_classes=10", "train.measure_steps=3", "dilation.factor=auto", "dilation.margin=2")
+    metrics = train_metrics(tmp_path / "run", overrides)
+    record = metrics["dilation"]
+    auto = record["auto"]
+    assert auto["method"] == "calibration" and auto["margin"] == 2.0 and auto["needed_factor"] > 1
+    assert record["factor"] == dilation.auto_factor(auto["needed_factor"], 2.0)
+    assert record["overruns"] == 0, record
+    assert record["needed_factor"] <= record["factor"]
