@@ -38,6 +38,7 @@ import torch
 
 from ralp_pipe.config import load
 from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.engine import models
 from ralp_pipe.planning.costmodel import SharedCpu, compute_costs
 from ralp_pipe.planning.profiling import profile_model
 from ralp_pipe.runtime import hardware
@@ -81,7 +82,9 @@ def serial_compute_s(model: str) -> float:
     threads = hardware.threads_per_rank(WORKERS)
     torch.set_num_threads(threads)
     hardware.keep_freed_memory()
-    costs = compute_costs(profile_model(model, dataset.num_classes, IMAGE_SIZE, [BATCH_SIZE], torch.device("cpu")))
+    torch.manual_seed(0)
+    built = models.build(model, dataset.num_classes)
+    costs = compute_costs(profile_model(built, IMAGE_SIZE, [BATCH_SIZE], torch.device("cpu")))
     slowdown = SharedCpu(hardware.usable_cores(), threads).slowdown(WORKERS, WORKERS)
     return (costs.fwd(slice(None), BATCH_SIZE) + costs.param_bytes * costs.update_s_per_byte) * slowdown
 

@@ -14,7 +14,7 @@ from ralp_pipe.contract.records import LinkProbe
 from ralp_pipe.engine import models
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.planning.link_probe import measure_bandwidth
-from ralp_pipe.planning.profiling import profile_batches, profile_model, worker_and_ps_batches
+from ralp_pipe.planning.profiling import Timing, profile_batches, profile_model, worker_and_ps_batches
 from ralp_pipe.runtime import hardware
 
 CPU = torch.device("cpu")
@@ -29,8 +29,8 @@ def _total(profile: dict, batch: int, pick=statistics.median) -> float:
 
 
 def test_two_profiles_agree_on_bytes_exactly_and_on_time_within_machine_drift() -> None:
-    first = profile_model("resnet18", 10, 32, [2, 4], CPU, warmup=1, repeats=4)
-    second = profile_model("resnet18", 10, 32, [2, 4], CPU, warmup=1, repeats=4)
+    first = profile_model(models.build("resnet18", 10), 32, [2, 4], CPU, Timing(warmup=1, repeats=4))
+    second = profile_model(models.build("resnet18", 10), 32, [2, 4], CPU, Timing(warmup=1, repeats=4))
     for a, b in zip(first["units"], second["units"]):
         for key in ("name", "param_bytes", "param_count", "activation_shape", "activation_bytes_per_sample"):
             assert a[key] == b[key]
@@ -49,7 +49,7 @@ def test_two_profiles_agree_on_bytes_exactly_and_on_time_within_machine_drift() 
 
 
 def test_unit_table_has_times_memory_and_bytes_at_every_batch() -> None:
-    profile = profile_model("vgg11", 10, 32, [1, 3], CPU, warmup=0, repeats=1)
+    profile = profile_model(models.build("vgg11", 10), 32, [1, 3], CPU, Timing(warmup=0, repeats=1))
     rows = {u["name"]: u for u in profile["units"]}
     assert rows["features.0_conv"]["activation_bytes_per_sample"] == 64 * 32 * 32 * 4
     assert rows["avgpool"]["activation_shape"] == [512, 7, 7]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -77,11 +78,19 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _fastest_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
-    """Fastest wall time of `repeats` calls of `fn` after `warmup` untimed calls."""
-    for _ in range(warmup):
+@dataclass(frozen=True)
+class Timing:
+    """How a unit or the update is timed: `warmup` untimed runs, then the fastest of `repeats` timed ones."""
+
+    warmup: int = 1
+    repeats: int = 3
+
+
+def _fastest_time(fn: Callable[[], Any], device: torch.device, timing: Timing) -> float:
+    """Fastest wall time of `timing.repeats` calls of `fn` after `timing.warmup` untimed calls."""
+    for _ in range(timing.warmup):
         fn()
-    return min(_timed(fn, device) for _ in range(repeats))
+    return min(_timed(fn, device) for _ in range(timing.repeats))
 
 
 def _tensor_bytes(tensors: Any) -> int:
@@ -89,7 +98,7 @@ def _tensor_bytes(tensors: Any) -> int:
 
 
 def profile_unit(
-    unit: models.Unit, input_shape: Sequence[int], device: torch.device, warmup: int, repeats: int, input_grad: bool
+    unit: models.Unit, input_shape: Sequence[int], device: torch.device, timing: Timing, input_grad: bool
 ) -> dict[str, Any]:
     """Forward/backward time (fastest repeat), every sample and peak memory of one unit on a random input."""
     module = unit.module.to(device).train()
@@ -109,11 +118,11 @@ def profile_unit(
         forward()
         backward()
 
-    for _ in range(warmup):
+    for _ in range(timing.warmup):
         forward_backward()
     fwd_times: list[float] = []
     bwd_times: list[float] = []
-    for _ in range(repeats):
+    for _ in range(timing.repeats):
         fwd_times.append(_timed(forward, device))
         bwd_times.append(_timed(backward, device))
     return {
@@ -147,7 +156,7 @@ def _peak_memory(module: nn.Module, x: torch.Tensor, params: Sequence[torch.Tens
     return 2 * _tensor_bytes(params) + _tensor_bytes([x]) + out_bytes + sum(saved.values())
 
 
-def profile_update(model: nn.Module, warmup: int, repeats: int, optim: Optim) -> dict[str, float]:
+def profile_update(model: nn.Module, timing: Timing, optim: Optim) -> dict[str, float]:
     """Seconds per parameter byte of adding one gradient set into another and of one SGD step.
 
     Both are timed on :class:`~ralp_pipe.engine.strategies.base.FlatSgd` holding all of `model`'s
@@ -158,8 +167,8 @@ def profile_update(model: nn.Module, warmup: int, repeats: int, optim: Optim) ->
     for buf in flat.inbox:
         buf.normal_()
     device, nbytes = flat.flat.device, _tensor_bytes(params)
-    aggregate_s = _fastest_time(flat.reduce, device, warmup, repeats)
-    update_s = _fastest_time(flat.update, device, warmup, repeats)
+    aggregate_s = _fastest_time(flat.reduce, device, timing)
+    update_s = _fastest_time(flat.update, device, timing)
     return {
         "param_bytes": nbytes,
         "update_s": update_s,
@@ -170,32 +179,26 @@ def profile_update(model: nn.Module, warmup: int, repeats: int, optim: Optim) ->
 
 
 def profile_model(
-    name: str,
-    num_classes: int,
+    model: nn.Module,
     image_size: int,
     batches: Sequence[int],
     device: torch.device,
-    warmup: int = 1,
-    repeats: int = 3,
-    dropout: float = 0.5,
+    timing: Timing = Timing(),
     optim: Optim = Optim(lr=0.01, momentum=0.9, weight_decay=0.0),
-    seed: int = 0,
 ) -> dict[str, Any]:
-    """Per-unit table (times per batch, bytes, memory) and update cost of model `name`."""
-    torch.manual_seed(seed)
-    model = models.build(name, num_classes, dropout)
+    """Per-unit table (times per batch, bytes, memory) and update cost of `model` (from :func:`models.build`;
+    the random inputs continue the random state it was built in)."""
     units = models.placement_units(model)
     shapes = models.activation_shapes(units, image_size)
     in_shapes = [(3, image_size, image_size), *(s[1:] for s in shapes[:-1])]
     rows = []
     for index, (row, in_shape) in enumerate(zip(models.unit_rows(units, shapes), in_shapes)):
         row["by_batch"] = {
-            str(b): profile_unit(units[index], (b, *in_shape), device, warmup, repeats, input_grad=index > 0)
-            for b in batches
+            str(b): profile_unit(units[index], (b, *in_shape), device, timing, input_grad=index > 0) for b in batches
         }
         rows.append(row)
     model.to(device)
-    return {"units": rows, "update": profile_update(model, warmup, repeats, optim)}
+    return {"units": rows, "update": profile_update(model, timing, optim)}
 
 
 def profile_batches(batch_size: int, gpus: Sequence[int]) -> dict[str, int]:
@@ -271,35 +274,21 @@ def device_counts(cfg: Any, gpus: Sequence[int]) -> list[int]:
 
 
 def build_profile(
-    cfg: Any,
-    repeats: int,
-    warmup: int,
-    message_bytes: int,
-    bandwidth_repeats: int,
-    bandwidth: bool,
-    gpus: Sequence[int] = (),
+    cfg: Any, timing: Timing, message_bytes: int, bandwidth_repeats: int, bandwidth: bool, gpus: Sequence[int] = ()
 ) -> dict[str, Any]:
     """The whole profile document of `cfg`'s model, dataset and this machine, for the device counts `gpus`
     (default `cluster.gpus`)."""
-    if repeats < 1 or warmup < 0:
-        raise ConfigError(f"--repeats={repeats} must be >= 1 and --warmup={warmup} >= 0")
+    if timing.repeats < 1 or timing.warmup < 0:
+        raise ConfigError(f"--repeats={timing.repeats} must be >= 1 and --warmup={timing.warmup} >= 0")
     counts = device_counts(cfg, gpus)
     device_type, backend = devices.resolve(cfg.cluster, largest_world(counts[-1], cfg.strategy.num_ps))
     device = torch.device(device_type)
     batches = profile_batches(cfg.train.batch_size, counts)
     started = time.perf_counter()
-    body = profile_model(
-        cfg.model.name,
-        cfg.dataset.num_classes,
-        cfg.train.image_size,
-        sorted(set(batches.values())),
-        device,
-        warmup,
-        repeats,
-        cfg.model.dropout,
-        Optim(cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay),
-        cfg.train.seed,
-    )
+    torch.manual_seed(cfg.train.seed)
+    model = models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout)
+    optim = Optim(cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay)
+    body = profile_model(model, cfg.train.image_size, sorted(set(batches.values())), device, timing, optim)
     probe = link_record(cfg, message_bytes, bandwidth_repeats, bandwidth)
     link = {k: getattr(probe, k) for k in ("measured", "configured_rate", "configured_bytes_per_s")}
     return {
@@ -310,8 +299,8 @@ def build_profile(
         "kind": "measured",
         "training_backend": backend,
         "cluster_kind": cfg.cluster.kind,
-        "warmup": warmup,
-        "repeats": repeats,
+        "warmup": timing.warmup,
+        "repeats": timing.repeats,
         "memory_method": "cuda.max_memory_allocated"
         if device.type == "cuda"
         else "params + grads + input + output + autograd-saved tensors (bytes)",
@@ -349,15 +338,8 @@ def main(args: argparse.Namespace) -> int:
     threads, previous = args.threads or rank_threads(cfg, largest), torch.get_num_threads()
     torch.set_num_threads(threads or previous)
     try:
-        doc = build_profile(
-            cfg,
-            args.repeats,
-            args.warmup,
-            message_bytes,
-            args.bandwidth_repeats,
-            not args.no_bandwidth,
-            args.gpus or (),
-        )
+        timing = Timing(args.warmup, args.repeats)
+        doc = build_profile(cfg, timing, message_bytes, args.bandwidth_repeats, not args.no_bandwidth, args.gpus or ())
     finally:
         torch.set_num_threads(previous)
     Profile.from_dict(doc, args.out).write(args.out)
