@@ -10,9 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from conftest import Ran
 from ralp_pipe import cli
 from ralp_pipe.engine import train
 from ralp_pipe.runtime import hardware
@@ -32,8 +34,8 @@ def one_line(stderr: str, stage: str, kind: str) -> str:
     return lines[0]
 
 
-def ralp_pipe(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the `ralp-pipe` command with `argv`."""
+def command(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the `ralp-pipe` command with `argv` in a subprocess (the `ralp_pipe` fixture runs it either way)."""
     return subprocess.run([str(RALP_PIPE), *argv], capture_output=True, text=True, timeout=timeout)
 
 
@@ -218,7 +220,9 @@ def _files(folder: Path) -> list[str]:
 @pytest.mark.parametrize(
     "stage", ["prepare-shards", "aggregate", "bundle", "profile", "plan", "simulate", "concurrent"]
 )
-def test_a_read_only_result_folder_is_refused_before_any_work(tmp_path: Path, stage: str) -> None:
+def test_a_read_only_result_folder_is_refused_before_any_work(
+    tmp_path: Path, stage: str, ralp_pipe: Callable[..., Ran]
+) -> None:
     write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
     with tmpfs(tmp_path / "disk", "2m", read_only=True) as disk:
         proc = ralp_pipe(*_stage(stage, tmp_path / "in", disk / "out"))
@@ -230,7 +234,9 @@ def test_a_read_only_result_folder_is_refused_before_any_work(tmp_path: Path, st
 
 
 @pytest.mark.parametrize("stage", ["aggregate", "bundle"])
-def test_a_full_disk_under_the_output_is_one_line_and_leaves_nothing_half_written(tmp_path: Path, stage: str) -> None:
+def test_a_full_disk_under_the_output_is_one_line_and_leaves_nothing_half_written(
+    tmp_path: Path, stage: str, ralp_pipe: Callable[..., Ran]
+) -> None:
     write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
     with tmpfs(tmp_path / "disk", "2m") as disk:
         fill(disk)
@@ -254,7 +260,7 @@ def test_prepare_shards_filling_its_disk_is_one_line_and_leaves_nothing_half_wri
 ) -> None:
     with tmpfs(tmp_path / "disk", "2m") as disk:
         argv = _stage("prepare-shards", tmp_path, disk)
-        proc = ralp_pipe(*argv, f"dataset.num_classes={classes}", f"dataset.shards.workers={workers}")
+        proc = command(*argv, f"dataset.num_classes={classes}", f"dataset.shards.workers={workers}")
         assert proc.returncode == 3, proc.stderr
         line = one_line(proc.stderr, "prepare-shards", "data error")
         assert line.startswith(
