@@ -151,7 +151,8 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
     slurm = config["launcher"] == "slurm"
     experiment = str(config["experiment"])
     overrides = _override_list(config["overrides"])
-    refuse_repeated(overrides)
+    if overrides:  # none, none repeated: Hydra's override parser is not even imported
+        refuse_repeated(overrides)
     for override in overrides:
         key = override_key(override)
         if key in MATRIX_GROUPS or key in WORKFLOW_KEYS:
@@ -237,6 +238,7 @@ class Matrix:
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
         self._profile_runs: dict[str, Run] | None = None
+        self._digest: str | None = None
         self._check_workloads()
         if settings.slurm:
             self.check_slurm()
@@ -509,8 +511,10 @@ class Matrix:
         write_json_atomic(path, doc)
 
     def digest(self) -> str:
-        """Short hash of the whole resolved experiment (names its bundle)."""
-        return digest(self.resolved())
+        """Short hash of the whole resolved experiment (names its bundle); computed once (the rules ask again)."""
+        if self._digest is None:
+            self._digest = digest(self.resolved())
+        return self._digest
 
     def __iter__(self) -> Iterator[Run]:
         return iter(self.runs)
