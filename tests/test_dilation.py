@@ -107,7 +107,7 @@ def _timed_pass(
 
 
 def test_padding_waits_each_unit_to_its_target_time_without_changing_gradients() -> None:
-    fwd_s, bwd_s = 0.2, 0.25  # far above the real compute (tens of ms on a loaded machine)
+    fwd_s, bwd_s = 0.1, 0.125  # far above the real compute (under a millisecond; tens of ms on a loaded machine)
     pacer = Pacer(_targets(1.0, 5, fwd_s, bwd_s), lambda: 0.0)
     fwd_times, bwd_ends, accumulated, grads = _timed_pass(pacer)
     assert all(t >= fwd_s for t in fwd_times), fwd_times

@@ -112,18 +112,16 @@ MODEL_CHOICES = "alexnet, resnet101, resnet152, resnet18, resnet34, resnet50, vg
     ],
 )
 def test_a_bad_override_is_one_line_naming_the_key_and_what_is_allowed(
-    tmp_path: Path, overrides: list[str], expected: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ralp_pipe: Callable[..., Ran],
+    overrides: list[str],
+    expected: str,
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RALP_PIPE_TEST_UNSET"}
+    monkeypatch.delenv("RALP_PIPE_TEST_UNSET", raising=False)
+    monkeypatch.chdir(tmp_path)  # the default results folder would be made here
     shards = ["dataset.num_classes=2", "dataset.synthetic.images_per_class=1", "dataset.shards.workers=1"]
-    proc = subprocess.run(
-        [str(RALP_PIPE), "prepare-shards", "--no-progress", *shards, *overrides],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,  # the default results folder would be made here
-        env=env,
-    )
+    proc = ralp_pipe("prepare-shards", "--no-progress", *shards, *overrides, timeout=120)
     assert proc.returncode == 2, proc.stderr
     line = one_line(proc.stderr, "prepare-shards", "configuration error")
     assert expected in line, line
