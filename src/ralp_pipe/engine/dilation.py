@@ -167,7 +167,7 @@ def with_factor(cfg: Config, factor: float) -> Config:
     return dataclasses.replace(cfg, dilation=dataclasses.replace(cfg.dilation, factor=factor))
 
 
-def computes(cfg: Config) -> bool:
+def computes_for_real(cfg: Config) -> bool:
     """Whether the run's ranks compute (undilated, or mode real) or only wait (mode modelled: no data read)."""
     return cfg.dilation.factor is None or cfg.dilation.mode == REAL
 
@@ -207,14 +207,14 @@ def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] |
     """metrics.json's ``dilation`` record of a run (None without dilation): the factor, mode, target, link rates,
     overruns and lateness in the measured steps of rank 0's gathered `result`, the smallest factor that would
     have fitted and, with ``auto``, how the factor was chosen (`calibration`)."""
-    d, factor = cfg.dilation, fixed_factor(cfg)
+    factor = fixed_factor(cfg)
     if factor is None:
         return None
     batch, image = compute_size(cfg)
     return {
         "factor": factor,
-        "mode": d.mode,
-        "target_device": d.target,
+        "mode": cfg.dilation.mode,
+        "target_device": cfg.dilation.target,
         "target_link_rate": cfg.network.rate,
         "shaped_link_rate": shaped_rate(cfg.network.rate, factor),
         "compute_batch_size": batch,

@@ -233,7 +233,7 @@ def resolve_auto(
     d = cfg.dilation
     if d.factor != AUTO_FACTOR:
         return cfg, ranks, None
-    if d.mode == dilation.REAL:
+    if cfg.dilation.mode == dilation.REAL:
         measuring = dilation.targets(cfg, topo, factor=1.0)
         steps = dataclasses.replace(cfg.train, warmup_steps=CALIBRATION_WARMUP, measure_steps=CALIBRATION_STEPS)
         print(
@@ -367,10 +367,10 @@ def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bo
     cores, (memory, bound) = hardware.usable_cores(), hardware.usable_memory()
     parameters = sum(p.numel() * p.element_size() for u in units for p in u.module.parameters())
     t, (batch, image) = cfg.train, dilation.compute_size(cfg)
-    keeps = on_cpu and dilation.computes(cfg)  # modelled units keep no activations
+    keeps = on_cpu and dilation.computes_for_real(cfg)  # modelled units keep no activations
     activations = models.activation_bytes(units, image, batch, 2 if t.amp else 4) if keeps else 0
     per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters + activations
-    spread = 4 if dilation.computes(cfg) else 8  # modelled ranks only wait and move bytes
+    spread = 4 if dilation.computes_for_real(cfg) else 8  # modelled ranks only wait and move bytes
     by_cores, by_memory = max(2 * spread, spread * cores), memory // per_rank
     if topo.world_size <= min(by_cores, by_memory):
         return
@@ -591,7 +591,9 @@ def run(
             "--shared-hosts joins links the concurrent workload shaped before this job started, so "
             "dilation.factor=auto cannot choose them: give the jobs of a concurrent workload one number"
         )
-    if reads_shards(cfg.train.loader) and dilation.computes(cfg):  # unfit shards are refused before any rank starts
+    if reads_shards(cfg.train.loader) and dilation.computes_for_real(
+        cfg
+    ):  # unfit shards are refused before any rank starts
         shards = output_dir(cfg) if shards is None else shards
         shard_files(shards, cfg.dataset.num_classes)
         prepared = read_manifest(shards).get("dataset")
