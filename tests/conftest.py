@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from ralp_pipe.cli import main as cli
 from ralp_pipe.config import Config, load
 
 BUNDLE = "bundles/smoke-0123.tar.gz"  # the `bundle` fixture, below its results folder
+RALP_PIPE = Path(sys.executable).with_name("ralp-pipe")  # the installed command
 
 
 def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
@@ -90,3 +93,30 @@ def bundle(tmp_path: Path, bundled_results: Path) -> Path:
     """A complete bundle of 8 runs, made through the CLI after `aggregate`: in this test's own copy of
     :func:`bundled_results`, so `bundle.parents[1]` is its results folder."""
     return Path(shutil.copytree(bundled_results, tmp_path / "results")) / BUNDLE
+
+
+class Ran(NamedTuple):
+    """What a run of the command did (the fields of subprocess.CompletedProcess that the tests read)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(params=["in-process", pytest.param("command", marks=pytest.mark.slow)])
+def ralp_pipe(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
+    """Run `ralp-pipe ARGV...` and return its exit status, stdout and stderr. A test using it runs twice: once
+    through the CLI's entry point in this process (a unit test: the stage's modules are imported once per
+    session), once as the installed command in a subprocess of its own (slow: each imports its stage afresh,
+    torch included), whose stderr also shows whatever its imports print."""
+
+    def run(*argv: str, timeout: float = 300) -> Ran:
+        if request.param == "command":
+            proc = subprocess.run([str(RALP_PIPE), *argv], capture_output=True, text=True, timeout=timeout)
+            return Ran(proc.returncode, proc.stdout, proc.stderr)
+        capsys.readouterr()  # only what the command prints
+        status = cli(list(argv))
+        out, err = capsys.readouterr()
+        return Ran(status, out, err)
+
+    return run

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import pytest
 
+from conftest import Ran
 from ralp_pipe.cli import main as cli
 from ralp_pipe.results.aggregate import build_tables, load_records, write_tables
 from ralp_pipe.results.compare import REGRESSED, WITHIN, compare, read_runs
@@ -120,16 +119,16 @@ def test_unusable_inputs_are_refused_by_name(tmp_path: Path, capsys: pytest.Capt
 
 
 @pytest.mark.parametrize(("column", "value"), [("repeats", float("nan")), ("repeats", 0), ("images_per_sec", None)])
-def test_a_runs_table_with_an_unusable_value_is_a_one_line_data_error(tmp_path: Path, column: str, value: Any) -> None:
+def test_a_runs_table_with_an_unusable_value_is_a_one_line_data_error(
+    tmp_path: Path, column: str, value: Any, ralp_pipe: Callable[..., Ran]
+) -> None:
     a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
     table = b / "tables" / "runs.parquet"
     frame = pd.read_parquet(table)
     frame[column] = frame[column].astype("float64")
     frame.loc[frame["strategy"] == "ralp_n", column] = value
     frame.to_parquet(table)
-    proc = subprocess.run(
-        [str(Path(sys.executable).with_name("ralp-pipe")), "compare", str(a), str(b)], capture_output=True, text=True
-    )
+    proc = ralp_pipe("compare", str(a), str(b))
     assert proc.returncode == 3, proc.stderr
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"ralp-pipe compare: data error: runs table of {table}: the row model=vgg11, ") and (

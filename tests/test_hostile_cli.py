@@ -10,9 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from conftest import Ran
 from ralp_pipe import cli
 from ralp_pipe.engine import train
 from ralp_pipe.runtime import hardware
@@ -32,8 +34,8 @@ def one_line(stderr: str, stage: str, kind: str) -> str:
     return lines[0]
 
 
-def ralp_pipe(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the `ralp-pipe` command with `argv`."""
+def command(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the `ralp-pipe` command with `argv` in a subprocess (the `ralp_pipe` fixture runs it either way)."""
     return subprocess.run([str(RALP_PIPE), *argv], capture_output=True, text=True, timeout=timeout)
 
 
@@ -110,18 +112,16 @@ MODEL_CHOICES = "alexnet, resnet101, resnet152, resnet18, resnet34, resnet50, vg
     ],
 )
 def test_a_bad_override_is_one_line_naming_the_key_and_what_is_allowed(
-    tmp_path: Path, overrides: list[str], expected: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ralp_pipe: Callable[..., Ran],
+    overrides: list[str],
+    expected: str,
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RALP_PIPE_TEST_UNSET"}
+    monkeypatch.delenv("RALP_PIPE_TEST_UNSET", raising=False)
+    monkeypatch.chdir(tmp_path)  # the default results folder would be made here
     shards = ["dataset.num_classes=2", "dataset.synthetic.images_per_class=1", "dataset.shards.workers=1"]
-    proc = subprocess.run(
-        [str(RALP_PIPE), "prepare-shards", "--no-progress", *shards, *overrides],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,  # the default results folder would be made here
-        env=env,
-    )
+    proc = ralp_pipe("prepare-shards", "--no-progress", *shards, *overrides, timeout=120)
     assert proc.returncode == 2, proc.stderr
     line = one_line(proc.stderr, "prepare-shards", "configuration error")
     assert expected in line, line
@@ -218,7 +218,9 @@ def _files(folder: Path) -> list[str]:
 @pytest.mark.parametrize(
     "stage", ["prepare-shards", "aggregate", "bundle", "profile", "plan", "simulate", "concurrent"]
 )
-def test_a_read_only_result_folder_is_refused_before_any_work(tmp_path: Path, stage: str) -> None:
+def test_a_read_only_result_folder_is_refused_before_any_work(
+    tmp_path: Path, stage: str, ralp_pipe: Callable[..., Ran]
+) -> None:
     write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
     with tmpfs(tmp_path / "disk", "2m", read_only=True) as disk:
         proc = ralp_pipe(*_stage(stage, tmp_path / "in", disk / "out"))
@@ -230,7 +232,9 @@ def test_a_read_only_result_folder_is_refused_before_any_work(tmp_path: Path, st
 
 
 @pytest.mark.parametrize("stage", ["aggregate", "bundle"])
-def test_a_full_disk_under_the_output_is_one_line_and_leaves_nothing_half_written(tmp_path: Path, stage: str) -> None:
+def test_a_full_disk_under_the_output_is_one_line_and_leaves_nothing_half_written(
+    tmp_path: Path, stage: str, ralp_pipe: Callable[..., Ran]
+) -> None:
     write_results(tmp_path / "in", models=("vgg11",), gpus=(2,))
     with tmpfs(tmp_path / "disk", "2m") as disk:
         fill(disk)
@@ -254,7 +258,7 @@ def test_prepare_shards_filling_its_disk_is_one_line_and_leaves_nothing_half_wri
 ) -> None:
     with tmpfs(tmp_path / "disk", "2m") as disk:
         argv = _stage("prepare-shards", tmp_path, disk)
-        proc = ralp_pipe(*argv, f"dataset.num_classes={classes}", f"dataset.shards.workers={workers}")
+        proc = command(*argv, f"dataset.num_classes={classes}", f"dataset.shards.workers={workers}")
         assert proc.returncode == 3, proc.stderr
         line = one_line(proc.stderr, "prepare-shards", "data error")
         assert line.startswith(

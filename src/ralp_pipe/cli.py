@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ralp_pipe.contract.stages import STAGES
 from ralp_pipe.errors import Interrupted, RalpError, disk_error
-from ralp_pipe.runtime.process import exit_now, start_fork_server
 
 # stage -> the module its ranks run where it starts them on this machine (forked from a preloaded server)
 LOCAL_RANKS = {"train": "ralp_pipe.engine.rank"}
@@ -87,6 +86,8 @@ def _start_rank_server(stage: str | None, argv: list[str]) -> None:
     Not inside a SLURM job, whose ranks srun starts, nor for ``--help``.
     """
     if stage in LOCAL_RANKS and not {"-h", "--help"} & set(argv) and "SLURM_JOB_ID" not in os.environ:
+        from ralp_pipe.runtime.process import start_fork_server  # here: the workflow imports STAGES at parse time
+
         start_fork_server([LOCAL_RANKS[stage]])
 
 
@@ -151,6 +152,8 @@ def _report(stage: str | None, exc: RalpError) -> int:
 def run() -> None:
     """The ``ralp-pipe`` command: :func:`main`, then :func:`ralp_pipe.runtime.process.exit_now` (a training
     job of the default workflow lasts 10-20 s, of which the interpreter's teardown would be 0.8 s)."""
+    from ralp_pipe.runtime.process import exit_now
+
     exit_now(main())
 
 

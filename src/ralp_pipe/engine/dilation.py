@@ -25,7 +25,8 @@ A unit whose own time exceeded its padded time (by more than :data:`OVERRUN_TOLE
 *overrun*: it is counted, per rank and step, and the target's timing is not reproduced there (raise D).
 The rank's timeline then runs behind the target's; the following units' deadlines are moved earlier by
 that lateness (less the communication waited since, which absorbs it) until it is caught up, so jitter
-of this host does not add up over a step.
+of this host does not add up over a step. What is still late when a step ends (:meth:`Pacer.late_s`) is
+recorded as ``late_s``: the time the run lost against the target.
 Every pacer also keeps the largest ratio of a unit's own time to its target time at D = 1
 (:attr:`Pacer.needed`): the smallest D that would have fitted. ``dilation.factor=auto`` runs the
 ranks once undilated to measure it (real mode) or measures the links (modelled mode) before the run.
@@ -40,7 +41,7 @@ import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from omegaconf import OmegaConf
@@ -49,9 +50,10 @@ from torch import nn
 from ralp_pipe.config import AUTO_FACTOR, CONFIG_DIR, Config, DeviceConfig, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.topology import Topology
+from ralp_pipe.engine.metrics import measured_late_s, measured_overruns
 from ralp_pipe.engine.models import Unit, activation_shapes
 
-SPIN_S = 2e-4  # sleep to this long before a deadline, then spin (time.sleep overshoots ~0.1 ms, more under load)
+SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
 # a unit whose own time exceeds its padded time by more than this is an overrun: a flatten's 0 s target costs
 # ~20 us here, and a rank on a loaded host is descheduled for a millisecond or more at times; later units catch up
 OVERRUN_TOLERANCE_S = 1e-3
@@ -165,7 +167,7 @@ def with_factor(cfg: Config, factor: float) -> Config:
     return dataclasses.replace(cfg, dilation=dataclasses.replace(cfg.dilation, factor=factor))
 
 
-def computes(cfg: Config) -> bool:
+def computes_for_real(cfg: Config) -> bool:
     """Whether the run's ranks compute (undilated, or mode real) or only wait (mode modelled: no data read)."""
     return cfg.dilation.factor is None or cfg.dilation.mode == REAL
 
@@ -201,22 +203,25 @@ def shaped_rate(rate: str, factor: float | None) -> str:
     return f"{bits / factor:.0f}bit"
 
 
-def record(cfg: Config, overruns: int, needed: float, calibration: dict[str, Any] | None) -> dict[str, Any] | None:
+def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any] | None:
     """metrics.json's ``dilation`` record of a run (None without dilation): the factor, mode, target, link rates,
-    overruns, the smallest factor that would have fitted (`needed`) and, with ``auto``, how the factor was chosen."""
-    d, factor = cfg.dilation, fixed_factor(cfg)
+    overruns and lateness in the measured steps of rank 0's gathered `result`, the smallest factor that would
+    have fitted and, with ``auto``, how the factor was chosen (`calibration`)."""
+    factor = fixed_factor(cfg)
     if factor is None:
         return None
+    batch, image = compute_size(cfg)
     return {
         "factor": factor,
-        "mode": d.mode,
-        "target_device": d.target,
+        "mode": cfg.dilation.mode,
+        "target_device": cfg.dilation.target,
         "target_link_rate": cfg.network.rate,
         "shaped_link_rate": shaped_rate(cfg.network.rate, factor),
-        "compute_batch_size": compute_size(cfg)[0],
-        "compute_image_size": compute_size(cfg)[1],
-        "overruns": overruns,
-        "needed_factor": needed,
+        "compute_batch_size": batch,
+        "compute_image_size": image,
+        "overruns": measured_overruns(result["rows"]),
+        "late_s": measured_late_s(result["rows"]),
+        "needed_factor": max(result["needed_factor"]),
         "auto": calibration,
     }
 
@@ -251,7 +256,8 @@ class Pacer:
         self.targets, self.waited, self.clock, self.sync = targets, waited, clock, sync
         self.measure_only = measure_only
         self.overruns, self.needed = 0, 0.0
-        self.behind = 0.0  # how late this rank's timeline runs against the target's (seconds)
+        self.behind = 0.0  # how late this rank's timeline ran against the target's at the last unit's end (seconds)
+        self._waited_seen = 0.0  # the communication wait read then
 
     def pad(self, began: float, waited_at_start: float, seconds: float) -> None:
         """Wait until `seconds` (plus the communication waited since `waited_at_start`, less any lateness carried)
@@ -266,9 +272,16 @@ class Pacer:
             return
         if own > seconds + OVERRUN_TOLERANCE_S:
             self.overruns += 1
-        deadline = began + moved + seconds - max(0.0, self.behind - moved)
-        self.behind = max(0.0, now - deadline)
+        deadline = began + moved + seconds - self.late_s()
+        self.behind, self._waited_seen = max(0.0, now - deadline), self.waited()
         wait_until(deadline, self.clock)
+
+    def late_s(self) -> float:
+        """How late this rank's timeline runs now: the lateness at the last unit's end less the communication
+        waited since (a wait for another rank absorbs it; the step's counter restarts at 0)."""
+        waited = self.waited()
+        since = waited - self._waited_seen if waited >= self._waited_seen else waited
+        return max(0.0, self.behind - since)
 
     def run(self, seconds: float, work: Callable[[], Any]) -> None:
         """Run `work` (in real mode; modelled: nothing), then wait until `seconds` after it began."""

@@ -66,8 +66,9 @@ def step_record(
     data_wait_s: float,
     traffic: StepTraffic,
     overruns: int = 0,
+    late_s: float = 0.0,
 ) -> dict[str, Any]:
-    """One row of steps.parquet."""
+    """One row of steps.parquet (`overruns` and `late_s`: a dilated run's, engine/dilation.py)."""
     row: dict[str, Any] = {
         "rank": rank,
         "role": role,
@@ -78,6 +79,7 @@ def step_record(
         "comm_wait_s": traffic.comm_wait_s,
         "data_wait_s": data_wait_s,
         "overruns": overruns,
+        "late_s": late_s,
     }
     row.update({f"bytes_{name}": traffic.bytes_by_category[name] for name in CATEGORIES})
     return row
@@ -120,6 +122,11 @@ def summarize(
 def measured_overruns(rows: list[dict[str, Any]]) -> int:
     """Overruns of all ranks in the measured steps (0 in records from before dilation)."""
     return sum(int(r.get("overruns", 0)) for r in rows if r["phase"] == MEASURE)
+
+
+def measured_late_s(rows: list[dict[str, Any]]) -> float:
+    """The largest lateness against the target's timeline a rank carried at the end of a measured step (0 undilated)."""
+    return max((float(r.get("late_s", 0.0)) for r in rows if r["phase"] == MEASURE), default=0.0)
 
 
 def target_equivalent(images_per_sec: float, factor: float | None) -> float | None:

@@ -222,8 +222,9 @@ def run_rank(
             synchronize(device)
             phase = WARMUP if step < t.warmup_steps else MEASURE
             step_time_s = time.perf_counter() - began
-            overruns = 0 if pacer is None else pacer.take()
-            rows.append(step_record(env.rank, role, step, phase, step_time_s, data_wait_s, comm.take(), overruns))
+            overruns, late_s = (0, 0.0) if pacer is None else (pacer.take(), pacer.late_s())
+            traffic = comm.take()
+            rows.append(step_record(env.rank, role, step, phase, step_time_s, data_wait_s, traffic, overruns, late_s))
             if progress is not None:
                 progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()

@@ -40,7 +40,7 @@ from ralp_pipe.contract.topology import Topology, of_strategy
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
-from ralp_pipe.engine.metrics import link_rate, measured_overruns, summarize, target_equivalent
+from ralp_pipe.engine.metrics import link_rate, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
 from ralp_pipe.locks import LockHeld, exclusive
@@ -233,7 +233,7 @@ def resolve_auto(
     d = cfg.dilation
     if d.factor != AUTO_FACTOR:
         return cfg, ranks, None
-    if d.mode == dilation.REAL:
+    if cfg.dilation.mode == dilation.REAL:
         measuring = dilation.targets(cfg, topo, factor=1.0)
         steps = dataclasses.replace(cfg.train, warmup_steps=CALIBRATION_WARMUP, measure_steps=CALIBRATION_STEPS)
         print(
@@ -304,9 +304,7 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
         measure_steps=t.measure_steps,
         images_per_sec=figures.images_per_sec,
         target_images_per_sec=target_equivalent(figures.images_per_sec, dilation.fixed_factor(cfg)),
-        dilation=dilation.record(
-            cfg, measured_overruns(result["rows"]), max(result["needed_factor"]), measured.calibration
-        ),
+        dilation=dilation.record(cfg, result, measured.calibration),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],
@@ -369,10 +367,11 @@ def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bo
     cores, (memory, bound) = hardware.usable_cores(), hardware.usable_memory()
     parameters = sum(p.numel() * p.element_size() for u in units for p in u.module.parameters())
     t, (batch, image) = cfg.train, dilation.compute_size(cfg)
-    keeps = on_cpu and dilation.computes(cfg)  # modelled units keep no activations
+    keeps = on_cpu and dilation.computes_for_real(cfg)  # modelled units keep no activations
     activations = models.activation_bytes(units, image, batch, 2 if t.amp else 4) if keeps else 0
     per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters + activations
-    by_cores, by_memory = max(8, 4 * cores), memory // per_rank
+    spread = 4 if dilation.computes_for_real(cfg) else 8  # modelled ranks only wait and move bytes
+    by_cores, by_memory = max(2 * spread, spread * cores), memory // per_rank
     if topo.world_size <= min(by_cores, by_memory):
         return
     rank = (
@@ -390,7 +389,7 @@ def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bo
         f"cluster.gpus={cfg.cluster.gpus} makes {topo.strategy} start {topo.world_size} ranks on this host "
         f"(cluster.kind={cfg.cluster.kind}), which has {cores} CPU cores and {memory / 1e9:.1f} GB of memory "
         f"({bound}): "
-        f"at most {min(by_cores, by_memory)} ranks fit (max(8, 4 x {cores} cores) = {by_cores}; "
+        f"at most {min(by_cores, by_memory)} ranks fit (max({2 * spread}, {spread} x {cores} cores) = {by_cores}; "
         f"{memory / 1e9:.1f} GB / {per_rank / 1e9:.2f} GB a rank = {by_memory}, {rank}): use fewer cluster.gpus"
         f"{' or a smaller train.batch_size' if by_memory < by_cores else ''}, "
         f"or cluster=slurm to spread the ranks over nodes"
@@ -592,7 +591,9 @@ def run(
             "--shared-hosts joins links the concurrent workload shaped before this job started, so "
             "dilation.factor=auto cannot choose them: give the jobs of a concurrent workload one number"
         )
-    if reads_shards(cfg.train.loader) and dilation.computes(cfg):  # unfit shards are refused before any rank starts
+    if reads_shards(cfg.train.loader) and dilation.computes_for_real(
+        cfg
+    ):  # unfit shards are refused before any rank starts
         shards = output_dir(cfg) if shards is None else shards
         shard_files(shards, cfg.dataset.num_classes)
         prepared = read_manifest(shards).get("dataset")

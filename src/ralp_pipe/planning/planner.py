@@ -49,6 +49,7 @@ from ralp_pipe.planning.costmodel import (
 # what `ralp-pipe plan` reads of the config (a key covers those below it)
 CONFIG_KEYS = (
     "dataset.name",
+    "dilation.factor",
     "dataset.num_classes",
     "model",
     "strategy.num_ps",

@@ -129,7 +129,7 @@ def _target_cell(row: Any) -> str:
     if math.isnan(row.dilation_factor):
         return "-"
     figure = plus_minus(row.target_images_per_sec, row.target_images_per_sec_ci_low, row.target_images_per_sec_ci_high)
-    flag = f"; {row.overruns} overruns" if row.overruns else ""
+    flag = f"; {row.overruns} overruns, up to {1e3 * row.late_s:.0f} ms late at a step's end" if row.overruns else ""
     return (
         f"{figure} (dilated emulation of {row.target_device} on {row.target_link_rate}, "
         f"D={row.dilation_factor:g}{flag})"

@@ -142,6 +142,7 @@ def dilation_columns(record: RunMetrics) -> dict[str, Any]:
         "target_device": d.get("target_device"),
         "target_link_rate": d.get("target_link_rate"),
         "overruns": int(d.get("overruns", 0)),
+        "late_s": float(d.get("late_s", 0.0)),  # lateness against the target left at a measured step's end
         "target_images_per_sec": math.nan if target is None else float(target),
     }
 
@@ -195,12 +196,14 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
         images_per_sec_ci_low=throughput.low,
         images_per_sec_ci_high=throughput.high,
     )
-    factor = first["dilation_factor"]  # target-equivalent: the measured figures x D (NaN when undilated)
+    # target-equivalent: each repeat's measured figure x its D (dilation.factor=auto may choose another per repeat)
+    target = _estimate(repeats["target_images_per_sec"]) if repeats["dilation_factor"].notna().all() else None
     row.update(
-        target_images_per_sec=throughput.mean * factor,
-        target_images_per_sec_ci_low=throughput.low * factor,
-        target_images_per_sec_ci_high=throughput.high * factor,
+        target_images_per_sec=math.nan if target is None else target.mean,
+        target_images_per_sec_ci_low=math.nan if target is None else target.low,
+        target_images_per_sec_ci_high=math.nan if target is None else target.high,
         overruns=int(repeats["overruns"].sum()),
+        late_s=float(repeats["late_s"].max()),
     )
     per_device = _estimate(repeats["images_per_sec_per_device"])
     row.update(
@@ -239,7 +242,7 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
 
 def speedups_table(runs: pd.DataFrame) -> pd.DataFrame:
     """speedups.parquet: throughput of each configuration next to each baseline's, their ratio and its interval."""
-    frame = runs[CONFIGURATION + ["repeats", "images_per_sec", "dilation_factor", "overruns"]].copy()
+    frame = runs[CONFIGURATION + ["repeats", "images_per_sec", "dilation_factor", "overruns", "late_s"]].copy()
     for baseline in BASELINES:
         ratio = runs[f"speedup_vs_{baseline}"]
         frame[f"{baseline}_images_per_sec"] = runs["images_per_sec"] / ratio
