@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 
 from ralp_pipe.config import load
-from ralp_pipe.engine import models
-from ralp_pipe.planning import devicemodel
+from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, simulate
 

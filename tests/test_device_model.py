@@ -12,8 +12,9 @@ from torch import nn
 
 from ralp_pipe.config import CONFIG_DIR, ConfigError, DeviceConfig, load
 from ralp_pipe.contract.records import Profile
+from ralp_pipe.engine import devicemodel
 from ralp_pipe.engine.models import Unit
-from ralp_pipe.planning import calibration, devicemodel
+from ralp_pipe.planning import calibration
 from ralp_pipe.planning.planner import build_plan
 from ralp_pipe.planning.profiling import profile_batches
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ralp_pipe.engine.dilation import shaped_rate
+from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime.linkcheck import FactorChoice, accurate_factor
 

@@ -161,7 +161,7 @@ class TrainConfig:
 
 @dataclass
 class DeviceConfig:
-    """A target GPU for modelled profiles (``config/device/<name>.yaml``; the model: planning/devicemodel.py).
+    """A target GPU for modelled profiles (``config/device/<name>.yaml``; the model: engine/devicemodel.py).
 
     Peaks and bandwidth come from the vendor's data sheet; the efficiencies and the launch overhead are
     fitted on published training throughput by ``benchmarks/device_model.py``.

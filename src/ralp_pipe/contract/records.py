@@ -173,7 +173,7 @@ class RunMetrics(Record):
 @dataclass(frozen=True, kw_only=True)
 class Profile(Record):
     """A profile of one model on one device: measured (`ralp-pipe profile`), or modelled for a target GPU
-    (`ralp-pipe profile --target NAME`, :mod:`ralp_pipe.planning.devicemodel`); both have this schema."""
+    (`ralp-pipe profile --target NAME`, :mod:`ralp_pipe.engine.devicemodel`); both have this schema."""
 
     KIND: ClassVar[str] = "profile"
     STAGE: ClassVar[str] = "profile"

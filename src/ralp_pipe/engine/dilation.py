@@ -2,10 +2,10 @@
 
 With ``dilation.factor`` D, each placement unit's forward and backward on every rank takes D x the
 target's modelled time for that unit (``dilation.target``, a ``config/device`` entry as shipped,
-:func:`ralp_pipe.planning.devicemodel.modelled_profile`, priced at the run's batch and image size:
+:func:`ralp_pipe.engine.devicemodel.modelled_profile`, priced at the run's batch and image size:
 the worker's batch, the PS device's concatenated batch for its upper units); the servers' gradient
 aggregation and SGD update, and ``allreduce``'s optimizer step, likewise (per parameter byte).
-Emulated links run at ``network.rate`` / D (:func:`shaped_rate`). The cluster then behaves like the
+Emulated links run at ``network.rate`` / D (:func:`ralp_pipe.config.dilation.shaped_rate`). The cluster then behaves like the
 target cluster with time slowed by D: target-equivalent images/sec = measured x D, GB/step and
 splits those of the target. Two modes (``dilation.mode``):
 
@@ -47,11 +47,13 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from ralp_pipe.config import AUTO_FACTOR, CONFIG_DIR, Config, DeviceConfig, strategy_kind
-from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.config import CONFIG_DIR, Config, DeviceConfig, strategy_kind
+from ralp_pipe.config.dilation import fixed_factor, shaped_rate
 from ralp_pipe.contract.topology import Topology
+from ralp_pipe.engine import devicemodel
 from ralp_pipe.engine.metrics import measured_late_s, measured_overruns
 from ralp_pipe.engine.models import Unit, activation_shapes
+from ralp_pipe.engine.sgd import Optim
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
 # a unit whose own time exceeds its padded time by more than this is an overrun: a flatten's 0 s target costs
@@ -120,9 +122,6 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
     factor = fixed_factor(cfg) if factor is None else factor
     if factor is None:
         return None
-    from ralp_pipe.engine.strategies.base import Optim  # the device model traces the strategies' own update
-    from ralp_pipe.planning import devicemodel  # traces the model: only for dilated runs
-
     device, t, m = device_entry(d.target), cfg.train, cfg.model
     batches = {WORKER: t.batch_size}
     if strategy_kind(topo.strategy).places_layers:
@@ -156,12 +155,6 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
     )
 
 
-def fixed_factor(cfg: Config) -> float | None:
-    """``dilation.factor`` as a number (None when undilated or still ``auto``)."""
-    factor = cfg.dilation.factor
-    return None if factor is None or factor == AUTO_FACTOR else float(factor)
-
-
 def with_factor(cfg: Config, factor: float) -> Config:
     """`cfg` with ``dilation.factor`` resolved to `factor` (what ``auto`` measured)."""
     return dataclasses.replace(cfg, dilation=dataclasses.replace(cfg.dilation, factor=factor))
@@ -193,14 +186,6 @@ def device_entry(name: str) -> DeviceConfig:
     data = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "device" / f"{name}.yaml"))
     assert isinstance(data, dict)
     return DeviceConfig(**{str(k): v for k, v in data.items()})
-
-
-def shaped_rate(rate: str, factor: float | None) -> str:
-    """The tc rate emulated links run at: `rate` / `factor` (unchanged without dilation or when unlimited)."""
-    bits = rate_bits_per_s(rate)
-    if factor is None or bits is None:
-        return rate
-    return f"{bits / factor:.0f}bit"
 
 
 def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import AUTO_FACTOR, Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
+from ralp_pipe.config.dilation import fixed_factor, shaped_rate
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.contract.topology import Topology, of_strategy
@@ -303,7 +304,7 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
         warmup_steps=t.warmup_steps,
         measure_steps=t.measure_steps,
         images_per_sec=figures.images_per_sec,
-        target_images_per_sec=target_equivalent(figures.images_per_sec, dilation.fixed_factor(cfg)),
+        target_images_per_sec=target_equivalent(figures.images_per_sec, fixed_factor(cfg)),
         dilation=dilation.record(cfg, result, measured.calibration),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
@@ -554,7 +555,7 @@ def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate:
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
-            rate = dilation.shaped_rate(cfg.network.rate, dilation.fixed_factor(cfg))
+            rate = shaped_rate(cfg.network.rate, fixed_factor(cfg))
             with emulated_sites(topo.hosts, rate, cfg.network.burst, ranks.shared) as emulated:
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:

@@ -2,7 +2,7 @@
 
 A published figure is one GPU training one model at one batch on synthetic (or saturating) input:
 images/sec = batch / (forward + backward of every unit + one SGD step), the step the device model
-prices from :func:`ralp_pipe.planning.devicemodel.trace_model`. :func:`fit` chooses the efficiencies
+prices from :func:`ralp_pipe.engine.devicemodel.trace_model`. :func:`fit` chooses the efficiencies
 and launch overhead of a device entry that minimise the squared log error over some figures;
 :func:`leave_one_out` fits on all figures of a GPU but one and predicts that one, for each;
 ``benchmarks/device_model.py`` prints both, and the efficiencies of ``config/device/*.yaml`` are
@@ -21,8 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ralp_pipe.config import DeviceConfig
-from ralp_pipe.engine.strategies.base import Optim
-from ralp_pipe.planning.devicemodel import Kernels, trace_model, trace_update
+from ralp_pipe.engine.devicemodel import Kernels, trace_model, trace_update
+from ralp_pipe.engine.sgd import Optim
 
 FITTED = ("conv_efficiency", "conv3x3_efficiency", "matmul_efficiency", "memory_efficiency", "launch_overhead_us")
 Group = tuple[str, ...]  # fields fitted as one value

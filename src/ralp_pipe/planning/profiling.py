@@ -34,9 +34,8 @@ from ralp_pipe.atomic import check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, made_for
 from ralp_pipe.contract.records import Profile
 from ralp_pipe.contract.topology import largest_world, topology
-from ralp_pipe.engine import models
-from ralp_pipe.engine.strategies.base import FlatSgd, Optim
-from ralp_pipe.planning import devicemodel
+from ralp_pipe.engine import devicemodel, models
+from ralp_pipe.engine.sgd import FlatSgd, Optim
 from ralp_pipe.planning.link_probe import link_record
 from ralp_pipe.runtime import devices, hardware
 

@@ -23,8 +23,7 @@ import pandas as pd
 from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
 from ralp_pipe.contract.records import LinkProbe, Profile
-from ralp_pipe.engine import models
-from ralp_pipe.planning import devicemodel
+from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, Pricing, compute_costs
 from ralp_pipe.planning.planner import best_prediction, check_profile_matches, pipelining_of, volume_function
 from ralp_pipe.planning.profiling import profile_batches

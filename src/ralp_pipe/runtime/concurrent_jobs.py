@@ -23,10 +23,10 @@ from typing import Any, Sequence
 
 from ralp_pipe.atomic import check_writable, write_json_atomic
 from ralp_pipe.config import Config, ConfigError, load
+from ralp_pipe.config.dilation import fixed_factor, shaped_rate
 from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE
 from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.contract.topology import of_strategy
-from ralp_pipe.engine.dilation import fixed_factor, shaped_rate
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import start_logged, stop, wait_all

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.config.units import rate_bits_per_s
-from ralp_pipe.engine.dilation import shaped_rate
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import Process, start, stop

@@ -22,21 +22,9 @@ from ralp_pipe.contract.topology import Topology, assign_to_ps
 from ralp_pipe.engine.comm import SETUP, Comm, Handle
 from ralp_pipe.engine.dilation import Pacer, paced
 from ralp_pipe.engine.models import Unit
+from ralp_pipe.engine.sgd import FlatSgd, Optim, nbytes
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Optim:
-    """Synchronous SGD settings."""
-
-    lr: float
-    momentum: float
-    weight_decay: float
-
-    def sgd(self, params: list[torch.Tensor]) -> torch.optim.SGD:
-        """A fused torch SGD optimiser over `params` with these settings (one pass, no temporaries)."""
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay, fused=True)
 
 
 @dataclass
@@ -153,43 +141,9 @@ class Strategy(ABC):
         """Complete the transfers a step left in flight (called before a window edge and at the end)."""
 
 
-def nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    """Bytes of `tensors` together."""
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the batch (the loss every strategy minimises)."""
     return nn.functional.cross_entropy(logits.float(), labels)
-
-
-class FlatSgd:
-    """Parameters held as one flat tensor, the gradient sets received for them, and their SGD.
-
-    The first receive buffer is the gradient itself: :meth:`reduce` adds the other sets into it
-    in place, so a step allocates nothing and makes (sets - 1) passes over the parameters,
-    plus one to average. ``ralp-pipe profile`` times :meth:`reduce` and :meth:`update` on this
-    very class, so the cost model prices what the server runs.
-    """
-
-    def __init__(self, tensors: Sequence[torch.Tensor], sets: int, optim: Optim, mean: bool):
-        self.flat = nn.Parameter(torch.cat([t.detach().reshape(-1) for t in tensors]))
-        self.inbox = [torch.empty_like(self.flat.data) for _ in range(sets)]
-        self.flat.grad = self.inbox[0]
-        self.mean = mean
-        self.optimizer = optim.sgd([self.flat])
-
-    def reduce(self) -> None:
-        """Sum (or average) the received gradient sets into the gradient."""
-        grad = self.inbox[0]
-        for other in self.inbox[1:]:
-            grad.add_(other)
-        if self.mean and len(self.inbox) > 1:
-            grad.div_(len(self.inbox))
-
-    def update(self) -> None:
-        """One SGD step of the flat parameters."""
-        self.optimizer.step()
 
 
 @dataclass(frozen=True)

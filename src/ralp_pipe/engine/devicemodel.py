@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 
 from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, made_for
 from ralp_pipe.engine import models
-from ralp_pipe.engine.strategies.base import FlatSgd, Optim, nbytes
+from ralp_pipe.engine.sgd import FlatSgd, Optim, nbytes
 
 MODEL_VERSION = "roofline-1"  # bump when the pricing changes: profiles record which model priced them
 KINDS = ("conv", "conv3x3", "matmul", "memory")  # conv3x3: 3x3 stride-1, where cuDNN may use Winograd
