@@ -44,7 +44,7 @@ WARMUP_S = 0.3  # traffic runs this long before the window opens (TCP ramps up, 
 PORT = 5201  # every host has its own address, so one port serves them all
 IN_FLIGHT_S = 0.05  # each direction's streams together keep about this much of the link's rate in flight
 BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (the kernel caps it at net.core.rmem_max)
-_PROBE = [sys.executable, str(Path(__file__).with_name("linkprobe.py"))]  # standard library only: run by path
+_PROBE = [sys.executable, str(Path(__file__).with_name("link_traffic.py"))]  # standard library only: run by path
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ class _Direction:
 
 def _read(run: Callable[[list[str]], subprocess.CompletedProcess[str]], device: str, seconds: float) -> _Direction:
     """`device`'s rates over about `seconds`, read inside its namespace by `run` (two readings of
-    :mod:`ralp_pipe.runtime.linkprobe`; the window runs between their clock brackets' midpoints)."""
+    :mod:`ralp_pipe.runtime.link_traffic`; the window runs between their clock brackets' midpoints)."""
     shown = run([*_PROBE, "read", device, str(seconds)])
     try:
         first, second = json.loads(shown.stdout)

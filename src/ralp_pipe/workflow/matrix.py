@@ -66,7 +66,7 @@ _STATEMENT_LINES = 60  # the longest a declaration is looked for
 
 
 def declared_keys(stage: str) -> tuple[str, ...]:
-    """The config keys workflow stage `stage` reads: those its command's module (``cli.STAGES``) declares
+    """The config keys workflow stage `stage` reads: those its command's module (``contract.stages.STAGES``) declares
     next to the code reading them, read from its source so that parsing the workflow imports no stage."""
     module = importlib.util.find_spec(STAGES[COMMAND_OF.get(stage, stage).replace("_", "-")][0])
     assert module is not None and module.origin is not None
@@ -104,7 +104,7 @@ SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"  # th
 
 @dataclass(frozen=True)
 class Run:
-    """One cell of the matrix: repeat `repeat` of training `model` on `dataset` with `strategy` on N=`gpus`
+    """One run of the matrix: repeat `repeat` of training `model` on `dataset` with `strategy` on N=`gpus`
     (`overlap` False: the sequential ablation of experiment.sequential)."""
 
     dataset: str
@@ -248,7 +248,7 @@ class Matrix:
                 self._sections[group, option] = section
         self.runs = [
             Run(d, m, s, g, n, overlap, r)
-            for d, m in self.cells()
+            for d, m in self.pairs()
             for s, overlap in self._arms()
             for g in e.gpus
             for n in e.networks
@@ -284,10 +284,10 @@ class Matrix:
             return []
         strategy, gpus = REFERENCE
         overlap = self._sections["strategy", strategy].overlap
-        return [Run(d, m, strategy, gpus, e.networks[0], overlap, r) for d, m in self.cells() for r in range(e.repeats)]
+        return [Run(d, m, strategy, gpus, e.networks[0], overlap, r) for d, m in self.pairs() for r in range(e.repeats)]
 
-    def cells(self) -> list[tuple[str, str]]:
-        """The (dataset, model) workloads: experiment.pairs where given, else every dataset with every model."""
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (dataset, model) pairs: experiment.pairs where given, else every dataset with every model."""
         e = self.base.experiment
         return [(d, m) for d in e.datasets for m in e.models if not e.pairs or [d, m] in e.pairs]
 

@@ -1,6 +1,6 @@
 """The link check's processes inside an emulated host or switch (:mod:`ralp_pipe.runtime.linkcheck`).
 
-Standard library only and run by path (``python linkprobe.py ...``), so one starts in tens of
+Standard library only and run by path (``python link_traffic.py ...``), so one starts in tens of
 milliseconds and needs no package on the path. Two commands:
 
 ``traffic --rcvbuf BYTES [--listen ADDR:PORT:COUNT] [--send ADDR:PORT]`` accepts COUNT TCP
