@@ -58,7 +58,15 @@ TABLE_FILES = (
     SUMMARY_FILE,
 )  # in the tables folder
 # PNGs in the plots folder, each captioned by workflow/report/plot_<name>.rst
-PLOT_NAMES = ("throughput_vs_n", "scaling_efficiency", "speedup", "gb_per_step", "predicted_vs_measured", "breakdown")
+PLOT_NAMES = (
+    "throughput_vs_n",
+    "scaling_efficiency",
+    "speedup",
+    "gb_per_step",
+    "predicted_vs_measured",
+    "breakdown",
+    "speedup_vs_link",
+)
 
 
 def log_path(stage: str) -> str:

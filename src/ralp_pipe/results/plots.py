@@ -25,9 +25,10 @@ import pandas as pd  # noqa: E402
 
 from ralp_pipe.atomic import Writer, atomic_path, write_together  # noqa: E402
 from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
+from ralp_pipe.config.units import rate_bits_per_s  # noqa: E402
 from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration  # noqa: E402
-from ralp_pipe.results.tables import Tables  # noqa: E402
+from ralp_pipe.results.tables import Tables, comparable  # noqa: E402
 
 CATEGORY_LABELS = {
     "gb_gradients": "gradients",
@@ -253,7 +254,8 @@ def speedup(tables: Tables, path: Path) -> None:
 
 def predicted_vs_measured(tables: Tables, path: Path) -> None:
     """Planner's predicted images/sec against the measured (with its interval), log-log with y = x and ±20%."""
-    runs = tables.runs
+    runs = tables.runs.copy()
+    runs[["images_per_sec", "images_per_sec_ci_low", "images_per_sec_ci_high"]] = comparable(runs)
     fig, axis = plt.subplots(figsize=(5.5, 5))
     known = runs.dropna(subset=["predicted_images_per_sec"])
     known = known[(known["images_per_sec"] > 0) & (known["predicted_images_per_sec"] > 0)]
@@ -280,11 +282,57 @@ def predicted_vs_measured(tables: Tables, path: Path) -> None:
     _log_scale(axis, "x", low, high)
     _log_scale(axis, "y", low, high)
     axis.set(
-        xlabel="measured images/sec (95% interval)",
+        xlabel="measured images/sec (95% interval; dilated: target-equivalent)",
         ylabel="predicted images/sec",
         title="planner prediction (dashed: ±20%)",
     )
     axis.legend(fontsize="x-small")
+    _save(fig, path)
+
+
+def _target_gbit(runs: pd.DataFrame) -> pd.Series:
+    """Each configuration's link in Gbit/s as its plan priced it: the target's rate where dilated, else the run's."""
+    target = runs["target_link_rate"].map(
+        lambda rate: (rate_bits_per_s(rate) or math.nan) / 1e9 if isinstance(rate, str) else math.nan
+    )
+    return target.where(runs["dilation_factor"].notna(), runs["link_gbit"]).astype(float)
+
+
+def speedup_vs_link(tables: Tables, path: Path) -> None:
+    """The reproduction's headline: the RALP strategies' speedup over ps (left) and allreduce (right) against the
+    link rate, at each model x dataset's largest N; measured points with 95% whiskers, the planner's prediction for
+    the same devices and link as a line."""
+    runs = tables.runs.assign(link=_target_gbit(tables.runs))
+    ralp = runs[runs["strategy"].isin(["ralp_h", "ralp_n"]) & runs["link"].notna()]
+    largest = ralp.groupby(["model", "dataset"])["gpus"].transform("max")
+    ralp = ralp[ralp["gpus"] == largest]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    colours = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
+    groups = list(ralp.groupby(["model", "dataset", "gpus"], sort=True))
+    for axis, baseline in zip(axes, ("ps", "allreduce")):
+        if ralp["link"].nunique() < 2:
+            _empty(axis, "one link rate in this experiment: the headline needs several (experiment=paper-dilated)")
+            continue
+        base = runs[runs["strategy"] == baseline].set_index(["model", "dataset", "gpus", "network"])
+        for index, ((model, dataset, gpus), group) in enumerate(groups):
+            for strategy, line in group.groupby("strategy", sort=True):
+                line = line.sort_values("link")
+                keys = list(zip(line["model"], line["dataset"], line["gpus"], line["network"]))
+                predicted = line["predicted_images_per_sec"].to_numpy() / base.reindex(keys)[
+                    "predicted_images_per_sec"
+                ].to_numpy(dtype=float)
+                style = {"color": colours[index % len(colours)], "linestyle": "-" if strategy == "ralp_n" else "--"}
+                axis.plot(line["link"], predicted, **style, label=f"{model}/{dataset} N={gpus} {strategy} predicted")
+                column = f"speedup_vs_{baseline}"
+                axis.errorbar(
+                    line["link"], line[column], yerr=_errors(line, column), fmt="o", capsize=3, color=style["color"]
+                )
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xscale("log")
+        axis.set(xlabel="link rate (Gbit/s; dilated: the target's)", ylabel=f"speedup over {baseline}")
+        axis.set_ylim(bottom=0.0)
+        axis.legend(fontsize="xx-small")
+    fig.suptitle("RALP speedup vs link rate: points measured (95% interval), lines the planner's prediction")
     _save(fig, path)
 
 
@@ -337,6 +385,7 @@ PLOTS = {
     "speedup": speedup,
     "predicted_vs_measured": predicted_vs_measured,
     "breakdown": breakdown,
+    "speedup_vs_link": speedup_vs_link,
 }
 
 
