@@ -188,3 +188,28 @@ def test_a_log_axis_labels_plain_numbers_however_narrow_its_range(low: float, hi
     shown = [t.get_text() for t in axis.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
     assert shown == labels
     plt.close("all")
+
+
+def test_the_headline_draws_ralp_speedups_against_the_link_rate_with_the_prediction(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runs = write_results(tmp_path, models=("vgg11",), gpus=(4,), networks=("100mbit", "1gbit"), repeats=REPEATS)
+    tables = build_tables(load_records(runs, [tmp_path / "plans"]))
+    figure = drawn(monkeypatch, plots.speedup_vs_link, tables)
+    rows = tables.runs.set_index(["strategy", "network"])
+    for axis, baseline in zip(figure.axes, ("ps", "allreduce")):
+        measured = [c for c in axis.containers if isinstance(c, ErrorbarContainer)]
+        assert len(measured) == 2  # ralp_h and ralp_n, each over both links
+        lines = {line.get_label(): line for line in axis.get_lines() if "predicted" in str(line.get_label())}
+        for strategy in ("ralp_h", "ralp_n"):
+            line = lines[f"vgg11/synthetic1k N=4 {strategy} predicted"]
+            assert list(line.get_xdata()) == pytest.approx([0.1, 1.0])
+            want = [
+                rows.loc[(strategy, net), "predicted_images_per_sec"]
+                / rows.loc[(baseline, net), "predicted_images_per_sec"]
+                for net in ("100mbit", "1gbit")
+            ]
+            assert list(line.get_ydata()) == pytest.approx(want)
+    one = write_results(tmp_path / "one", models=("vgg11",), gpus=(4,), repeats=1)
+    single = drawn(monkeypatch, plots.speedup_vs_link, build_tables(load_records(one, [tmp_path / "one" / "plans"])))
+    assert "one link rate" in single.axes[0].texts[0].get_text()
