@@ -1,6 +1,7 @@
 """Time-dilated emulation against its own claims: contention, noise, invariance, modes and prediction.
 
 Usage: python benchmarks/dilation.py [--out DIR] [--repeats 3] [--real-factor 100] [--factor 8] [--quick]
+                                    [--every-strategy]
 
 Every figure comes from real `ralp-pipe train` runs made by this script in one go (repeats go round by
 round over the configurations, so slow drift of the host spreads over all of them). The target cluster
@@ -19,8 +20,9 @@ is V100s (`dilation.target=v100`, the device model) running ResNet-18 on 1000 cl
   The same at N = 4 with `dilation.mode=modelled` (no compute_* keys), and undilated (no dilation.* keys,
   `train.batch_size=2 train.image_size=32`: the ranks' own computation, for contrast).
 - *modelled* (`dilation.mode=modelled`, emulated 10 Gbit/s links shaped to 10 Gbit/s / D, N=4): `ps`,
-  `allreduce`, `ralp_h` and `ralp_n` at D = `--factor` and 2D, the RALP splits from the plan of the
-  V100's modelled profile, which also predicts their images/sec:
+  `allreduce`, `ralp_h` and `ralp_n` at D = `--factor`, `ps` and `allreduce` also at 2D (all four with
+  `--every-strategy`), the RALP splits from the plan of the V100's modelled profile, which also predicts
+  their images/sec:
 
       ralp-pipe profile --target v100 --out P model=resnet18 dataset=synthetic1k train.batch_size=32 \\
         train.image_size=224 cluster=emulated network=10gbit cluster.gpus=4
@@ -36,7 +38,7 @@ Checks, each printed with its figures and PASS/FAIL:
    over repeats) at N=4 and N=8 within 5% of N=1, dilated with zero overruns (undilated ratio beside).
 2. Noise: 95% t half-width of target-equivalent images/sec over the repeats <= 3% of the mean, every
    dilated configuration.
-3. Invariance: target-equivalent images/sec at D and 2D within 5%, every strategy.
+3. Invariance: target-equivalent images/sec at D and 2D within 5%, every strategy run at both.
 4. Modes agree: `real` and `modelled` target-equivalent images/sec within 5% (N=4, the real family).
 5. Prediction: the plan's images/sec for the V100 cluster against the measured target-equivalent ones at
    D, median absolute error <= 5% over the four strategies.
