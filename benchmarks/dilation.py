@@ -62,7 +62,6 @@ from typing import Any
 
 import pandas as pd
 
-from ralp_pipe.results.accuracy import plan_predictions
 from ralp_pipe.results.intervals import mean_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -309,7 +308,8 @@ def report(runs: list[Run], plan: Path | None, args: argparse.Namespace, auto: d
     )
     # 5. prediction
     if plan is not None:
-        predicted = plan_predictions(json.loads(plan.read_text())).set_index("strategy").images_per_sec
+        entries = json.loads(plan.read_text())["strategies"]
+        predicted = {s: float(entries[s]["predicted_images_per_sec"]) for s in STRATEGIES}
         errors = []
         for s in STRATEGIES:
             measured = by[f"{s} 10gbit D={f:g}"].mean("target_images_per_sec")
