@@ -183,7 +183,9 @@ def main() -> int:
     parser.add_argument("--real-factor", type=float, default=100.0, help="D of the real-mode family")
     parser.add_argument("--factor", type=float, default=8.0, help="D of the modelled family on 10 Gbit/s (and 2D)")
     parser.add_argument("--quick", action="store_true", help="no undilated contrast, no auto run")
-    parser.add_argument("--every-strategy", action="store_true", help="all four strategies at 2D (about +2 min)")
+    parser.add_argument(
+        "--every-strategy", action="store_true", help="all four strategies at 2D (6 more runs, 2-5 min here)"
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ralp-dilation-"))
     out.mkdir(parents=True, exist_ok=True)
