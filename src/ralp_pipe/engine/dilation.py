@@ -22,7 +22,8 @@ splits those of the target. Two modes (``dilation.mode``):
 A unit's time excludes the communication it waited for inside it (a forward waiting for its
 pulled parameters, a backward hook waiting for push credit): the deadline moves by that wait.
 A unit whose own time exceeded its padded time (by more than :data:`OVERRUN_TOLERANCE_S`) is an
-*overrun*: it is counted, per rank and step, and the target's timing is not reproduced there (raise D).
+*overrun* (a unit the target does in no time, a flatten, never is: no D would fit it, and what the host
+spends there, such as the autograd work between its neighbours, counts as lateness): it is counted, per rank and step, and the target's timing is not reproduced there (raise D).
 The rank's timeline then runs behind the target's; the following units' deadlines are moved earlier by
 that lateness (less the communication waited since, which absorbs it) until it is caught up, so jitter
 of this host does not add up over a step. What is still late when a step ends (:meth:`Pacer.late_s`) is
@@ -251,11 +252,11 @@ class Pacer:
         self.sync()
         now, moved = self.clock(), self.waited() - waited_at_start
         own = now - began - moved
-        if seconds > 0 and own > OVERRUN_TOLERANCE_S:
-            self.needed = max(self.needed, own * self.targets.factor / seconds)
+        if seconds > 0 and own > OVERRUN_TOLERANCE_S:  # the factor at which the overrun rule below would hold
+            self.needed = max(self.needed, (own - OVERRUN_TOLERANCE_S) * self.targets.factor / seconds)
         if self.measure_only:
             return
-        if own > seconds + OVERRUN_TOLERANCE_S:
+        if seconds > 0 and own > seconds + OVERRUN_TOLERANCE_S:  # a 0 s unit's time is lateness, whatever D
             self.overruns += 1
         deadline = began + moved + seconds - self.late_s()
         self.behind, self._waited_seen = max(0.0, now - deadline), self.waited()
