@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ralp_pipe.engine.comm import StepTraffic
-from ralp_pipe.engine.metrics import MEASURE, ROLLING_STEPS, WARMUP, Progress, step_record, summarize
+from ralp_pipe.engine.metrics import MEASURE, ROLLING_STEPS, WARMUP, Progress, StepTimes, step_record, summarize
 from ralp_pipe.engine.volume import CATEGORIES
 
 # Two workers (ranks 0, 1) with batch 4 and one PS (rank 2); steps 0-1 warm up, steps 2-4 are measured.
@@ -94,7 +94,7 @@ def test_warm_up_rows_do_not_count_as_measured_steps() -> None:
 def test_data_wait_is_its_own_column_and_not_counted_as_compute() -> None:
     """A 1 s step with 0.3 s in the loader and 0.2 s on transfers leaves 0.5 s of compute."""
     traffic = StepTraffic(dict.fromkeys(CATEGORIES, 0), {}, comm_wait_s=0.2)
-    record = step_record(0, "worker", 3, MEASURE, 1.0, 0.3, traffic)
+    record = step_record(0, "worker", 3, MEASURE, StepTimes(1.0, 0.3), traffic)
     assert record["data_wait_s"] == pytest.approx(0.3)
     assert record["comm_wait_s"] == pytest.approx(0.2)
     assert record["compute_s"] == pytest.approx(0.5)  # 1.0 - 0.2 - 0.3

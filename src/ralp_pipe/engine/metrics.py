@@ -57,29 +57,30 @@ def compute_time(step_time_s: float, comm_wait_s: float, data_wait_s: float) -> 
     return max(step_time_s - comm_wait_s - data_wait_s, 0.0)
 
 
-def step_record(
-    rank: int,
-    role: str,
-    step: int,
-    phase: str,
-    step_time_s: float,
-    data_wait_s: float,
-    traffic: StepTraffic,
-    overruns: int = 0,
-    late_s: float = 0.0,
-) -> dict[str, Any]:
-    """One row of steps.parquet (`overruns` and `late_s`: a dilated run's, engine/dilation.py)."""
+@dataclass(frozen=True)
+class StepTimes:
+    """How one rank's step went: its wall time, its wait for the next batch and, dilated, its overruns and the
+    lateness against the target left at its end (engine/dilation.py)."""
+
+    step_time_s: float
+    data_wait_s: float
+    overruns: int = 0
+    late_s: float = 0.0
+
+
+def step_record(rank: int, role: str, step: int, phase: str, times: StepTimes, traffic: StepTraffic) -> dict[str, Any]:
+    """One row of steps.parquet."""
     row: dict[str, Any] = {
         "rank": rank,
         "role": role,
         "step": step,
         "phase": phase,
-        "step_time_s": step_time_s,
-        "compute_s": compute_time(step_time_s, traffic.comm_wait_s, data_wait_s),
+        "step_time_s": times.step_time_s,
+        "compute_s": compute_time(times.step_time_s, traffic.comm_wait_s, times.data_wait_s),
         "comm_wait_s": traffic.comm_wait_s,
-        "data_wait_s": data_wait_s,
-        "overruns": overruns,
-        "late_s": late_s,
+        "data_wait_s": times.data_wait_s,
+        "overruns": times.overruns,
+        "late_s": times.late_s,
     }
     row.update({f"bytes_{name}": traffic.bytes_by_category[name] for name in CATEGORIES})
     return row

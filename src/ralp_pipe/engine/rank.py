@@ -38,7 +38,7 @@ from ralp_pipe.contract.topology import Topology, of_strategy
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.dilation import Pacer, Targets, compute_size, placeholder_batch, stand_ins
-from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, step_record, synchronize, window_edge
+from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, StepTimes, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime import hardware
@@ -222,9 +222,10 @@ def run_rank(
             synchronize(device)
             phase = WARMUP if step < t.warmup_steps else MEASURE
             step_time_s = time.perf_counter() - began
-            overruns, late_s = (0, 0.0) if pacer is None else (pacer.take(), pacer.late_s())
-            traffic = comm.take()
-            rows.append(step_record(env.rank, role, step, phase, step_time_s, data_wait_s, traffic, overruns, late_s))
+            times = StepTimes(step_time_s, data_wait_s)
+            if pacer is not None:
+                times = StepTimes(step_time_s, data_wait_s, pacer.take(), pacer.late_s())
+            rows.append(step_record(env.rank, role, step, phase, times, comm.take()))
             if progress is not None:
                 progress.step(step, phase, step_time_s)
         end, wire_end = window_edge(device), _wire_reading()
