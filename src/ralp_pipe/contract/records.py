@@ -105,7 +105,8 @@ class RunMetrics(Record):
     images_per_sec: float = field(metadata=_COLUMN)
     # a dilated run's images/sec x its factor (engine/dilation.py); None when undilated
     target_images_per_sec: float | None = field(default=None, metadata=_COLUMN)
-    # factor, mode, target_device, target_link_rate, shaped_link_rate, overruns (measured steps); None: undilated
+    # factor, mode, target_device, target_link_rate, shaped_link_rate, compute_batch_size, compute_image_size,
+    # overruns and late_s (measured steps), needed_factor, auto (how auto chose the factor); None: undilated
     dilation: dict[str, Any] | None = None
     images_per_step: int = field(metadata=_COLUMN)
     step_time_s: float = field(metadata=_COLUMN)
