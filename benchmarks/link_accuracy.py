@@ -1,12 +1,16 @@
 """How far emulated links must be slowed to stay accurate: the link check at 5 and 9 hosts, 1-25 Gbit/s.
 
 For each host count and target rate R, :func:`ralp_pipe.runtime.linkcheck.accurate_factor` tries
-D = 1, 2, 4, ... in turn: links shaped to R / D, host 0's link loaded both ways at once (every
-other host sends to it, it sends to every other host), stopping at the first D where both
-directions deliver at least 0.95 of R / D. Printed per D tried: what tbf released per direction
-over R / D, the relative error the counters' read times may put on both (+-), the same ratios
-from the interface counters (TCP payload plus one header per offloaded packet, ~0.96 where tbf
-is exact), the kernel's share of the machine's CPU (all processes), then the chosen D.
+D = 1, 2, 4, ... in turn: links shaped to R / D, loaded twice, both ways at once: host 0's link as a
+parameter server's (every other host sends to it, it sends to every other host), then every
+link as an all-reduce ring's (host i sends to host i + 1 and receives from host i - 1, all at
+once). It stops at the first D where every measured direction under both loads delivers at least
+0.95 of R / D. Printed per D tried, for the parameter server's load: what tbf released per
+direction over R / D, the relative error the counters' read times may put on both (+-), the same
+ratios from the interface counters (TCP payload plus one header per offloaded packet, ~0.96 where
+tbf is exact), the kernel's share of the machine's CPU (all processes); for the ring's: the worst
+host's upload and download (tbf's bytes), their +-, the worst host's interface ratios and the
+kernel's share; then the chosen D.
 Run: `python benchmarks/link_accuracy.py [--hosts 5 9] [--rates 1gbit 10gbit 25gbit] [--seconds 0.5]`.
 """
 
@@ -21,7 +25,9 @@ from ralp_pipe.runtime.linkcheck import THRESHOLD, WINDOW_S, LinkMeasurement, ac
 def _row(hosts: int, rate: str, m: LinkMeasurement) -> str:
     return (
         f"{hosts:>5} {rate:>7} {m.factor:>4g} {m.shaped_rate:>15} {m.upload:7.3f} {m.download:9.3f} "
-        f"{m.timing_error:7.3f} {m.wire_upload:8.3f} {m.wire_download:10.3f} {m.kernel_cpu:11.2f}"
+        f"{m.timing_error:7.3f} {m.wire_upload:8.3f} {m.wire_download:10.3f} {m.kernel_cpu:11.2f} | "
+        f"{m.ring_upload:7.3f} {m.ring_download:9.3f} {m.ring_timing_error:7.3f} {m.ring_wire_upload:8.3f} "
+        f"{m.ring_wire_download:10.3f} {m.ring_kernel_cpu:11.2f}"
     )
 
 
@@ -32,10 +38,13 @@ def main() -> int:
     parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit", "25gbit"])
     parser.add_argument("--seconds", type=float, default=WINDOW_S, help="measured window per factor")
     args = parser.parse_args()
-    print(f"threshold {THRESHOLD}: both directions of host 0's link deliver >= {THRESHOLD} of R / D (tbf's bytes)")
     print(
-        f"{'hosts':>5} {'rate':>7} {'D':>4} {'tc rate':>15} {'upload':>7} {'download':>9} {'+-':>7} {'wire up':>8} {'wire down':>10} {'kernel cpu':>11}"
+        f"threshold {THRESHOLD}: both directions of host 0's link (parameter server) and of every host's link "
+        f"(ring, worst host) deliver >= {THRESHOLD} of R / D (tbf's bytes)"
     )
+    figures = f"{'upload':>7} {'download':>9} {'+-':>7} {'wire up':>8} {'wire down':>10} {'kernel cpu':>11}"
+    print(f"{'':>34} {'parameter server':<55}   {'ring (worst host)':<55}")
+    print(f"{'hosts':>5} {'rate':>7} {'D':>4} {'tc rate':>15} {figures} | {figures}")
     chosen = []
     for hosts in args.hosts:
         for rate in args.rates:

@@ -13,11 +13,13 @@ round trip it saw, below what the other direction's queue needs). It prints ``re
 listening and ``sending`` once connected, then runs until it is stopped; a stream that fails
 ends it with status 1 and the error on stderr.
 
-``read DEVICE SECONDS`` reads the bytes DEVICE's root qdisc sent, the bytes DEVICE's interface
-counted as sent and the machine's CPU time (/proc/stat), sleeps SECONDS and reads them again;
-it prints both readings as JSON, each with the clock (seconds) just before and just after it.
-The qdisc is read through one ``tc -batch`` started beforehand, so a reading takes a fraction
-of a millisecond instead of a process start.
+``read DEVICE[,DEVICE...] SECONDS [--at T]`` reads the bytes each DEVICE's root qdisc sent, the
+bytes each DEVICE's interface counted as sent and the machine's CPU time (/proc/stat), sleeps
+SECONDS and reads them again; it prints both readings as JSON, each with the clock (seconds) just
+before and just after it. The qdiscs are read through one ``tc -batch`` started beforehand (one
+command for all devices), so a reading takes a fraction of a millisecond instead of a process
+start. With ``--at`` the first reading waits for that ``time.monotonic()`` (the same clock in
+every namespace), so readers started together in several namespaces measure the same window.
 """
 
 from __future__ import annotations
@@ -97,14 +99,18 @@ def _traffic(args: argparse.Namespace) -> None:
     threading.Event().wait()
 
 
-def _sent_bytes(device: str) -> int:
-    """Bytes `device` in this network namespace sent, from /proc/net/dev."""
+def _sent_bytes(devices: list[str]) -> dict[str, int]:
+    """Bytes each of `devices` in this network namespace sent, from /proc/net/dev."""
+    sent = {}
     with open("/proc/net/dev") as dev:
         for line in dev:
             name, _, fields = line.partition(":")
-            if name.strip() == device:
-                return int(fields.split()[8])
-    raise RuntimeError(f"/proc/net/dev has no {device}")
+            if name.strip() in devices:
+                sent[name.strip()] = int(fields.split()[8])
+    missing = [device for device in devices if device not in sent]
+    if missing:
+        raise RuntimeError(f"/proc/net/dev has no {', '.join(missing)}")
+    return sent
 
 
 def _cpu_ticks() -> list[int]:
@@ -114,7 +120,8 @@ def _cpu_ticks() -> list[int]:
 
 
 def _read(args: argparse.Namespace) -> None:
-    """Read the device's counters twice, `args.seconds` apart, each reading bracketed by the clock."""
+    """Read the devices' counters twice, `args.seconds` apart, each reading bracketed by the clock."""
+    devices = args.devices.split(",")
     tc = subprocess.Popen(
         ["stdbuf", "-oL", "tc", "-s", "-j", "-batch", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -123,15 +130,17 @@ def _read(args: argparse.Namespace) -> None:
 
     def read() -> dict[str, object]:
         before = time.perf_counter()
-        commands.write(f"qdisc show dev {args.device}\n")
+        commands.write("qdisc show\n")
         commands.flush()
         shown = json.loads(replies.readline())
-        sent, ticks = _sent_bytes(args.device), _cpu_ticks()
+        sent, ticks = _sent_bytes(devices), _cpu_ticks()
         after = time.perf_counter()
-        qdisc = int(next(q["bytes"] for q in shown if q.get("root")))
+        qdisc = {q["dev"]: int(q["bytes"]) for q in shown if q.get("root") and q.get("dev") in devices}
         return {"clock": [before, after], "qdisc": qdisc, "interface": sent, "cpu": ticks}
 
     read()  # the first command pays for tc's start
+    if args.at is not None:
+        time.sleep(max(0.0, args.at - time.monotonic()))
     first = read()
     time.sleep(args.seconds)
     second = read()
@@ -149,9 +158,10 @@ def main(argv: list[str] | None = None) -> None:
     traffic.add_argument("--listen", help="ADDR:PORT:COUNT: accept COUNT streams and discard their bytes")
     traffic.add_argument("--send", help="ADDR:PORT: send to it as fast as the link allows")
     traffic.set_defaults(run=_traffic)
-    read = commands.add_parser("read", help="a device's sent bytes (qdisc, interface) and the CPU time, twice")
-    read.add_argument("device")
+    read = commands.add_parser("read", help="devices' sent bytes (qdisc, interface) and the CPU time, twice")
+    read.add_argument("devices", help="DEVICE[,DEVICE...]")
     read.add_argument("seconds", type=float)
+    read.add_argument("--at", type=float, help="time.monotonic() at which the first reading is taken")
     read.set_defaults(run=_read)
     args = parser.parse_args(argv)
     args.run(args)

@@ -4,19 +4,23 @@ Time-dilated emulation shapes every link to R / D. ``tc tbf`` holds its rate up 
 Gbit/s on a small machine, but above that the kernel's CPU binds (the more so the more hosts
 send at once) and a link delivers less than asked: a dilated run would then be slowed by the
 emulation, not by the target's network. :func:`accurate_factor` tries factors D in ascending
-order. For each it brings up an emulated cluster with every link at R / D and loads host 0's
-link the way a parameter server's is loaded, both directions at once: every other host sends
-to host 0 (incast) while host 0 sends to every other host (fan-out), one TCP stream and one
-process per sender. The streams' receive buffers hold ~50 ms of the rate per direction, so
+order. For each it brings up an emulated cluster with every link at R / D and loads it twice,
+each direction of a link at once, one TCP stream and one process per sender. First host 0's
+link the way a parameter server's is loaded: every other host sends to host 0 (incast) while
+host 0 sends to every other host (fan-out). Then every link the way an all-reduce ring loads
+them: host i sends to host (i + 1) mod n while receiving from host (i - 1) mod n, all hosts at
+once, so n times as many bytes cross the emulation as under the first load, and the kernel binds
+at a larger D. The streams' receive buffers hold ~50 ms of the rate per direction, so
 windows, not congestion control, bound what is in flight: left to the system's congestion
 control (BBR, say), each direction's acknowledgements queue behind up to 100 ms of the other's
 data in tbf's FIFO and one direction often starves even at low rates, hiding what D changes.
-Over a short window it reads, per direction, the bytes the link's tbf released (the qdisc's
+Over a short window per load it reads, per direction, the bytes the link's tbf released (the qdisc's
 own counter, which counts headers as tbf does, so an exact shaper reads 1.0 of R / D), the
 bytes the interface counted (what a run's ``wire_gb_per_step`` sees: TCP payload plus one
 header per segmentation-offload packet, ~0.96 of R / D when tbf is exact) and the kernel's
-share of the machine's CPU time. It returns the first D whose worse direction (tbf's bytes)
-reaches the threshold, with every measurement taken.
+share of the machine's CPU time. It returns the first D whose worst direction (tbf's bytes) under
+both loads (for the ring, the worst host's upload and download) reaches the threshold, with
+every measurement taken.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ THRESHOLD = 0.95
 WINDOW_S = 0.5  # measured window per candidate
 WARMUP_S = 0.3  # traffic runs this long before the window opens (TCP ramps up, tbf's burst drains)
 PORT = 5201  # every host has its own address, so one port serves them all
+RING_PORT = 5202  # the ring's listeners, clear of the parameter server's just-closed streams
 IN_FLIGHT_S = 0.05  # each direction's streams together keep about this much of the link's rate in flight
 BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (the kernel caps it at net.core.rmem_max)
 _PROBE = [sys.executable, str(Path(__file__).with_name("link_traffic.py"))]  # standard library only: run by path
@@ -49,14 +54,21 @@ _PROBE = [sys.executable, str(Path(__file__).with_name("link_traffic.py"))]  # s
 
 @dataclass(frozen=True)
 class LinkMeasurement:
-    """Host 0's link at one dilation factor, both directions loaded at once.
+    """The links at one dilation factor under both loads: the parameter server's, then the ring's.
 
-    ``upload`` (host 0's ``eth0`` to the switch) and ``download`` (the switch's port ``s0`` to
-    host 0) are the bytes their tbf released per second over the asked rate;
+    Parameter-server load: ``upload`` (host 0's ``eth0`` to the switch) and ``download`` (the
+    switch's port ``s0`` to host 0) are the bytes their tbf released per second over the asked rate;
     ``wire_upload``/``wire_download`` the same from those interfaces' counters. ``seconds`` is the
     window, ``kernel_cpu`` the share of all cores' time spent in the kernel (system, irq and
     softirq) during it, by every process on the machine. ``timing_error`` bounds the relative
     error the reads' timing may put on the ratios (a loaded machine delays a read).
+
+    Ring load (every host sends to the next and receives from the previous at once, as an
+    all-reduce ring does): ``ring_uploads``/``ring_downloads`` are every host's ratios (tbf's
+    bytes, host order), ``ring_upload``/``ring_download`` the worst host's, ``ring_wire_upload``/
+    ``ring_wire_download`` the worst host's from the interface counters; ``ring_seconds``,
+    ``ring_kernel_cpu`` and ``ring_timing_error`` as above (the timing error the largest of any
+    reading).
     """
 
     factor: float
@@ -68,11 +80,28 @@ class LinkMeasurement:
     seconds: float
     kernel_cpu: float
     timing_error: float
+    ring_upload: float
+    ring_download: float
+    ring_wire_upload: float
+    ring_wire_download: float
+    ring_uploads: tuple[float, ...]
+    ring_downloads: tuple[float, ...]
+    ring_seconds: float
+    ring_kernel_cpu: float
+    ring_timing_error: float
 
     @property
     def worst(self) -> float:
-        """The direction further below its asked rate (tbf's bytes)."""
-        return min(self.upload, self.download)
+        """The direction further below its asked rate (tbf's bytes) under either load."""
+        return min(self.upload, self.download, self.ring_upload, self.ring_download)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record, with ``worst``."""
+        return asdict(self) | {
+            "ring_uploads": list(self.ring_uploads),
+            "ring_downloads": list(self.ring_downloads),
+            "worst": self.worst,
+        }
 
 
 @dataclass(frozen=True)
@@ -88,7 +117,7 @@ class FactorChoice:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready record (for metrics.json)."""
-        return asdict(self) | {"measurements": [asdict(m) | {"worst": m.worst} for m in self.measurements]}
+        return asdict(self) | {"measurements": [m.to_dict() for m in self.measurements]}
 
 
 def accurate_factor(
@@ -100,7 +129,8 @@ def accurate_factor(
     seconds: float = WINDOW_S,
 ) -> FactorChoice:
     """The smallest factor D in `candidates` at which `hosts` emulated hosts' links, shaped to `rate` / D
-    with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link."""
+    with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link under the
+    parameter server's load and of every host's link under the ring's."""
     if hosts < 2:
         raise ConfigError(f"the link check needs at least 2 hosts (a server and a worker), got {hosts}")
     if not 0 < threshold <= 1:
@@ -119,40 +149,42 @@ def accurate_factor(
     best = max(measured, key=lambda m: m.worst)
     raise ConfigError(
         f"emulated links of {hosts} hosts at {rate} / D deliver at best {best.worst:.2f} of their rate "
-        f"(D={best.factor:g}), below {threshold:g} at every D tried ({', '.join(f'{m.factor:g}' for m in measured)}); "
-        f"try larger factors or fewer hosts"
+        f"(D={best.factor:g}; parameter server {min(best.upload, best.download):.2f}, "
+        f"ring {min(best.ring_upload, best.ring_download):.2f}), below {threshold:g} at every D tried "
+        f"({', '.join(f'{m.factor:g}' for m in measured)}); try larger factors or fewer hosts"
     )
 
 
 def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: float = WINDOW_S) -> LinkMeasurement:
-    """Load host 0's link of a fresh cluster shaped to `rate` / `factor` both ways and measure it."""
+    """Load a fresh cluster shaped to `rate` / `factor` the parameter server's way, then the ring's, and measure both."""
     shaped = shaped_rate(rate, factor)
     asked = rate_bits_per_s(shaped)
     assert asked is not None  # a limited rate stays limited
+    switch_ports = ",".join(f"s{i}" for i in range(hosts))
     with EmulatedCluster(hosts, shaped, burst) as cluster:
-        procs: list[tuple[int, Process]] = []
-        try:
-            buffer = _receive_buffer(asked, hosts - 1)
-            procs = [(host, _start_traffic(cluster, host, argv)) for host, argv in _traffic(cluster, buffer)]
-            for host, proc in procs:
-                _expect(host, proc, "ready")
-            for host, proc in procs:
-                _expect(host, proc, "sending")
-            time.sleep(WARMUP_S)
-            with ThreadPoolExecutor(1) as pool:  # the two directions read at once
-                limit = seconds + 30
-                reading = pool.submit(_read, lambda argv: cluster.run(0, argv, limit), INTERFACE, seconds)
-                download = _read(lambda argv: cluster.switch_run(argv, limit), "s0", seconds)
-                upload = reading.result()
-            for host, proc in procs:
-                if proc.poll() is not None:
-                    raise RunFailure(f"the link check's traffic on host {host} stopped: {_stderr(proc)}")
-        finally:
-            stop([proc for _, proc in procs])
-            for _, proc in procs:
-                for pipe in (proc.stdout, proc.stderr):
-                    if pipe is not None:
-                        pipe.close()
+        limit = seconds + 30
+
+        def on_host(host: int) -> Callable[[list[str]], subprocess.CompletedProcess[str]]:
+            return lambda argv: cluster.run(host, argv, limit)
+
+        def on_switch(argv: list[str]) -> subprocess.CompletedProcess[str]:
+            return cluster.switch_run(argv, limit)
+
+        ps_up, ps_down = _load(
+            _ps_traffic(cluster, _receive_buffer(asked, hosts - 1)),
+            [(on_host(0), INTERFACE), (on_switch, "s0")],
+            cluster,
+            seconds,
+        )
+        ring = _load(
+            _ring_traffic(cluster, _receive_buffer(asked, 1)),
+            [*[(on_host(i), INTERFACE) for i in range(hosts)], (on_switch, switch_ports)],
+            cluster,
+            seconds,
+        )
+    upload, download = ps_up[INTERFACE], ps_down["s0"]
+    ring_up = [ring[i][INTERFACE] for i in range(hosts)]
+    ring_down = [ring[hosts][f"s{i}"] for i in range(hosts)]
     return LinkMeasurement(
         factor=factor,
         shaped_rate=shaped,
@@ -163,7 +195,47 @@ def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: floa
         seconds=upload.seconds,
         kernel_cpu=upload.kernel_cpu,
         timing_error=max(upload.timing_error, download.timing_error),
+        ring_upload=min(d.released_bits_per_s for d in ring_up) / asked,
+        ring_download=min(d.released_bits_per_s for d in ring_down) / asked,
+        ring_wire_upload=min(d.wire_bits_per_s for d in ring_up) / asked,
+        ring_wire_download=min(d.wire_bits_per_s for d in ring_down) / asked,
+        ring_uploads=tuple(d.released_bits_per_s / asked for d in ring_up),
+        ring_downloads=tuple(d.released_bits_per_s / asked for d in ring_down),
+        ring_seconds=ring_up[0].seconds,
+        ring_kernel_cpu=ring_up[0].kernel_cpu,
+        ring_timing_error=max(d.timing_error for d in [*ring_up, *ring_down]),
     )
+
+
+_Run = Callable[[list[str]], subprocess.CompletedProcess[str]]
+
+
+def _load(
+    traffic: list[tuple[int, list[str]]], reads: list[tuple[_Run, str]], cluster: EmulatedCluster, seconds: float
+) -> list[dict[str, "_Direction"]]:
+    """Run `traffic` ((host, argv) of each process) and, once it flows, read each (run, devices) of `reads`
+    over the same window of `seconds`, :data:`WARMUP_S` later; the traffic then stops."""
+    procs: list[tuple[int, Process]] = []
+    try:
+        procs = [(host, _start_traffic(cluster, host, argv)) for host, argv in traffic]
+        for host, proc in procs:
+            _expect(host, proc, "ready")
+        for host, proc in procs:
+            _expect(host, proc, "sending")
+        at = time.monotonic() + WARMUP_S  # the readers start meanwhile; the window opens for all at once
+        with ThreadPoolExecutor(len(reads)) as pool:
+            readings = [pool.submit(_read, run, devices, seconds, at) for run, devices in reads]
+            found = [reading.result() for reading in readings]
+        for host, proc in procs:
+            if proc.poll() is not None:
+                raise RunFailure(f"the link check's traffic on host {host} stopped: {_stderr(proc)}")
+        return found
+    finally:
+        stop([proc for _, proc in procs])
+        for _, proc in procs:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 def _receive_buffer(asked_bits_per_s: float, streams: int) -> int:
@@ -177,7 +249,7 @@ def _receive_buffer(asked_bits_per_s: float, streams: int) -> int:
     return int(min(high, max(low, asked_bits_per_s / 8 * IN_FLIGHT_S / streams)))
 
 
-def _traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]]]:
+def _ps_traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]]]:
     """(host, argv) of every traffic process: host 0 receives from all and sends to each, one process a stream."""
     server = cluster.address(0)
     others = range(1, cluster.hosts)
@@ -186,6 +258,25 @@ def _traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]
         (0, [*traffic, "--listen", f"{server}:{PORT}:{cluster.hosts - 1}"]),
         *[(0, [*traffic, "--send", f"{cluster.address(i)}:{PORT}"]) for i in others],
         *[(i, [*traffic, "--listen", f"{cluster.address(i)}:{PORT}:1", "--send", f"{server}:{PORT}"]) for i in others],
+    ]
+
+
+def _ring_traffic(cluster: EmulatedCluster, buffer: int) -> list[tuple[int, list[str]]]:
+    """(host, argv) of every traffic process: host i sends to host (i + 1) mod n and receives from (i - 1) mod n."""
+    n = cluster.hosts
+    traffic = [*_PROBE, "traffic", "--rcvbuf", str(buffer)]
+    return [
+        (
+            i,
+            [
+                *traffic,
+                "--listen",
+                f"{cluster.address(i)}:{RING_PORT}:1",
+                "--send",
+                f"{cluster.address((i + 1) % n)}:{RING_PORT}",
+            ],
+        )
+        for i in range(n)
     ]
 
 
@@ -220,23 +311,27 @@ class _Direction:
     kernel_cpu: float  # share of the machine's CPU time in the kernel
 
 
-def _read(run: Callable[[list[str]], subprocess.CompletedProcess[str]], device: str, seconds: float) -> _Direction:
-    """`device`'s rates over about `seconds`, read inside its namespace by `run` (two readings of
-    :mod:`ralp_pipe.runtime.link_traffic`; the window runs between their clock brackets' midpoints)."""
-    shown = run([*_PROBE, "read", device, str(seconds)])
+def _read(run: _Run, devices: str, seconds: float, at: float) -> dict[str, _Direction]:
+    """The rates of `devices` (comma-separated) over about `seconds` from `at` (``time.monotonic()``), read
+    inside their namespace by `run` (two readings of :mod:`ralp_pipe.runtime.link_traffic`; the window runs
+    between their clock brackets' midpoints)."""
+    shown = run([*_PROBE, "read", devices, str(seconds), "--at", repr(at)])
     try:
         first, second = json.loads(shown.stdout)
         window = (sum(second["clock"]) - sum(first["clock"])) / 2
         spread = (second["clock"][1] - second["clock"][0] + first["clock"][1] - first["clock"][0]) / 2
         ticks = [b - a for a, b in zip(first["cpu"], second["cpu"])]
         user, nice, system, idle, iowait, irq, softirq, steal = ticks
-        return _Direction(
-            released_bits_per_s=(second["qdisc"] - first["qdisc"]) * 8 / window,
-            wire_bits_per_s=(second["interface"] - first["interface"]) * 8 / window,
-            seconds=window,
-            timing_error=spread / window,
-            kernel_cpu=(system + irq + softirq) / max(1, sum(ticks)),
-        )
+        return {
+            device: _Direction(
+                released_bits_per_s=(second["qdisc"][device] - first["qdisc"][device]) * 8 / window,
+                wire_bits_per_s=(second["interface"][device] - first["interface"][device]) * 8 / window,
+                seconds=window,
+                timing_error=spread / window,
+                kernel_cpu=(system + irq + softirq) / max(1, sum(ticks)),
+            )
+            for device in devices.split(",")
+        }
     except (ValueError, KeyError, TypeError):
         said = (shown.stderr.strip() or shown.stdout.strip() or f"exit status {shown.returncode}").splitlines()[-1]
-        raise RunFailure(f"reading the counters of {device} failed: {said}") from None
+        raise RunFailure(f"reading the counters of {devices} failed: {said}") from None
