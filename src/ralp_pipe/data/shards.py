@@ -211,13 +211,18 @@ def build_shard(out: Path, shard: PlannedShard, options: dict[str, Any], strict:
     }
     for suffix in (".tar", ".idx"):
         (out / f"{shard.name}{suffix}").unlink(missing_ok=True)
-    if samples:
-        data = tar_bytes(samples)
-        index = index_text(data).encode()
-        _write(out / f"{shard.name}.tar", data)
-        _write(out / f"{shard.name}.idx", index)
-        record.update(bytes=len(data), sha256=_sha256(data), index_sha256=_sha256(index))
-    _write(record_path, _json(record).encode())
+    try:
+        if samples:
+            data = tar_bytes(samples)
+            index = index_text(data).encode()
+            _write(out / f"{shard.name}.tar", data)
+            _write(out / f"{shard.name}.idx", index)
+            record.update(bytes=len(data), sha256=_sha256(data), index_sha256=_sha256(index))
+        _write(record_path, _json(record).encode())
+    except OSError:  # a full disk between the tar and its record: a shard is finished with its record or absent
+        for suffix in (".tar", ".idx"):
+            (out / f"{shard.name}{suffix}").unlink(missing_ok=True)
+        raise
     return record
 
 
