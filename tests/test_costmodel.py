@@ -118,7 +118,10 @@ def test_colocated_parameter_servers_share_the_worker_links() -> None:
 
 
 def test_allreduce_step_time_matches_the_hand_computation() -> None:
-    """allreduce: fwd+bwd and two bucket copies, (N-1)/N of an addition + SGD, a ring at the bus bandwidth."""
+    """allreduce: fwd+bwd and two bucket copies, (N-1)/N of an addition + SGD, a ring at the bus bandwidth.
+
+    All 4000 parameter bytes fit DDP's first bucket (1 MiB), which is ready only when backward ends:
+    nothing of the ring is hidden, with or without the overlap."""
     # bytes: 2 (W - 1) P = 2 x 1 x 4000 = 8000 over all ranks
     pred = predict("allreduce", W, 2, volume(gradients=8000), Pricing(COSTS, B, LINK))
     # compute = 0.063 + 2 copies x 4000 x 2e-7 = 0.063 + 0.0016 = 0.0646
@@ -130,6 +133,36 @@ def test_allreduce_step_time_matches_the_hand_computation() -> None:
     assert pred.comm_s == pytest.approx(0.010)
     # step = 0.0646 + 0.0044 + 0.010 = 0.079 s
     assert pred.step_time_s == pytest.approx(0.079)
+    sequential = predict("allreduce", W, 2, volume(gradients=8000), Pricing(COSTS, B, LINK, ddp_overlap=False))
+    assert sequential.comm_s == pytest.approx(0.010)
+
+
+MIB = 2**20
+
+
+def test_allreduce_overlaps_ddp_buckets_with_backward() -> None:
+    """DDP's buckets (1 MiB, then 25 MiB, in backward's order) are all-reduced one at a time as soon as backward
+    has produced their gradients; only what runs on after backward is exposed."""
+    costs = ComputeCosts(
+        units=(  # model order; backward runs c, b, a: ending 0.005, 0.025 and 0.035 s after it began
+            UnitCost("a", 2 * MIB, (3,), (0.001,), (0.010,)),
+            UnitCost("b", 25 * MIB, (3,), (0.001,), (0.020,)),
+            UnitCost("c", 1 * MIB, (3,), (0.001,), (0.005,)),
+        ),
+        update_s_per_byte=0.0,
+        aggregate_s_per_byte=0.0,
+    )
+    fast = Link(bytes_per_s=1000 * MIB, latency_s=1e-3)  # 1 ms per MiB a worker sends, 1 ms per message
+    sent = volume(gradients=2 * (W - 1) * 28 * MIB)  # each worker sends 28 MiB: 2(N-1)/N of the model
+    pred = predict("allreduce", W, 2, sent, Pricing(costs, B, fast))
+    # bucket 1 (c's 1 MiB) ready at 0.005: ring 0.001 + 2 (N - 1) = 2 latencies 0.002 -> ends 0.008;
+    # bucket 2 (the next 25 MiB, b's last gradient at 0.025): 0.025 + 0.025 + 0.002 -> 0.052;
+    # bucket 3 (the last 2 MiB, a's at 0.035) waits for bucket 2: 0.052 + 0.002 + 0.002 -> 0.056;
+    # backward ends at 0.035, so 0.021 s of the rings is exposed
+    assert pred.comm_s == pytest.approx(0.021)
+    # without the overlap the whole ring follows backward: 28 MiB at 1 ms per MiB + 2 latencies
+    after = predict("allreduce", W, 2, sent, Pricing(costs, B, fast, ddp_overlap=False))
+    assert after.comm_s == pytest.approx(0.030)
 
 
 def test_ralp_n_step_time_matches_the_hand_computation() -> None:
@@ -148,6 +181,25 @@ def test_ralp_n_step_time_matches_the_hand_computation() -> None:
     # step = 0.0422 + 0.0447 + 0.012848 = 0.099748 s
     assert pred.step_time_s == pytest.approx(0.099748)
     assert pred.images_per_step == 6 and pred.split == 1
+
+
+def test_pipelined_ralp_n_sends_each_direction_at_its_own_rate() -> None:
+    """ralp_n split 1, pipelined in 1000-byte buckets: activations up, their gradients down while the PS
+    device updates u1, then the lower part's push and pull as pipelined ps, hidden by u0's backward."""
+    bytes_ = volume(gradients=2000, parameters=2000, activations=2400, activation_gradients=2400, labels=48)
+    pred = predict("ralp_n", W, 2, bytes_, Pricing(COSTS, B, LINK, pipelining=Pipelining(1000)), split=1)
+    # compute as sequentially: 0.0422
+    assert pred.compute_s == pytest.approx(0.0422)
+    # server: u1 at batch 6 0.0405; u1's SGD (3000 x 1e-6 = 0.003) while the activation gradients come
+    # down (0.0034, below): hidden; the lower part's reduce and SGD 1000 x (2e-7 + 1e-6) = 0.0012, all in
+    # its one (last) bucket -> 0.0405 + 0.0012 = 0.0417
+    assert pred.server_s == pytest.approx(0.0417)
+    # comm: up (2400 + 48) / 1e6 + 1 ms = 0.003448; down 2400 / 1e6 + 1 ms = 0.0034; the lower push
+    # (2000 / 1e6 = 0.002 s one way) hidden by u0's backward (0.028 s), its last bucket's pull to both
+    # workers 2 x 1000 / 1e6 + 2 ms = 0.004 -> 0.010848
+    assert pred.comm_s == pytest.approx(0.010848)
+    # sequentially (test above) every byte waits for the one before: 0.099748 s against 0.094748 s
+    assert pred.step_time_s == pytest.approx(0.0422 + 0.0417 + 0.010848)
 
 
 @pytest.mark.parametrize("split", [None, 0, 2])

@@ -98,9 +98,16 @@ def test_vgg_at_224_with_a_cpu_class_ps_device_splits_after_the_last_conv_pool_u
     # a real cluster's fabric is not shaped: the planner uses what the probe measured there (1 Gbit/s)
     plan = _plan("vgg11", 224, ["cluster=slurm", "network=fabric"], CPU_MACS, 1.25e8, [4], batch=32)
     names = [u.name for u in _units("vgg11")]
-    for strategy in ("ralp_h", "ralp_n"):
-        assert plan["strategies"][strategy]["split"] == names.index("avgpool")
-        assert plan["strategies"][strategy]["split_after_unit"] == "features.12_pool"
+    ralp_n = plan["strategies"]["ralp_n"]
+    assert ralp_n["split"] == names.index("avgpool")
+    assert ralp_n["split_after_unit"] == "features.12_pool"
+    # ralp_h's 2 workers push and pull the classifier's 1 GB over the full-duplex link (8.2 s each way), which
+    # pipelining hides behind their 9.7 s of CPU-speed lower backward: keeping the classifier's first two layers
+    # below the split is priced 2% faster than the paper's split (ralp_n's 3 workers, 12.4 s each way, cannot
+    # hide it). The paper's split stays within 5% of ralp_h's best.
+    ralp_h = plan["strategies"]["ralp_h"]
+    paper = next(r for r in ralp_h["table"] if r["split"] == names.index("avgpool"))
+    assert paper["predicted_images_per_sec"] >= 0.95 * ralp_h["predicted_images_per_sec"]
 
 
 @pytest.fixture(scope="module")

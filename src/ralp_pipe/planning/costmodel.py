@@ -27,12 +27,25 @@ Phases of one step:
 - `allreduce`: workers run forward+backward; a ring all-reduce sends 2(N-1)/N x gradients
   over each worker's link in 2(N-1) latency-bound steps at the measured all-reduce bus
   bandwidth (at most the link's), adding (N-1)/N of a gradient set; each worker applies SGD
-  to all parameters. Overlap of the all-reduce with backward is not counted.
-- `ralp_h` / `ralp_n`: workers run the lower units forward at batch b; activations go up
-  the PS device's link; the PS device runs the upper units forward+backward at batch W*b;
-  activation gradients come down; workers run the lower units backward; lower gradients go
-  up; the PS device aggregates them and applies SGD to every parameter; lower parameters come
-  down. Every one of those transfers crosses the single PS device link.
+  to all parameters. As DDP does (:attr:`Pricing.ddp_overlap`), the gradients are all-reduced
+  in buckets (the first of 1 MiB, then 25 MiB, filled in backward's order: the last units'
+  parameters first), one bucket at a time, each as soon as backward has produced all of its
+  gradients (a unit's at the end of its backward): backward hides what ends before it does,
+  and the step ends when the last bucket's ring has ended and SGD is done. Without the
+  overlap (one host's loopback, whose transfers are copies by the computing cores) the ring
+  follows backward.
+- `ralp_h` / `ralp_n`: workers run the lower units forward at batch b; activations (and
+  labels) go up the PS device's link; the PS device runs the upper units forward+backward at
+  batch W*b; activation gradients come down while it applies SGD to the upper units; workers
+  run the lower units backward; lower gradients go up; the PS device sums them and applies
+  SGD; lower parameters come down. Every one of those transfers crosses the single PS device
+  link, each direction at its own rate (full duplex): sequentially every transfer waits for
+  the one before, so the step pays all of the bytes in series; pipelined
+  (:class:`Pipelining`), the lower part's push and pull run as pipelined `ps` does (the PS
+  device as one PS of the lower parameters: push and pull in the two directions at once,
+  hidden by the workers' lower backward as far as it lasts, the last bucket's pull the tail),
+  after the activations' way up and their gradients' way down, which the PS device's
+  computation separates.
 
 Gradient aggregation and SGD are priced per parameter byte as the profile timed them on the
 servers' own code (:class:`ralp_pipe.engine.strategies.base.FlatSgd`).
@@ -58,6 +71,9 @@ from ralp_pipe.engine.models import check_split
 
 # tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
 TCP_PAYLOAD_PER_WIRE_BYTE = 1448 / 1514
+# DDP's gradient buckets: the first (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then bucket_cap_mb's default
+DDP_FIRST_BUCKET_BYTES = 2**20
+DDP_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -235,8 +251,10 @@ class Pricing:
     link: Link
     num_ps: int = 1
     colocated: bool = False  # `ps` PS ranks on the workers' hosts (strategy.ps_placement)
-    pipelining: Pipelining | None = None  # None: the sequential step (it prices only `ps`, see predict)
+    pipelining: Pipelining | None = None  # None: the sequential step (`ps` and RALP, see predict)
     shared: SharedCpu | None = None  # None: every rank has a device of its own
+    # `allreduce`'s buckets reduced during backward (False: the ring after it, as on one host's loopback)
+    ddp_overlap: bool = True
 
     def slowdown(self, concurrent: int, world_size: int) -> float:
         """Time factor against the profile for `concurrent` of `world_size` ranks computing at once."""
@@ -248,13 +266,13 @@ def predict(
 ) -> Prediction:
     """Predicted step of `strategy` at `gpus` devices with `num_workers` workers moving `volume` bytes (see module doc).
 
-    `pricing.pipelining` None is the sequential step; it prices only `ps` (RALP's lower-part pushes are
-    small next to its activations and are priced sequentially either way).
+    `pricing.pipelining` None is the sequential step of `ps` and RALP; `pricing.ddp_overlap` says whether
+    `allreduce`'s buckets are reduced during backward.
     """
     kind = strategy_kind(strategy)
     if kind.places_layers:
         check_split(split, len(pricing.costs.units), f"the {strategy} prediction")
-        compute, server, comm = _layer_placing_step(pricing, num_workers, cast(int, split), volume["total"])
+        compute, server, comm = _layer_placing_step(pricing, num_workers, cast(int, split), volume)
     else:
         world = num_workers + kind.servers(gpus, pricing.num_ps)
         # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP)
@@ -285,49 +303,94 @@ def _ps_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]:
     if pricing.pipelining is None:
         return server, 2 * direction_s + 2 * link.latency_s
     backward_s = costs.bwd(slice(None), pricing.batch_size) * pricing.slowdown(workers, world)
-    return _pipelined_ps(pricing, backward_s, server, direction_s, workers - 1 if pricing.colocated else workers)
+    shard_bytes = total_param / num_ps
+    return _pipelined_ps(
+        pricing, backward_s, server, direction_s, workers - 1 if pricing.colocated else workers, shard_bytes
+    )
 
 
 def _allreduce_step(pricing: Pricing, workers: int, world: int, sent: int) -> tuple[float, float]:
-    """(server, comm) seconds of a ring all-reduce step: (N-1)/N of an addition and SGD, then the ring."""
+    """(server, comm) seconds of a ring all-reduce step: (N-1)/N of an addition and SGD, and the ring: what
+    of DDP's bucketed rings outlasts backward (:attr:`Pricing.ddp_overlap`), else the whole ring after it."""
     costs, link = pricing.costs, pricing.link
     add = costs.aggregate_s_per_byte
     server = ((workers - 1) / workers * add + costs.update_s_per_byte) * costs.param_bytes
     server *= pricing.slowdown(workers, world)
-    comm = (sent / workers / link.ring_bytes_per_s + 2 * (workers - 1) * link.latency_s) if workers > 1 else 0.0
-    return server, comm
+    if workers <= 1:
+        return server, 0.0
+    if pricing.ddp_overlap:
+        return server, _ddp_exposed(pricing, workers, world, sent)
+    return server, sent / workers / link.ring_bytes_per_s + 2 * (workers - 1) * link.latency_s
 
 
-def _layer_placing_step(pricing: Pricing, workers: int, split: int, sent: int) -> tuple[float, float, float]:
+def _ddp_exposed(pricing: Pricing, workers: int, world: int, sent: int) -> float:
+    """Seconds DDP's all-reduce runs on after backward has ended (with `workers` > 1).
+
+    Gradients fill DDP's buckets in backward's order (the last unit's first), a unit's at the end of
+    its backward; a bucket is all-reduced once its last gradient exists and the bucket before has been,
+    its ring moving its share of the `sent` / `workers` bytes each worker sends, plus 2(N-1) latencies.
+    """
+    costs, link = pricing.costs, pricing.link
+    total_param = costs.param_bytes
+    slowdown = pricing.slowdown(workers, world)
+    ready_at: list[tuple[float, float]] = []  # (parameter bytes produced, backward seconds when they were)
+    produced, elapsed = 0.0, 0.0
+    for unit in reversed(costs.units):
+        produced += unit.param_bytes
+        elapsed += unit.bwd(pricing.batch_size) * slowdown
+        ready_at.append((produced, elapsed))
+    seconds_per_byte = sent / workers / max(total_param, 1) / link.ring_bytes_per_s
+    ring_latency = 2 * (workers - 1) * link.latency_s
+    done, start, cap = 0.0, 0.0, float(DDP_FIRST_BUCKET_BYTES)
+    while start < total_param:
+        end = min(float(total_param), start + cap)
+        ready = next(t for produced, t in ready_at if produced >= end)
+        done = max(done, ready) + (end - start) * seconds_per_byte + ring_latency
+        start, cap = end, float(DDP_BUCKET_BYTES)
+    return max(0.0, done - elapsed)
+
+
+def _layer_placing_step(
+    pricing: Pricing, workers: int, split: int, volume: Mapping[str, int]
+) -> tuple[float, float, float]:
     """(compute, server, comm) seconds of a RALP step split after unit `split`: the lower units on the
     workers, the upper ones on the PS device at the concatenated batch, every transfer over its link."""
     costs, b, link = pricing.costs, pricing.batch_size, pricing.link
-    add = costs.aggregate_s_per_byte
+    add, update = costs.aggregate_s_per_byte, costs.update_s_per_byte
     lower, upper = slice(0, split), slice(split, None)
     lower_param = sum(u.param_bytes for u in costs.units[lower])
-    compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + lower_param * add) * pricing.slowdown(workers, workers + 1)
-    # upper layers at the concatenated batch; the W lower gradient sets summed into the first; SGD of all
-    server = (
-        costs.fwd(upper, workers * b)
-        + costs.bwd(upper, workers * b)
-        + (workers - 1) * lower_param * add
-        + costs.param_bytes * costs.update_s_per_byte
-    ) * pricing.slowdown(1, workers + 1)
-    return compute, server, sent / link.bytes_per_s + 4 * link.latency_s
+    slowdown = pricing.slowdown(workers, workers + 1)
+    backward_s = costs.bwd(lower, b) * slowdown
+    compute = (costs.fwd(lower, b) + costs.bwd(lower, b) + lower_param * add) * slowdown
+    ps_device = pricing.slowdown(1, workers + 1)
+    upper_s = (costs.fwd(upper, workers * b) + costs.bwd(upper, workers * b)) * ps_device
+    # the W lower gradient sets summed into the first, and SGD of the lower part; SGD of the upper part
+    lower_server = ((workers - 1) * lower_param * add + lower_param * update) * ps_device
+    upper_update = (costs.param_bytes - lower_param) * update * ps_device
+    if pricing.pipelining is None:
+        return compute, upper_s + upper_update + lower_server, volume["total"] / link.bytes_per_s + 4 * link.latency_s
+    # full duplex, pipelined: activations and labels up; activation gradients down while the PS device
+    # updates the upper part; then the lower part's push (up) and pull (down) as a pipelined `ps` step
+    up_s = (volume.get("activations", 0) + volume.get("labels", 0)) / link.bytes_per_s + link.latency_s
+    down_s = volume.get("activation_gradients", 0) / link.bytes_per_s + link.latency_s
+    push_s = volume.get("gradients", 0) / link.bytes_per_s
+    piped_server, piped_comm = _pipelined_ps(pricing, backward_s, lower_server, push_s, workers, lower_param)
+    server = upper_s + max(0.0, upper_update - down_s) + piped_server
+    return compute, server, up_s + down_s + piped_comm
 
 
 def _pipelined_ps(
-    pricing: Pricing, backward_s: float, server_s: float, direction_s: float, workers: int
+    pricing: Pricing, backward_s: float, server_s: float, direction_s: float, workers: int, shard_bytes: float
 ) -> tuple[float, float]:
     """(server, comm) seconds a pipelined PS step adds to the workers' forward+backward.
 
     The PS is busy for the slower of one direction of the busiest link (`direction_s`) and its
     own reduce and update (`server_s`); backward hides up to its own length of that; then the
     last bucket is updated and pulled by the `workers` remote workers over the PS link, behind
-    two latencies.
+    two latencies. `shard_bytes`: the parameter bytes each PS holds.
     """
     assert pricing.pipelining is not None
-    shard_bytes, bucket_bytes = pricing.costs.param_bytes / pricing.num_ps, pricing.pipelining.bucket_bytes
+    bucket_bytes = pricing.pipelining.bucket_bytes
     last = min(bucket_bytes, shard_bytes) / shard_bytes if shard_bytes else 0.0
     exposed = max(0.0, max(direction_s, server_s) - backward_s)
     tail_comm = workers * min(bucket_bytes, shard_bytes) / pricing.link.bytes_per_s + 2 * pricing.link.latency_s

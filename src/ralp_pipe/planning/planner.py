@@ -154,14 +154,20 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
     return volume
 
 
-def pipelining_of(cfg: Config) -> Pipelining | None:
-    """How `cfg`'s parameter-server steps are priced: pipelined (``strategy.overlap``) or sequential (None).
+def transfers_overlap(cfg: Config) -> bool:
+    """Whether transfers can run beside computation on `cfg`'s cluster.
 
     On one host's unshaped loopback the transfers are memory copies by the very cores that
     compute and serve, so nothing overlaps and the sequential phases price the step.
     """
     kind = cluster_kind(cfg.cluster.kind)
-    if not cfg.strategy.overlap or (kind.shares_host_cpus and not kind.shapes_links):
+    return not (kind.shares_host_cpus and not kind.shapes_links)
+
+
+def pipelining_of(cfg: Config) -> Pipelining | None:
+    """How `cfg`'s parameter-server and RALP steps are priced: pipelined (``strategy.overlap``) or sequential
+    (None, also where transfers cannot overlap computation: :func:`transfers_overlap`)."""
+    if not cfg.strategy.overlap or not transfers_overlap(cfg):
         return None
     return Pipelining(cfg.strategy.bucket_mb * 1e6)
 
@@ -245,6 +251,7 @@ def build_plan(
         cfg.strategy.num_ps,
         cfg.strategy.ps_placement == "colocated",
         pipelining_of(cfg),
+        ddp_overlap=transfers_overlap(cfg),  # DDP reduces its buckets during backward whatever strategy.overlap says
     )
     shared = {n: shared_cpu(cfg, profile, n) for n in gpus}
     by_gpus = {str(n): plan_gpus(names, volume, n, dataclasses.replace(pricing, shared=shared[n])) for n in gpus}
