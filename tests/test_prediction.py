@@ -26,8 +26,10 @@ COMMON = [
     # from one probe to the next on this host, moves the ps prediction by at most ~15% (at 32 px, with
     # the link two thirds of the step, a low probe alone put ps's speedup error at 0.3-0.5)
     "train.image_size=64",
-    "train.warmup_steps=1",
-    "train.measure_steps=3",
+    # 2 + 6 steps: with 1 + 3, one full-suite run measured ralp_n's speedup 0.79 where 5 runs alone gave
+    # it near its prediction (a step's noise on a loaded host is a third of a 3-step window)
+    "train.warmup_steps=2",
+    "train.measure_steps=6",
     "train.loader=synthetic",
 ]
 STRATEGIES = ("ps", "allreduce", "ralp_n")
