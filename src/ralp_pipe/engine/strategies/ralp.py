@@ -32,10 +32,11 @@ class LayerPlacementStrategy(Strategy):
         split = check_split(setup.split, len(setup.units))
         self.setup = setup
         self.server_rank = setup.topology.ps[0]
-        self.act_shape = (setup.batch_size, *activation_shapes(setup.units[:split], setup.image_size)[-1][1:])
         batch, image = setup.message_size
-        target = (batch, *activation_shapes(setup.units[:split], image)[-1][1:])
-        self.message_elements = max(math.prod(target), math.prod(self.act_shape))
+        sample = activation_shapes(setup.units[:split], setup.image_size)[-1][1:]
+        target = sample if image == setup.image_size else activation_shapes(setup.units[:split], image)[-1][1:]
+        self.act_shape = (setup.batch_size, *sample)
+        self.message_elements = max(batch * math.prod(target), math.prod(self.act_shape))
         self.message_labels = max(batch, setup.batch_size)
         net = setup.network()
         self.lower, self.upper = net[:split], net[split:]
