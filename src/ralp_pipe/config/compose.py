@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from ralp_pipe.config.schema import (
     LOADERS,
     MIN_IMAGE_SIZE,
     MODELS,
+    PROFILE_TARGET_SUFFIX,
     PS_PLACEMENTS,
     SAFE_NAME,
     ClusterConfig,
@@ -193,10 +195,20 @@ def from_dict(data: dict[str, Any]) -> Config:
 
 
 def _validate_dilation(cfg: Config) -> None:
-    """The dilation section: a mode, a shipped target, a factor >= 1 or "auto", a compute size no larger than the run's."""
+    """The dilation section: a mode, a shipped target or a readable profile file, a factor >= 1 or "auto", a compute
+    size no larger than the run's. (What the profile holds is checked against the run where it is read:
+    :func:`ralp_pipe.engine.dilation.target_profile`.)"""
     d, t = cfg.dilation, cfg.train
     _choice("dilation.mode", d.mode, DILATION_MODES)
-    _choice("dilation.target", d.target, device_entries())
+    profile = d.target_profile
+    if profile is None:
+        _choice("dilation.target", d.target, device_entries())
+    elif not (profile.is_file() and os.access(profile, os.R_OK)):
+        raise ConfigError(
+            f"dilation.target={d.target!r} names no readable profile file (a target ending in "
+            f"{PROFILE_TARGET_SUFFIX} is one): write it with `ralp-pipe profile --out {d.target}` or name a "
+            f"config/device entry ({', '.join(device_entries())})"
+        )
     factor = d.factor
     if factor is not None and factor != AUTO_FACTOR:
         if isinstance(factor, bool) or not isinstance(factor, (int, float)):
@@ -217,9 +229,9 @@ def _validate_dilation(cfg: Config) -> None:
         _at_least("dilation.compute_image_size", d.compute_image_size, MIN_IMAGE_SIZE.get(cfg.model.name, 32))
     planned = cfg.experiment.target
     if factor is not None and planned is not None and planned != d.target:
+        remedy = "set experiment.target=null" if profile is not None else "give both the same config/device entry"
         raise ConfigError(
-            f"experiment.target={planned} plans for another GPU than dilation.target={d.target} emulates: "
-            f"give both the same config/device entry"
+            f"experiment.target={planned} plans for another GPU than dilation.target={d.target} emulates: {remedy}"
         )
 
 
@@ -359,6 +371,12 @@ def _validate_train(t: TrainConfig, model: str) -> None:
 def _validate_experiment(e: ExperimentConfig) -> None:
     """The matrix the experiment asks for: its models, strategies, N, repeats, names and pairs."""
     _safe_name("experiment.name", e.name)
+    if e.target is not None and e.target.endswith(PROFILE_TARGET_SUFFIX):
+        raise ConfigError(
+            f"experiment.target={e.target} is a profile file, but the workflow profiles and plans only for a "
+            f"config/device entry ({', '.join(device_entries())}) or null: emulate a profile with "
+            f"`ralp-pipe train dilation.target={e.target}`"
+        )
     if e.target is not None:
         _choice("experiment.target", e.target, device_entries())
     for model in e.models:

@@ -38,6 +38,7 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 AUTO_FACTOR = "auto"  # dilation.factor measured before the run (engine/dilation.py)
 DILATION_MODES = ("real", "modelled")  # time-dilated emulation: real compute padded, or the target's time alone
+PROFILE_TARGET_SUFFIX = ".json"  # a dilation.target ending so is a profile file, anything else a config/device entry
 MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -188,18 +189,27 @@ class DilationConfig:
     """Time-dilated emulation of a target GPU on links at network.rate (engine/dilation.py).
 
     With a factor D every rank pads each placement unit's forward and backward, and the servers' gradient
-    aggregation and SGD update, to D x the target's modelled time, and emulated links run at rate / D.
+    aggregation and SGD update, to D x the target's time, and emulated links run at rate / D. The target is a
+    config/device entry, priced by the device model, or a profile file (a `target` ending in ``.json``, written
+    by `ralp-pipe profile --out FILE`, for the run's model, class count and image size), whose measured times
+    are used as they are, interpolated to the run's batches as the cost model does.
     The target configuration is the run's own (model, dataset, train.batch_size, train.image_size): every
     message carries its bytes; in `real` mode the ranks may compute at a smaller batch and image size.
     """
 
     factor: Any = None  # D >= 1, or "auto" (the smallest fitting D, measured before the run); None: no dilation
     mode: str = "real"  # real: run the real computation, then wait; modelled: no computation, only the wait
-    target: str = "v100"  # the config/device entry emulated (its shipped file, apart from the `device` group)
+    target: str = "v100"  # the config/device entry emulated (its shipped file, apart from the `device` group), or a
+    # profile file (`ralp-pipe profile --out FILE`): a path ending in .json
     compute_batch_size: int | None = None  # real mode: images per worker the ranks compute on (None: train's)
     compute_image_size: int | None = None  # real mode: the crop they compute on (None: train's)
     margin: float = 1.25  # auto, real mode: D = this x the largest measured/target unit time
     link_accuracy: float = 0.95  # auto, modelled mode: smallest achieved/asked rate of the links at R / D
+
+    @property
+    def target_profile(self) -> Path | None:
+        """The profile file `target` names (it ends in :data:`PROFILE_TARGET_SUFFIX`); None for a device entry."""
+        return Path(self.target) if self.target.endswith(PROFILE_TARGET_SUFFIX) else None
 
 
 @dataclass

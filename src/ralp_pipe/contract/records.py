@@ -12,11 +12,13 @@ unit tables, plan entries) stay plain dicts.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Self
+from typing import Any, ClassVar, Mapping, Self, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.config import Config, ConfigError, made_for
 from ralp_pipe.contract.layout import CONFIGURATION_ID, RUN_ID, arm
 from ralp_pipe.errors import DataError
 
@@ -201,6 +203,73 @@ class Profile(Record):
     units: list[dict[str, Any]]  # one row per placement unit, see planning.profiling
     update: dict[str, Any]
     profile_seconds: float | None = None
+
+    @property
+    def device_name(self) -> str:
+        """What the profile times: the device entry a modelled profile priced, the GPU a CUDA profile ran on (its
+        `hardware` record's first GPU), else `device` (cpu)."""
+        if self.target and self.target.get("name"):
+            return str(self.target["name"])
+        gpus = (self.hardware or {}).get("gpus") or []
+        if self.device == "cuda" and gpus and gpus[0].get("name"):
+            return str(gpus[0]["name"])
+        return self.device
+
+    def check_matches(self, cfg: Config, source: str | Path) -> None:
+        """Refuse a profile (read from `source`) of another model, class count or image size than `cfg`."""
+        wanted = made_for(cfg)
+        for key in ("model", "num_classes", "image_size"):
+            value, profiled = wanted[key], getattr(self, key)
+            if profiled != value:
+                raise ConfigError(
+                    f"profile {source} has {key}={profiled!r} but the configuration asks for {value!r}: "
+                    f"profile that configuration or pass matching overrides"
+                )
+
+    def unit_seconds(self, batch: int) -> tuple[list[float], list[float]]:
+        """Every unit's forward and backward seconds at `batch` (:func:`at_batch` over the batches it was timed at)."""
+        curves = [unit_curve(row) for row in self.units]
+        return (
+            [at_batch(batches, fwd, batch) for batches, fwd, _ in curves],
+            [at_batch(batches, bwd, batch) for batches, _, bwd in curves],
+        )
+
+    def seconds_per_byte(self) -> tuple[float, float]:
+        """Seconds per parameter byte of the SGD update and of adding one more gradient set (`update`)."""
+        try:
+            return float(self.update["update_s_per_byte"]), float(self.update["aggregate_s_per_byte"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"profile's update lacks a number {exc}: re-run `ralp-pipe {self.STAGE}`") from exc
+
+
+def unit_curve(row: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+    """A profile unit row's batches (ascending) and its forward and backward seconds at each (``by_batch``)."""
+    name = row.get("name") if isinstance(row, Mapping) else None
+    try:
+        by_batch = row["by_batch"]
+        batches = sorted(by_batch, key=int)
+        curve = (
+            tuple(int(b) for b in batches),
+            tuple(float(by_batch[b]["fwd_s"]) for b in batches),
+            tuple(float(by_batch[b]["bwd_s"]) for b in batches),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"profile unit {name!r} has no forward and backward seconds per batch ({exc!r})") from exc
+    if not batches or curve[0][0] < 1:
+        raise DataError(f"profile unit {name!r} has no batch of at least 1 in by_batch")
+    return curve
+
+
+def at_batch(batches: Sequence[int], values: Sequence[float], batch: int) -> float:
+    """`values` timed at the ascending `batches`, at `batch`: linear between two of them, proportional to the batch
+    below the first and beyond the last (as numpy.interp between them, without importing numpy)."""
+    if batch <= batches[0]:
+        return values[0] * batch / batches[0]
+    if batch >= batches[-1]:
+        return values[-1] * batch / batches[-1]
+    i = bisect_right(batches, batch) - 1
+    slope = (values[i + 1] - values[i]) / (batches[i + 1] - batches[i])
+    return slope * (batch - batches[i]) + values[i]
 
 
 @dataclass(frozen=True, kw_only=True)

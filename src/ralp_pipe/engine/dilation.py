@@ -1,10 +1,11 @@
 """Time-dilated emulation: every rank spends D x a target GPU's time on each unit of work.
 
 With ``dilation.factor`` D, each placement unit's forward and backward on every rank takes D x the
-target's modelled time for that unit (``dilation.target``, a ``config/device`` entry as shipped,
-:func:`ralp_pipe.engine.devicemodel.modelled_profile`, priced at the run's batch and image size:
-the worker's batch, the PS device's concatenated batch for its upper units); the servers' gradient
-aggregation and SGD update, and ``allreduce``'s optimizer step, likewise (per parameter byte).
+target's time for that unit (``dilation.target``: a ``config/device`` entry as shipped, priced by the device
+model, :func:`ralp_pipe.engine.devicemodel.modelled_profile`, or a profile file measured by ``ralp-pipe
+profile``, :func:`target_profile`) at the run's batch and image size: the worker's batch, the PS device's
+concatenated batch for its upper units; the servers' gradient aggregation and SGD update, and
+``allreduce``'s optimizer step, likewise (per parameter byte).
 Emulated links run at ``network.rate`` / D (:func:`ralp_pipe.config.dilation.shaped_rate`). The cluster then behaves like the
 target cluster with time slowed by D: target-equivalent images/sec = measured x D, GB/step and
 splits those of the target. Two modes (``dilation.mode``):
@@ -39,22 +40,26 @@ wait (:func:`wait_until`), the stand-ins (:func:`stand_ins`) and the hooks that 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from ralp_pipe.config import CONFIG_DIR, Config, DeviceConfig, strategy_kind
+from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, DeviceConfig, strategy_kind
 from ralp_pipe.config.dilation import fixed_factor, shaped_rate
+from ralp_pipe.contract.records import Profile
 from ralp_pipe.contract.topology import Topology
-from ralp_pipe.engine import devicemodel
+from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.engine.metrics import measured_late_s, measured_overruns
 from ralp_pipe.engine.models import Unit, activation_shapes
 from ralp_pipe.engine.sgd import Optim
+from ralp_pipe.errors import DataError
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
 # a unit whose own time exceeds its padded time by more than this is an overrun: a flatten's 0 s target costs
@@ -118,15 +123,19 @@ class Targets:
 
 def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets | None:
     """The run's padded times at `factor` (default ``dilation.factor``; None without one, or while it is
-    ``auto``: see :meth:`Targets.scaled`); the target must hold the worker's model."""
-    d = cfg.dilation
+    ``auto``: see :meth:`Targets.scaled`). A device entry must hold the worker's model; a profile file
+    (:func:`target_profile`, checked whenever dilation is on) gives its own times."""
+    d, t, m = cfg.dilation, cfg.train, cfg.model
     factor = fixed_factor(cfg) if factor is None else factor
+    profile = target_profile(cfg) if factor is not None or d.factor is not None else None
     if factor is None:
         return None
-    device, t, m = device_entry(d.target), cfg.train, cfg.model
     batches = {WORKER: t.batch_size}
     if strategy_kind(topo.strategy).places_layers:
         batches[PS_DEVICE_BATCH] = t.batch_size * topo.num_workers
+    if profile is not None:
+        return _profiled(profile, batches, factor, d.mode, target_label(cfg))
+    device = device_entry(d.target)
     traced = {
         role: devicemodel.trace_model(m.name, cfg.dataset.num_classes, t.image_size, batch, m.dropout)
         for role, batch in batches.items()
@@ -154,6 +163,63 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
         aggregate_s_per_byte=per_byte(aggregate),
         aggregate_s_fixed=factor * len(aggregate) * launch_s,
     )
+
+
+def _profiled(profile: Profile, batches: dict[str, int], factor: float, mode: str, label: str) -> Targets:
+    """:class:`Targets` of a measured profile: each role's unit times at its batch (interpolated as the cost model
+    does), the servers' work per byte as profiled (no fixed part: the profile timed it per byte)."""
+    times = {role: profile.unit_seconds(batch) for role, batch in batches.items()}
+    update, aggregate = profile.seconds_per_byte()
+    return Targets(
+        factor=factor,
+        mode=mode,
+        device=label,
+        fwd_s={role: [factor * s for s in fwd] for role, (fwd, _) in times.items()},
+        bwd_s={role: [factor * s for s in bwd] for role, (_, bwd) in times.items()},
+        update_s_per_byte=factor * update,
+        update_s_fixed=0.0,
+        aggregate_s_per_byte=factor * aggregate,
+        aggregate_s_fixed=0.0,
+    )
+
+
+def target_profile(cfg: Config) -> Profile | None:
+    """The profile file ``dilation.target`` names (None for a config/device entry), checked against the run: its
+    model, class count, image size and unit count, and unit times and per-byte costs readable; otherwise a
+    ConfigError names the key, the file and what to do. Read once per process and file (the run's record names
+    it after the run)."""
+    path = cfg.dilation.target_profile
+    if path is None:
+        return None
+    m, key = cfg.model, f"dilation.target={path}"
+    try:
+        profile = _read_profile(path)
+        profile.check_matches(cfg, path)
+        units = len(models.model_units(m.name, cfg.dataset.num_classes, m.dropout, "meta"))
+        if len(profile.units) != units:
+            raise ConfigError(
+                f"profile {path} has {len(profile.units)} units but model {m.name} has {units}: "
+                f"profile that model again with `ralp-pipe profile --out {path}`"
+            )
+        profile.unit_seconds(cfg.train.batch_size)
+        profile.seconds_per_byte()
+    except (ConfigError, DataError) as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+    return profile
+
+
+@functools.lru_cache(maxsize=4)
+def _read_profile(path: Path) -> Profile:
+    return Profile.read(path)
+
+
+def target_label(cfg: Config) -> str:
+    """The target as the records name it: the device entry's name, or for a profile file what it timed
+    (:attr:`Profile.device_name`) and the file's name."""
+    profile = target_profile(cfg)
+    if profile is None:
+        return cfg.dilation.target
+    return f"{profile.device_name} (profile {Path(cfg.dilation.target).name})"
 
 
 def with_factor(cfg: Config, factor: float) -> Config:
@@ -200,7 +266,7 @@ def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] |
     return {
         "factor": factor,
         "mode": cfg.dilation.mode,
-        "target_device": cfg.dilation.target,
+        "target_device": target_label(cfg),
         "target_link_rate": cfg.network.rate,
         "shaped_link_rate": shaped_rate(cfg.network.rate, factor),
         "compute_batch_size": batch,

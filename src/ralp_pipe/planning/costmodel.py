@@ -54,19 +54,19 @@ Where all ranks share one CPU machine (:class:`SharedCpu`), a compute phase take
 time x profile threads / the cores a rank gets: its own threads, or fewer when more ranks
 compute at once than there are cores.
 Unit times at batches that were not profiled are interpolated linearly between measured
-batches and scaled proportionally beyond them.
+batches and scaled proportionally beyond them (:func:`ralp_pipe.contract.records.at_batch`, which the
+time-dilated emulation of a profile file shares).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, cast
-
-import numpy as np
+from typing import Any, Mapping, cast
 
 from ralp_pipe.config import strategy_kind
 from ralp_pipe.config.units import rate_bytes_per_s
+from ralp_pipe.contract.records import at_batch, unit_curve
 from ralp_pipe.engine.models import check_split
 
 # tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
@@ -88,19 +88,11 @@ class UnitCost:
 
     def fwd(self, batch: int) -> float:
         """Forward seconds at `batch`."""
-        return _at_batch(self.batches, self.fwd_s, batch)
+        return at_batch(self.batches, self.fwd_s, batch)
 
     def bwd(self, batch: int) -> float:
         """Backward seconds at `batch`."""
-        return _at_batch(self.batches, self.bwd_s, batch)
-
-
-def _at_batch(batches: Sequence[int], values: Sequence[float], batch: int) -> float:
-    if batch <= batches[0]:
-        return values[0] * batch / batches[0]
-    if batch >= batches[-1]:
-        return values[-1] * batch / batches[-1]
-    return float(np.interp(batch, batches, values))
+        return at_batch(self.batches, self.bwd_s, batch)
 
 
 @dataclass(frozen=True)
@@ -129,16 +121,8 @@ def compute_costs(profile: Mapping[str, Any]) -> ComputeCosts:
     """The :class:`ComputeCosts` of a profile document written by `ralp-pipe profile`."""
     units = []
     for row in profile["units"]:
-        batches = sorted(row["by_batch"], key=int)
-        units.append(
-            UnitCost(
-                name=row["name"],
-                param_bytes=int(row["param_bytes"]),
-                batches=tuple(int(b) for b in batches),
-                fwd_s=tuple(float(row["by_batch"][b]["fwd_s"]) for b in batches),
-                bwd_s=tuple(float(row["by_batch"][b]["bwd_s"]) for b in batches),
-            )
-        )
+        batches, fwd_s, bwd_s = unit_curve(row)
+        units.append(UnitCost(row["name"], int(row["param_bytes"]), batches, fwd_s, bwd_s))
     update = profile["update"]
     return ComputeCosts(tuple(units), float(update["update_s_per_byte"]), float(update["aggregate_s_per_byte"]))
 

@@ -68,18 +68,6 @@ CONFIG_KEYS = (
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
 
 
-def check_profile_matches(profile: Profile, cfg: Config, path: str | Path) -> None:
-    """Refuse a profile of another model, class count or image size than `cfg`."""
-    wanted = made_for(cfg)
-    for key in ("model", "num_classes", "image_size"):
-        value, profiled = wanted[key], getattr(profile, key)
-        if profiled != value:
-            raise ConfigError(
-                f"profile {path} has {key}={profiled!r} but the configuration asks for {value!r}: "
-                f"profile that configuration or pass matching overrides"
-            )
-
-
 def check_link_matches(probe: LinkProbe, cfg: Config, path: str | Path) -> None:
     """Refuse a link record of another network or cluster kind than `cfg` trains on."""
     for key, wanted in (("network", cfg.network.name), ("cluster_kind", cfg.cluster.kind)):
@@ -235,7 +223,7 @@ def build_plan(
 ) -> Plan:
     """The plan for `cfg` at every GPU count in `gpus` (the first one is the main entry), pricing
     transfers on `probe` (read from `probe_path`) where given, else on the profile's own link."""
-    check_profile_matches(profile, cfg, profile_path)
+    profile.check_matches(cfg, profile_path)
     if probe is not None:
         check_link_matches(probe, cfg, probe_path or "?")
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
