@@ -3,6 +3,7 @@ with the same overrides, so a GPU session is not spent finding a broken script."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,10 +24,13 @@ RUNS = [
     "amp_allreduce",
     "amp_ralp_n",
     "dali_mixed_ps",
+    "device_allreduce_n1",
+    "device_ps_n2",
 ]
+SIDE_BY_SIDE = ["allreduce_n1", "ps_n2"]  # undilated on the device, and dilated on the CPUs from its profile
 
 
-@pytest.mark.slow  # every strategy trained in subprocesses, a profile, DALI shards: 95 s on a quiet machine
+@pytest.mark.slow  # every strategy trained in subprocesses, a profile, DALI shards, dilated runs: 3.7 min on a loaded 2-core machine
 def test_the_gpu_check_script_runs_every_check_on_the_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "PYTHON": sys.executable}
     proc = subprocess.run(
@@ -42,6 +46,13 @@ def test_the_gpu_check_script_runs_every_check_on_the_cpu(tmp_path: Path) -> Non
     for line in rows.values():
         assert " cpu " in line and "every category equal: True" in line, line
     assert "profile on cpu: 12 units" in proc.stdout, proc.stdout
+    compared = {line.split()[3]: line for line in proc.stdout.splitlines() if "dilated vs device:" in line}
+    assert sorted(compared) == SIDE_BY_SIDE, proc.stdout
+    for line in compared.values():  # the ratio is not checked: a CPU run is noisy and loopback is not slowed by D
+        assert " img/s on cpu, " in line and " img/s target-equivalent dilated (" in line, line
+        assert "D = 4, target cpu (profile profile-cpu.json)" in line, line
+    dilated = json.loads((tmp_path / "dilated_allreduce_n1" / "metrics.json").read_text())
+    assert dilated["dilation"]["mode"] == "modelled" and dilated["device"] == "cpu"
     assert proc.stdout.rstrip().endswith(f"gpu_check: all runs finished; metrics under {tmp_path}")
     assert (tmp_path / "profile-modelled.json").is_file()
     assert any("whole forward+backward" in line for line in proc.stdout.splitlines()), proc.stdout

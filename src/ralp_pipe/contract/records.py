@@ -215,17 +215,6 @@ class Profile(Record):
             return str(gpus[0]["name"])
         return self.device
 
-    def check_matches(self, cfg: Config, source: str | Path) -> None:
-        """Refuse a profile (read from `source`) of another model, class count or image size than `cfg`."""
-        wanted = made_for(cfg)
-        for key in ("model", "num_classes", "image_size"):
-            value, profiled = wanted[key], getattr(self, key)
-            if profiled != value:
-                raise ConfigError(
-                    f"profile {source} has {key}={profiled!r} but the configuration asks for {value!r}: "
-                    f"profile that configuration or pass matching overrides"
-                )
-
     def unit_seconds(self, batch: int) -> tuple[list[float], list[float]]:
         """Every unit's forward and backward seconds at `batch` (:func:`at_batch` over the batches it was timed at)."""
         curves = [unit_curve(row) for row in self.units]
@@ -240,6 +229,18 @@ class Profile(Record):
             return float(self.update["update_s_per_byte"]), float(self.update["aggregate_s_per_byte"])
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"profile's update lacks a number {exc}: re-run `ralp-pipe {self.STAGE}`") from exc
+
+
+def check_profile_matches(profile: Profile, cfg: Config, path: str | Path) -> None:
+    """Refuse a profile (read from `path`) of another model, class count or image size than `cfg`."""
+    wanted = made_for(cfg)
+    for key in ("model", "num_classes", "image_size"):
+        value, profiled = wanted[key], getattr(profile, key)
+        if profiled != value:
+            raise ConfigError(
+                f"profile {path} has {key}={profiled!r} but the configuration asks for {value!r}: "
+                f"profile that configuration or pass matching overrides"
+            )
 
 
 def unit_curve(row: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:

@@ -53,7 +53,7 @@ from torch import nn
 
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, DeviceConfig, strategy_kind
 from ralp_pipe.config.dilation import fixed_factor, shaped_rate
-from ralp_pipe.contract.records import Profile
+from ralp_pipe.contract.records import Profile, check_profile_matches
 from ralp_pipe.contract.topology import Topology
 from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.engine.metrics import measured_late_s, measured_overruns
@@ -194,7 +194,7 @@ def target_profile(cfg: Config) -> Profile | None:
     m, key = cfg.model, f"dilation.target={path}"
     try:
         profile = _read_profile(path)
-        profile.check_matches(cfg, path)
+        check_profile_matches(profile, cfg, path)
         units = len(models.model_units(m.name, cfg.dataset.num_classes, m.dropout, "meta"))
         if len(profile.units) != units:
             raise ConfigError(

@@ -30,7 +30,7 @@ from ralp_pipe.config import (
     made_for,
     strategy_kind,
 )
-from ralp_pipe.contract.records import LinkProbe, Plan, Profile
+from ralp_pipe.contract.records import LinkProbe, Plan, Profile, check_profile_matches
 from ralp_pipe.contract.topology import cpu_share, topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
@@ -223,7 +223,7 @@ def build_plan(
 ) -> Plan:
     """The plan for `cfg` at every GPU count in `gpus` (the first one is the main entry), pricing
     transfers on `probe` (read from `probe_path`) where given, else on the profile's own link."""
-    profile.check_matches(cfg, profile_path)
+    check_profile_matches(profile, cfg, profile_path)
     if probe is not None:
         check_link_matches(probe, cfg, probe_path or "?")
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
-from ralp_pipe.contract.records import LinkProbe, Profile
+from ralp_pipe.contract.records import LinkProbe, Profile, check_profile_matches
 from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, Pricing, compute_costs
 from ralp_pipe.planning.planner import best_prediction, pipelining_of, volume_function
@@ -212,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         cfg = load(args.overrides)
         profile = Profile.read(args.profile)
-        profile.check_matches(cfg, args.profile)
+        check_profile_matches(profile, cfg, args.profile)
     units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
     latency_s = float((LinkProbe.read(args.link).measured or {}).get("latency_s", 0.0)) if args.link else None
     servers = Servers(
