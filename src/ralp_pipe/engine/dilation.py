@@ -134,7 +134,7 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
     if strategy_kind(topo.strategy).places_layers:
         batches[PS_DEVICE_BATCH] = t.batch_size * topo.num_workers
     if profile is not None:
-        return _profiled(profile, batches, factor, d.mode, target_label(cfg))
+        return _profiled(profile, batches, factor, d.mode, _labelled(profile, d.target))
     device = device_entry(d.target)
     traced = {
         role: devicemodel.trace_model(m.name, cfg.dataset.num_classes, t.image_size, batch, m.dropout)
@@ -217,9 +217,11 @@ def target_label(cfg: Config) -> str:
     """The target as the records name it: the device entry's name, or for a profile file what it timed
     (:attr:`Profile.device_name`) and the file's name."""
     profile = target_profile(cfg)
-    if profile is None:
-        return cfg.dilation.target
-    return f"{profile.device_name} (profile {Path(cfg.dilation.target).name})"
+    return cfg.dilation.target if profile is None else _labelled(profile, cfg.dilation.target)
+
+
+def _labelled(profile: Profile, target: str) -> str:
+    return f"{profile.device_name} (profile {Path(target).name})"
 
 
 def with_factor(cfg: Config, factor: float) -> Config:
