@@ -1,4 +1,4 @@
-"""Wall time of the whole default workflow (`snakemake --cores all`, experiment `local`) against its budget.
+"""Wall time of the whole default workflow (`snakemake --cores all`, experiment `dilated`) against its budget.
 
 Target: at most 10 minutes on a 2-core machine, shard generation included. Runs in a fresh
 scratch folder (nothing is reused), printing Snakemake's "k of n steps done" lines as they come,
@@ -52,7 +52,7 @@ def rule_times(log: str) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", default="local")
+    parser.add_argument("--experiment", default="dilated")
     parser.add_argument("--keep", type=Path, help="run in this folder instead of a temporary one")
     parser.add_argument("--overrides", nargs="+", help="Hydra overrides, e.g. 'experiment.networks=[1gbit]'")
     args = parser.parse_args()

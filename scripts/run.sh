@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the default pipeline (the `local` experiment) end to end in the project environment.
+# Run the default pipeline (the `dilated` experiment) end to end in the project environment.
 # Extra arguments go to snakemake, e.g. `make run ARGS="--config experiment=smoke"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

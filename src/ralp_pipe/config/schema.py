@@ -222,6 +222,7 @@ class ExperimentConfig:
     pairs: list[list[str]] = field(default_factory=list)  # [dataset, model] pairs to run; empty: every combination
     strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
     gpus: list[int] = field(default_factory=lambda: [4])
+    gpus_by_model: dict[str, list[int]] = field(default_factory=dict)  # a model's own N, from gpus; others: every N
     networks: list[str] = field(default_factory=lambda: ["loopback"])
     concurrent: list[list[str]] = field(default_factory=list)
     repeats: int = 1  # independent runs of every training configuration (fresh ranks each)

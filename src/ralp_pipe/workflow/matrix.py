@@ -3,7 +3,7 @@
 The workflow's own settings come from Snakemake's ``--config`` (see :func:`parse_settings`):
 
 ``experiment``
-    name of a file in ``config/experiment/`` (default ``local``);
+    name of a file in ``config/experiment/`` (default ``dilated``);
 ``overrides``
     Hydra overrides applied to every stage (a YAML list, or one string split like a shell line),
     e.g. ``train.measure_steps=5 cluster=emulated``; ``experiment.*`` keys reshape the matrix;
@@ -130,7 +130,7 @@ class Run:
 class Settings:
     """What the user asked the workflow for: an experiment plus Hydra overrides."""
 
-    experiment: str = "local"
+    experiment: str = "dilated"
     overrides: tuple[str, ...] = ()
     dataset_overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     slurm: bool = False
@@ -250,7 +250,7 @@ class Matrix:
             Run(d, m, s, g, n, overlap, r)
             for d, m in self.pairs()
             for s, overlap in self._arms()
-            for g in e.gpus
+            for g in e.gpus_by_model.get(m, e.gpus)
             for n in e.networks
             for r in range(e.repeats)
         ]
