@@ -337,6 +337,19 @@ def test_pairs_run_only_their_datasets_and_models_and_none_is_every_combination(
     assert len(paired.runs) == len(every.runs) // 2
 
 
+def test_gpus_by_model_runs_a_model_at_its_own_n_and_refuses_an_n_the_experiment_lacks() -> None:
+    base = ["experiment.models=[resnet18,alexnet]", "experiment.gpus=[2,4]", "experiment.reference=true"]
+    base.append("train.image_size=64")  # AlexNet's smallest
+    every = Matrix(parse_settings({"experiment": "smoke", "overrides": base}))
+    own = Matrix(parse_settings({"experiment": "smoke", "overrides": [*base, "+experiment.gpus_by_model.alexnet=[4]"]}))
+    assert {r.gpus for r in every.runs if r.model == "alexnet"} == {1, 2, 4}
+    assert {r.gpus for r in own.runs if r.model == "alexnet"} == {1, 4}  # the reference stays
+    assert [r for r in own.runs if r.model == "resnet18"] == [r for r in every.runs if r.model == "resnet18"]
+    for wrong, named in (("alexnet=[8]", "gpus_by_model.alexnet=[8]"), ("vgg11=[2]", "'vgg11'")):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            Matrix(parse_settings({"experiment": "smoke", "overrides": [*base, f"+experiment.gpus_by_model.{wrong}"]}))
+
+
 @pytest.mark.slow  # a snakemake dry-run subprocess
 def test_rules_hand_stages_the_exact_paths_of_their_inputs_and_name_logs_from_the_layout(tmp_path: Path) -> None:
     """The train rule passes its input shards and plan as --shards and --plan (no override re-typing the

@@ -116,6 +116,9 @@ def _schema_type(key: str) -> Any:
     parts = re.sub(r"\[\d+\]", "", key).split(".")
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth])
+        if get_origin(kind) is dict:  # a mapping's entry (experiment.gpus_by_model.alexnet): its value type
+            kind = get_args(kind)[1]
+            continue
         if not is_dataclass(kind):
             raise ConfigError(f"there is no config key {key!r}: {where} holds {_describe(kind)}, not keys")
         hints = get_type_hints(kind)
@@ -138,6 +141,8 @@ def _describe(kind: Any, plural: bool = False) -> str:
         return f"{_describe(args[0], plural)} or null"
     if get_origin(kind) is list:
         return f"{'lists' if plural else 'a list'} of {_describe(args[0], True)}"
+    if get_origin(kind) is dict:
+        return f"{'mappings' if plural else 'a mapping'} of names to {_describe(args[1], True)}"
     if is_dataclass(kind):
         return f"a section (keys: {', '.join(f.name for f in fields(kind))})"
     return _WORDS.get(kind, ("a string", "strings"))[plural]

@@ -259,8 +259,10 @@ def predict(
         compute, server, comm = _layer_placing_step(pricing, num_workers, cast(int, split), volume)
     else:
         world = num_workers + kind.servers(gpus, pricing.num_ps)
-        # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP)
-        compute = _full_model_compute(pricing, 1 if kind.has_ps else 2) * pricing.slowdown(num_workers, world)
+        # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP; none on one worker,
+        # which trains without DDP)
+        passes = 1 if kind.has_ps else 2 if num_workers > 1 else 0
+        compute = _full_model_compute(pricing, passes) * pricing.slowdown(num_workers, world)
         if kind.has_ps:
             server, comm = _ps_step(pricing, num_workers, world)
         else:
