@@ -140,12 +140,12 @@ def test_allreduce_step_time_matches_the_hand_computation() -> None:
 MIB = 2**20
 
 
-
 def test_the_single_device_reference_pays_no_ddp_bucket_copies() -> None:
     """allreduce at N=1 trains without DDP: forward+backward and the SGD update, no bucket copies, no ring."""
     pred = predict("allreduce", 1, 1, volume(gradients=0), Pricing(COSTS, B, LINK))
     assert pred.compute_s == pytest.approx(0.063)  # fwd 0.021 + bwd 0.042 at batch 3, interpolated
     assert pred.server_s == pytest.approx(1e-6 * 4000) and pred.comm_s == 0.0
+
 
 def test_allreduce_overlaps_ddp_buckets_with_backward() -> None:
     """DDP's buckets (1 MiB, then 25 MiB, in backward's order) are all-reduced one at a time as soon as backward

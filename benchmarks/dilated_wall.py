@@ -1,0 +1,104 @@
+"""Wall time of a dilated experiment's training runs, estimated from the planner's own predictions.
+
+A dilated run's wall time is set by its target: every step takes D x the target's step time. So the
+training runs of a dilated experiment take about
+
+    sum over runs of  start + (warmup + measure steps) x D x the predicted step time of the run's target
+
+where the predicted step time is the cost model's for the V100 profile of the run's model and class
+count at its N and link (what `ralp-pipe simulate --target` prices; RALP at its best split; sequential
+arms without pipelining; the N=1 reference without communication) and `start` is what a run costs
+besides its steps (Python and torch imports, rank start-up, the emulated network, the records; with
+``dilation.factor=auto`` also the link check). Run it on an experiment that was timed
+(`benchmarks/workflow_local.py`) to see how far the estimate is from a measurement, then on one that was not.
+
+Usage: python benchmarks/dilated_wall.py [--experiment paper-dilated] [--start-s 5]
+                                         [--factor 1gbit=1 10gbit=8 25gbit=32]
+``--factor`` gives D per network where the experiment sets ``dilation.factor=auto`` (what the link check
+would choose is only known once it ran); ``--start-s`` the seconds a run costs besides its steps (5 s:
+the default workflow's 44 training runs took 484 s, 203 s of them AlexNet's 12 and 281 s ResNet-18's 32,
+against 138 s and 122 s of predicted steps; add the link check's 5-22 s per run where D is auto).
+Concurrent workloads are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+import pandas as pd
+
+from ralp_pipe.config import AUTO_FACTOR, load
+from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.contract.records import Profile
+from ralp_pipe.engine import devicemodel, models
+from ralp_pipe.planning.planner import pipelining_of
+from ralp_pipe.planning.profiling import profile_batches
+from ralp_pipe.planning.simulate import Grid, Servers, simulate
+from ralp_pipe.workflow.matrix import Matrix, parse_settings
+
+
+def step_times(experiment: str, dataset: str, model: str, gpus: list[int], gbit: list[float]) -> pd.DataFrame:
+    """Predicted target step time per strategy, N, link speed and overlap for one (dataset, model) pair."""
+    cfg = load([f"experiment={experiment}", f"dataset={dataset}", f"model={model}"])
+    batches = profile_batches(cfg.train.batch_size, [n for n in gpus if n > 1] or [2])
+    profile = Profile.from_dict(devicemodel.modelled_profile(cfg, batches, max(gpus)), "modelled").to_dict()
+    units = models.placement_units(models.build(model, cfg.dataset.num_classes, cfg.model.dropout))
+    frames = []
+    for overlap, pipelining in ((True, pipelining_of(cfg)), (False, None)):
+        servers = Servers(cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", False, pipelining)
+        frame = simulate(profile, units, cfg.train.batch_size, Grid(gpus, gbit, 0.0), servers)
+        frames.append(frame.assign(overlap=overlap))
+    return pd.concat(frames)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", default="paper-dilated")
+    parser.add_argument("--start-s", type=float, default=5.0, help="seconds a run costs besides its steps")
+    parser.add_argument("--factor", nargs="*", default=[], help="NETWORK=D where dilation.factor is auto")
+    args = parser.parse_args()
+    matrix = Matrix(parse_settings({"experiment": args.experiment}))
+    base = load([f"experiment={args.experiment}"])
+    given = {k: float(v) for k, v in (item.split("=", 1) for item in args.factor)}
+    gbit = {n: rate_bits_per_s(load([f"network={n}"]).network.rate) / 1e9 for n in {r.network for r in matrix.runs}}
+    factor = {}
+    for network in gbit:
+        if base.dilation.factor == AUTO_FACTOR:
+            if network not in given:
+                parser.error(f"dilation.factor is auto in experiment {args.experiment}: give --factor {network}=D")
+            factor[network] = given[network]
+        else:
+            factor[network] = float(base.dilation.factor)
+    steps = base.train.warmup_steps + base.train.measure_steps
+    by_pair: dict[tuple[str, str], list] = defaultdict(list)
+    for run in matrix.runs:
+        by_pair[run.dataset, run.model].append(run)
+    total, lines = 0.0, []
+    for (dataset, model), runs in sorted(by_pair.items()):
+        gpus = sorted({max(r.gpus, 2) for r in runs})
+        times = step_times(args.experiment, dataset, model, gpus, sorted(set(gbit.values())))
+        seconds = 0.0
+        for run in runs:
+            n = max(run.gpus, 2)  # the reference: one worker's step, priced as allreduce's compute without a ring
+            row = times[
+                (times.strategy == run.strategy)
+                & (times.gpus == n)
+                & (times.link_gbit == gbit[run.network])
+                & (times.overlap == run.overlap)
+            ].iloc[0]
+            step = row.compute_s + row.server_s if run.gpus == 1 else row.step_time_s
+            seconds += args.start_s + steps * factor[run.network] * step
+        total += seconds
+        lines.append(f"  {dataset:<14} {model:<10} {len(runs):4d} runs  {seconds / 60:7.1f} min")
+    print(f"experiment {args.experiment}: {len(matrix.runs)} training runs, {steps} steps each, D per network {factor}")
+    print("\n".join(lines))
+    print(
+        f"estimated training wall time: {total:.0f} s ({total / 3600:.2f} h), {args.start_s:g} s per run besides its steps"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
