@@ -117,7 +117,7 @@ def test_padding_waits_each_unit_to_its_target_time_without_changing_gradients()
     # a unit's gradients are accumulated (an all-reduce bucket or a push can leave) only at its padded end
     assert sorted(accumulated) == [0, 2, 4]
     assert all(at >= (5 - unit) * bwd_s for unit, at in accumulated.items()), accumulated
-    assert pacer.take() == 0
+    assert pacer.take() == (0, 0)
     assert sum(fwd_times) < 5 * fwd_s + 0.5  # padded, not stalled
     *_, plain = _timed_pass(None)
     assert grads.keys() == plain.keys() and all(torch.equal(grads[n], plain[n]) for n in grads)
@@ -137,8 +137,8 @@ class Clock:
 def test_a_unit_past_its_padded_time_is_an_overrun() -> None:
     pacer = Pacer(_targets(1.0, 5, 0.5, 0.5), lambda: 0.0, Clock(1.0))  # every unit takes 1 s of a 0.5 s target
     _timed_pass(pacer)
-    assert pacer.take() == 10  # every forward and every backward of 5 units
-    assert pacer.take() == 0  # counted since the last take
+    assert pacer.take() == (10, 0)  # every forward and every backward of 5 units
+    assert pacer.take() == (0, 0)  # counted since the last take
 
 
 def test_an_overrun_is_a_unit_later_than_its_deadline_by_more_than_the_tolerance() -> None:
@@ -146,14 +146,14 @@ def test_an_overrun_is_a_unit_later_than_its_deadline_by_more_than_the_tolerance
         clock = Clock(0.0)
         pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock)
         pacer.run(0.01, lambda: setattr(clock, "now", clock.now + 0.01 + late))  # noqa: B023
-        assert pacer.take() == overrun
+        assert pacer.take() == (overrun, 0)
 
 
 def test_a_unit_ends_when_the_device_finished_its_queued_work() -> None:
     clock = Clock(0.0)
     pacer = Pacer(_targets(1.0, 1, 0.01, 0.01), lambda: 0.0, clock, sync=lambda: setattr(clock, "now", 0.02))
     pacer.run(0.01, lambda: None)  # the hooks returned at once, the GPU's kernels ran until 20 ms
-    assert pacer.take() == 1
+    assert pacer.take() == (1, 0)
 
 
 def test_communication_waited_inside_a_unit_moves_its_deadline() -> None:
@@ -167,7 +167,7 @@ def test_communication_waited_inside_a_unit_moves_its_deadline() -> None:
 
     pacer.run(0.01, work)
     assert time.perf_counter() - began >= 0.03
-    assert pacer.take() == 0
+    assert pacer.take() == (0, 0)
 
 
 def test_shaped_rate_divides_the_link_by_the_factor() -> None:

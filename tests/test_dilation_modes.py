@@ -4,6 +4,10 @@ the lateness a pacer catches up on, and ``dilation.factor=auto``."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +18,15 @@ from torch import nn
 from ralp_pipe.config import load
 from ralp_pipe.contract.topology import of_strategy
 from ralp_pipe.engine import dilation, models
-from ralp_pipe.engine.dilation import OVERRUN_TOLERANCE_S, WORKER, Pacer, Targets, placeholder_batch, stand_ins
+from ralp_pipe.engine.dilation import (
+    OVERRUN_TOLERANCE_S,
+    WORKER,
+    Pacer,
+    Targets,
+    placeholder_batch,
+    run_delay_s,
+    stand_ins,
+)
 from ralp_pipe.engine.strategies.ralp import padded
 from support.small_run import small
 from support.train import train_metrics
@@ -90,12 +102,44 @@ def test_a_late_unit_makes_the_next_deadlines_earlier_until_caught_up() -> None:
     clock = Clock()
     pacer = Pacer(_targets(0.01, 3), lambda: 0.0, clock=clock)
     pacer.run(0.01, lambda: clock.advance(0.015))  # 5 ms late: an overrun
-    assert pacer.take() == 1 and pacer.behind == pytest.approx(0.005, abs=1e-4)
+    assert pacer.take() == (1, 0) and pacer.behind == pytest.approx(0.005, abs=1e-4)
     began = clock.now
     pacer.run(0.01, lambda: clock.advance(0.002))
     assert clock.now == pytest.approx(began + 0.005, abs=1e-4)  # its 10 ms less the 5 ms carried
-    assert pacer.behind == 0.0 and pacer.take() == 0
+    assert pacer.behind == 0.0 and pacer.take() == (0, 0)
     assert pacer.needed == pytest.approx(1.4, abs=1e-2)  # the late unit would have fitted at D = 1.4 (1 ms spare)
+
+
+def test_a_unit_late_only_because_the_host_did_not_run_it_is_a_stall_not_an_overrun() -> None:
+    clock, stalled = Clock(), [0.0]
+    pacer = Pacer(_targets(0.01), lambda: 0.0, clock=clock, stalled=lambda: stalled[0])
+
+    def descheduled(work_s: float, off_core_s: float) -> None:
+        clock.advance(work_s + off_core_s)
+        stalled[0] += off_core_s
+
+    pacer.run(0.01, lambda: descheduled(0.002, 0.013))  # 2 ms of work, 13 ms runnable without a core
+    assert pacer.take() == (0, 1) and pacer.behind == pytest.approx(0.005, abs=1e-4)  # still late: caught up later
+    assert pacer.needed == pytest.approx(0.1, abs=1e-2)  # its work fitted at D = 0.1 (after the 1 ms tolerance)
+    pacer.run(0.01, lambda: descheduled(0.015, 0.004))  # 15 ms of work: an overrun whatever the host did
+    assert pacer.take() == (1, 0)
+
+
+def test_run_delay_grows_while_another_process_holds_the_only_core() -> None:
+    cpus = os.sched_getaffinity(0)
+    core = {min(cpus)}
+    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {core}); exec('while 1: pass')"])
+    try:
+        os.sched_setaffinity(0, core)
+        time.sleep(0.1)  # the other process is on the core
+        before, began = run_delay_s(), time.perf_counter()
+        while time.perf_counter() - began < 0.3:  # runnable throughout, on a core shared with a busy process
+            pass
+        assert run_delay_s() - before > 0.05
+    finally:
+        os.sched_setaffinity(0, cpus)
+        busy.kill()
+        busy.wait()
 
 
 def test_communication_waited_absorbs_the_lateness_carried() -> None:
@@ -118,7 +162,7 @@ def test_measure_only_records_the_factor_needed_and_never_waits() -> None:
     pacer.run(0.01, lambda: clock.advance(0.03))
     pacer.run(0.01, lambda: clock.advance(OVERRUN_TOLERANCE_S / 2))  # too short to judge
     assert clock.now == pytest.approx(0.03 + OVERRUN_TOLERANCE_S / 2, abs=1e-4)
-    assert pacer.needed == pytest.approx(2.9, abs=1e-2) and pacer.take() == 0
+    assert pacer.needed == pytest.approx(2.9, abs=1e-2) and pacer.take() == (0, 0)
 
 
 def test_auto_factor_is_the_margin_over_the_need_rounded_up_to_two_digits() -> None:
@@ -203,5 +247,5 @@ def test_a_unit_the_target_does_in_no_time_is_lateness_not_an_overrun() -> None:
     clock = Clock()
     pacer = Pacer(_targets(0.0), lambda: 0.0, clock=clock)
     pacer.run(0.0, lambda: clock.advance(0.004))  # a flatten the host was slow in: no D would fit it
-    assert pacer.take() == 0 and pacer.needed == 0.0
+    assert pacer.take() == (0, 0) and pacer.needed == 0.0
     assert pacer.behind == pytest.approx(0.004, abs=1e-4)

@@ -22,9 +22,13 @@ splits those of the target. Two modes (``dilation.mode``):
 
 A unit's time excludes the communication it waited for inside it (a forward waiting for its
 pulled parameters, a backward hook waiting for push credit): the deadline moves by that wait.
-A unit whose own time exceeded its padded time (by more than :data:`OVERRUN_TOLERANCE_S`) is an
-*overrun* (a unit the target does in no time, a flatten, never is: no D would fit it, and what the host
-spends there, such as the autograd work between its neighbours, counts as lateness): it is counted, per rank and step, and the target's timing is not reproduced there (raise D).
+A unit's *own* time is its wall time less that wait and less the time this host kept the rank's thread
+runnable but off every core (its run delay, :func:`run_delay_s`). A unit whose own time exceeded its padded
+time (by more than :data:`OVERRUN_TOLERANCE_S`) is an *overrun* (a unit the target does in no time, a
+flatten, never is: no D would fit it, and what the host spends there, such as the autograd work between its
+neighbours, counts as lateness): it is counted, per rank and step, and the target's timing is not
+reproduced there (raise D). A unit that outlasted its padded time only because the host did not run it is
+a *stall*, counted beside: the host's scheduler, not the unit's work (ranks on fewer cores than ranks).
 The rank's timeline then runs behind the target's; the following units' deadlines are moved earlier by
 that lateness (less the communication waited since, which absorbs it) until it is caught up, so jitter
 of this host does not add up over a step. What is still late when a step ends (:meth:`Pacer.late_s`) is
@@ -56,12 +60,13 @@ from ralp_pipe.config.dilation import fixed_factor, shaped_rate
 from ralp_pipe.contract.records import Profile, check_profile_matches
 from ralp_pipe.contract.topology import Topology
 from ralp_pipe.engine import devicemodel, models
-from ralp_pipe.engine.metrics import measured_late_s, measured_overruns
+from ralp_pipe.engine.metrics import measured_late_s, measured_overruns, measured_stalls
 from ralp_pipe.engine.models import Unit, activation_shapes
 from ralp_pipe.engine.sgd import Optim
 from ralp_pipe.errors import DataError
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
+_SCHEDSTAT = "/proc/thread-self/schedstat"  # on-CPU time, run delay (runnable, waiting for a core), timeslices: ns
 # a unit whose own time exceeds its padded time by more than this is an overrun: a flatten's 0 s target costs
 # ~20 us here, and a rank on a loaded host is descheduled for a millisecond or more at times; later units catch up
 OVERRUN_TOLERANCE_S = 1e-3
@@ -76,6 +81,25 @@ def wait_until(deadline: float, clock: Callable[[], float] = time.perf_counter) 
         time.sleep(remaining - SPIN_S)
     while clock() < deadline:
         pass
+
+
+def run_delay_s() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a core (Linux's schedstat; 0.0 where the
+    kernel does not keep it)."""
+    try:
+        with open(_SCHEDSTAT) as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a unit began: the clock, the communication wait and the thread's run delay then."""
+
+    clock: float
+    waited: float
+    stalled: float
 
 
 @dataclass(frozen=True)
@@ -259,7 +283,7 @@ def device_entry(name: str) -> DeviceConfig:
 
 def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any] | None:
     """metrics.json's ``dilation`` record of a run (None without dilation): the factor, mode, target, link rates,
-    overruns and lateness in the measured steps of rank 0's gathered `result`, the smallest factor that would
+    overruns, stalls and lateness in the measured steps of rank 0's gathered `result`, the smallest factor that would
     have fitted and, with ``auto``, how the factor was chosen (`calibration`)."""
     factor = fixed_factor(cfg)
     if factor is None:
@@ -274,6 +298,7 @@ def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] |
         "compute_batch_size": batch,
         "compute_image_size": image,
         "overruns": measured_overruns(result["rows"]),
+        "stalls": measured_stalls(result["rows"]),
         "late_s": measured_late_s(result["rows"]),
         "needed_factor": max(result["needed_factor"]),
         "auto": calibration,
@@ -292,9 +317,10 @@ class Pacer:
     """One rank's padding: units' forward and backward (:meth:`attach`) and the servers' work (:meth:`run`).
 
     `waited` reads the communication wait counted so far (:attr:`ralp_pipe.engine.comm.Comm.wait_s`);
-    what a unit waited for is added to its deadline. `sync` waits for the device's queued work (on a GPU,
-    whose kernels run after the hooks return) before a unit's end is read. :meth:`take` returns the
-    overruns since the last call; :attr:`needed` is the largest ratio of a unit's own time to its target
+    what a unit waited for is added to its deadline. `stalled` reads the calling thread's run delay
+    (:func:`run_delay_s`; default none), which a unit's own time excludes. `sync` waits for the device's queued
+    work (on a GPU, whose kernels run after the hooks return) before a unit's end is read. :meth:`take` returns
+    the overruns and stalls since the last call; :attr:`needed` is the largest ratio of a unit's own time to its target
     time at D = 1 so far. With `measure_only` nothing waits: the ranks run undilated and only measure
     :attr:`needed` (``dilation.factor=auto`` in real mode).
     """
@@ -306,27 +332,35 @@ class Pacer:
         clock: Callable[[], float] = time.perf_counter,
         sync: Callable[[], None] = lambda: None,
         measure_only: bool = False,
+        stalled: Callable[[], float] = lambda: 0.0,
     ):
         self.targets, self.waited, self.clock, self.sync = targets, waited, clock, sync
-        self.measure_only = measure_only
-        self.overruns, self.needed = 0, 0.0
+        self.measure_only, self.stalled = measure_only, stalled
+        self.overruns, self.stalls, self.needed = 0, 0, 0.0
         self.behind = 0.0  # how late this rank's timeline ran against the target's at the last unit's end (seconds)
         self._waited_seen = 0.0  # the communication wait read then
 
-    def pad(self, began: float, waited_at_start: float, seconds: float) -> None:
-        """Wait until `seconds` (plus the communication waited since `waited_at_start`, less any lateness carried)
-        after `began`; count an overrun when the unit's own time exceeded `seconds` by more than
-        :data:`OVERRUN_TOLERANCE_S`."""
+    def mark(self) -> Mark:
+        """Where a unit begins now (hand it to :meth:`pad` at the unit's end)."""
+        return Mark(self.clock(), self.waited(), self.stalled())
+
+    def pad(self, began: Mark, seconds: float) -> None:
+        """Wait until `seconds` (plus the communication waited since `began`, less any lateness carried) after
+        `began`; count an overrun when the unit's own time exceeded `seconds` by more than
+        :data:`OVERRUN_TOLERANCE_S`, a stall when only its wall time did."""
         self.sync()
-        now, moved = self.clock(), self.waited() - waited_at_start
-        own = now - began - moved
+        now, moved = self.clock(), self.waited() - began.waited
+        wall = now - began.clock - moved
+        own = wall - max(0.0, self.stalled() - began.stalled)
         if seconds > 0 and own > OVERRUN_TOLERANCE_S:  # the factor at which the overrun rule below would hold
             self.needed = max(self.needed, (own - OVERRUN_TOLERANCE_S) * self.targets.factor / seconds)
         if self.measure_only:
             return
         if seconds > 0 and own > seconds + OVERRUN_TOLERANCE_S:  # a 0 s unit's time is lateness, whatever D
             self.overruns += 1
-        deadline = began + moved + seconds - self.late_s()
+        elif seconds > 0 and wall > seconds + OVERRUN_TOLERANCE_S:
+            self.stalls += 1
+        deadline = began.clock + moved + seconds - self.late_s()
         self.behind, self._waited_seen = max(0.0, now - deadline), self.waited()
         wait_until(deadline, self.clock)
 
@@ -339,10 +373,10 @@ class Pacer:
 
     def run(self, seconds: float, work: Callable[[], Any]) -> None:
         """Run `work` (in real mode; modelled: nothing), then wait until `seconds` after it began."""
-        began, waited = self.clock(), self.waited()
+        began = self.mark()
         if self.targets.computes:
             work()
-        self.pad(began, waited, seconds)
+        self.pad(began, seconds)
 
     def update_s(self, nbytes: int) -> float:
         """Padded seconds of an SGD step over `nbytes` of parameters."""
@@ -352,10 +386,10 @@ class Pacer:
         """Padded seconds of summing `sets` gradient sets of `nbytes` each (sets - 1 additions)."""
         return (self.targets.aggregate_s_fixed + self.targets.aggregate_s_per_byte * nbytes) * max(sets - 1, 0)
 
-    def take(self) -> int:
-        """Overruns since the last call."""
-        count, self.overruns = self.overruns, 0
-        return count
+    def take(self) -> tuple[int, int]:
+        """Overruns and stalls since the last call."""
+        counts, self.overruns, self.stalls = (self.overruns, self.stalls), 0, 0
+        return counts
 
     def attach(self, modules: list[nn.Module], first: int, role: str) -> None:
         """Pad the forward and backward of `modules`, units ``first, first + 1, ...`` of the model, run in this
@@ -367,13 +401,13 @@ class Pacer:
             chain.hook(i, module, last=i == len(modules) - 1)
 
     def _pad_forward(self, module: nn.Module, seconds: float) -> None:
-        began: list[float] = [0.0, 0.0]
+        began = [Mark(0.0, 0.0, 0.0)]
 
         def start(_m: nn.Module, _args: Any) -> None:
-            began[:] = [self.clock(), self.waited()]
+            began[0] = self.mark()
 
         def end(_m: nn.Module, _args: Any, _out: Any) -> None:
-            self.pad(began[0], began[1], seconds)
+            self.pad(began[0], seconds)
 
         module.register_forward_pre_hook(start)
         module.register_forward_hook(end)
@@ -388,7 +422,7 @@ class _BackwardChain:
 
     def __init__(self, pacer: Pacer, seconds: list[float]):
         self.pacer, self.seconds = pacer, seconds
-        self.began = [0.0, 0.0]  # clock and communication wait when the current unit's backward began
+        self.began = Mark(0.0, 0.0, 0.0)  # where the current unit's backward began
         self.left = [0] * len(seconds)  # gradients unit i still waits for in this backward
         self.params: list[int] = []
 
@@ -411,12 +445,12 @@ class _BackwardChain:
         module.register_forward_hook(forward_done)
 
     def _start(self) -> None:
-        self.began = [self.pacer.clock(), self.pacer.waited()]
+        self.began = self.pacer.mark()
 
     def _arrived(self, i: int) -> None:
         self.left[i] -= 1
         if self.left[i] == 0:
-            self.pacer.pad(self.began[0], self.began[1], self.seconds[i])
+            self.pacer.pad(self.began, self.seconds[i])
             self._start()
 
 

@@ -59,13 +59,14 @@ def compute_time(step_time_s: float, comm_wait_s: float, data_wait_s: float) -> 
 
 @dataclass(frozen=True)
 class StepTimes:
-    """How one rank's step went: its wall time, its wait for the next batch and, dilated, its overruns and the
-    lateness against the target left at its end (engine/dilation.py)."""
+    """How one rank's step went: its wall time, its wait for the next batch and, dilated, its overruns, its
+    stalls and the lateness against the target left at its end (engine/dilation.py)."""
 
     step_time_s: float
     data_wait_s: float
     overruns: int = 0
     late_s: float = 0.0
+    stalls: int = 0
 
 
 def step_record(rank: int, role: str, step: int, phase: str, times: StepTimes, traffic: StepTraffic) -> dict[str, Any]:
@@ -80,6 +81,7 @@ def step_record(rank: int, role: str, step: int, phase: str, times: StepTimes, t
         "comm_wait_s": traffic.comm_wait_s,
         "data_wait_s": times.data_wait_s,
         "overruns": times.overruns,
+        "stalls": times.stalls,
         "late_s": times.late_s,
     }
     row.update({f"bytes_{name}": traffic.bytes_by_category[name] for name in CATEGORIES})
@@ -123,6 +125,11 @@ def summarize(
 def measured_overruns(rows: list[dict[str, Any]]) -> int:
     """Overruns of all ranks in the measured steps (0 in records from before dilation)."""
     return sum(int(r.get("overruns", 0)) for r in rows if r["phase"] == MEASURE)
+
+
+def measured_stalls(rows: list[dict[str, Any]]) -> int:
+    """Stalls of all ranks in the measured steps: units late only because the host ran another thread."""
+    return sum(int(r.get("stalls", 0)) for r in rows if r["phase"] == MEASURE)
 
 
 def measured_late_s(rows: list[dict[str, Any]]) -> float:

@@ -37,7 +37,7 @@ from ralp_pipe.config import Config, from_dict, to_dict
 from ralp_pipe.contract.topology import Topology, of_strategy
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
-from ralp_pipe.engine.dilation import Pacer, Targets, compute_size, placeholder_batch, stand_ins
+from ralp_pipe.engine.dilation import Pacer, Targets, compute_size, placeholder_batch, run_delay_s, stand_ins
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, StepTimes, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
 from ralp_pipe.errors import RunFailure
@@ -182,7 +182,13 @@ def run_rank(
         comm = Comm(env.rank, env.world_size, backend)
         pacer = None
         if targets is not None:
-            pacer = Pacer(targets, lambda: comm.wait_s, sync=lambda: synchronize(device), measure_only=calibrate)
+            pacer = Pacer(
+                targets,
+                lambda: comm.wait_s,
+                sync=lambda: synchronize(device),
+                measure_only=calibrate,
+                stalled=run_delay_s,
+            )
         setup = StepSetup(
             topo,
             comm,
@@ -224,7 +230,8 @@ def run_rank(
             step_time_s = time.perf_counter() - began
             times = StepTimes(step_time_s, data_wait_s)
             if pacer is not None:
-                times = StepTimes(step_time_s, data_wait_s, pacer.take(), pacer.late_s())
+                overruns, stalls = pacer.take()
+                times = StepTimes(step_time_s, data_wait_s, overruns, pacer.late_s(), stalls)
             rows.append(step_record(env.rank, role, step, phase, times, comm.take()))
             if progress is not None:
                 progress.step(step, phase, step_time_s)

@@ -133,7 +133,7 @@ def run_row(run: RunInput) -> dict[str, Any]:
 
 def dilation_columns(record: RunMetrics) -> dict[str, Any]:
     """A run's time-dilated emulation (engine/dilation.py): factor, mode, target device and link rate, overruns,
-    and its target-equivalent images/sec (measured x factor); nulls and 0 overruns for an undilated run."""
+    stalls, lateness and its target-equivalent images/sec (measured x factor); nulls and 0s for an undilated run."""
     d = record.dilation or {}
     target = record.target_images_per_sec
     return {
@@ -142,6 +142,7 @@ def dilation_columns(record: RunMetrics) -> dict[str, Any]:
         "target_device": d.get("target_device"),
         "target_link_rate": d.get("target_link_rate"),
         "overruns": int(d.get("overruns", 0)),
+        "stalls": int(d.get("stalls", 0)),  # units late only because this host ran another thread
         "late_s": float(d.get("late_s", 0.0)),  # lateness against the target left at a measured step's end
         "target_images_per_sec": math.nan if target is None else float(target),
     }
@@ -203,6 +204,7 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
         target_images_per_sec_ci_low=math.nan if target is None else target.low,
         target_images_per_sec_ci_high=math.nan if target is None else target.high,
         overruns=int(repeats["overruns"].sum()),
+        stalls=int(repeats["stalls"].sum()),
         late_s=float(repeats["late_s"].max()),
     )
     per_device = _estimate(repeats["images_per_sec_per_device"])

@@ -40,7 +40,14 @@ import pyarrow.parquet as pq
 
 from ralp_pipe.contract.layout import CONCURRENT_FILE, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
 from ralp_pipe.contract.topology import WORKER
-from ralp_pipe.engine.metrics import MEASURE, compute_time, measured_overruns, summarize, target_equivalent
+from ralp_pipe.engine.metrics import (
+    MEASURE,
+    compute_time,
+    measured_overruns,
+    measured_stalls,
+    summarize,
+    target_equivalent,
+)
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
@@ -286,7 +293,7 @@ def check_record(run: RunInput) -> None:
 
 def _check_dilation(run: RunInput, images_per_sec: float, steps: pd.DataFrame) -> None:
     """A dilated run's target-equivalent images/sec must be the recomputed images/sec x its factor, and its
-    overruns those of its measured step records; an undilated run has neither."""
+    overruns and stalls those of its measured step records; an undilated run has neither."""
     record = run.record
     factor = (record.dilation or {}).get("factor")
     wanted = target_equivalent(images_per_sec, factor)
@@ -295,9 +302,10 @@ def _check_dilation(run: RunInput, images_per_sec: float, steps: pd.DataFrame) -
     if wanted is not None and not _close(record.target_images_per_sec, wanted):
         raise _forged(run, "target_images_per_sec", record.target_images_per_sec, wanted)
     if record.dilation is not None:
-        counted = measured_overruns(steps.to_dict("records"))
-        if record.dilation.get("overruns") != counted:
-            raise _forged(run, "dilation.overruns", record.dilation.get("overruns"), counted)
+        rows = steps.to_dict("records")
+        for key, counted in (("overruns", measured_overruns(rows)), ("stalls", measured_stalls(rows))):
+            if record.dilation.get(key, 0) != counted:
+                raise _forged(run, f"dilation.{key}", record.dilation.get(key), counted)
 
 
 def compare_tables(folder: Path) -> Tables:
