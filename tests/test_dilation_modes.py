@@ -128,7 +128,9 @@ def test_a_unit_late_only_because_the_host_did_not_run_it_is_a_stall_not_an_over
 def test_run_delay_grows_while_another_process_holds_the_only_core() -> None:
     cpus = os.sched_getaffinity(0)
     core = {min(cpus)}
-    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {core}); exec('while 1: pass')"])
+    busy = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {core}); exec('while 1: pass')"]
+    )
     try:
         os.sched_setaffinity(0, core)
         time.sleep(0.1)  # the other process is on the core
