@@ -42,7 +42,8 @@ Checks, each printed with its figures and PASS/FAIL:
 4. Modes agree: `real` and `modelled` target-equivalent images/sec within 5% (N=4, the real family).
 5. Prediction: the plan's images/sec for the V100 cluster against the measured target-equivalent ones at
    D, median absolute error <= 5% over the four strategies.
-6. Zero overruns in every run (each run's overruns and needed_factor are listed).
+6. Zero overruns in every run (each run's overruns, stalls and needed_factor are listed; a stall is a unit
+   late only because the host kept its rank off every core, not an overrun).
 
 The per-run records go to `runs.csv` and `runs.json` in `--out` (default: a new temporary folder).
 """
@@ -127,6 +128,7 @@ def train(out: Path, run: Run, repeat: int, plan: Path | None) -> dict[str, Any]
         "worker_comm_wait_s": float(workers.comm_wait_s.median()),
         "gb_per_step": metrics["gb_per_step"]["total"],
         "overruns": int(dilation.get("overruns", 0)),
+        "stalls": int(dilation.get("stalls", 0)),
         "needed_factor": dilation.get("needed_factor"),
         "split": metrics.get("split"),
     }
@@ -240,6 +242,7 @@ def report(runs: list[Run], plan: Path | None, args: argparse.Namespace, auto: d
                     "compute s": r.get("worker_compute_s"),
                     "comm wait s": r.get("worker_comm_wait_s"),
                     "overruns": r.get("overruns"),
+                    "stalls": r.get("stalls"),
                     "needed D": r.get("needed_factor"),
                     "wall s": r["wall_s"],
                 }
@@ -336,11 +339,13 @@ def report(runs: list[Run], plan: Path | None, args: argparse.Namespace, auto: d
     # 6. overruns
     checked = [r for r in runs if r.factor is not None and r.name != "ps 10gbit D=auto"]
     total = sum(r.overruns() for r in checked)
+    stalls = sum(x.get("stalls") or 0 for r in checked for x in r.records)
     worst = max((x.get("needed_factor") or 0.0, r.name) for r in checked for x in r.records)
     checks.append(
         (
             "6 overruns, every dilated run",
-            f"{total} in {sum(len(r.records) for r in checked)} runs; largest needed D {worst[0]:.3g} ({worst[1]})",
+            f"{total} in {sum(len(r.records) for r in checked)} runs ({stalls} stalls); largest needed D "
+            f"{worst[0]:.3g} ({worst[1]})",
             "0",
             total == 0,
         )
@@ -349,7 +354,7 @@ def report(runs: list[Run], plan: Path | None, args: argparse.Namespace, auto: d
         checks.append(
             (
                 "6 dilation.factor=auto (ps)",
-                f"chose D={auto.get('factor')}, overruns {auto.get('overruns')}, needed D "
+                f"chose D={auto.get('factor')}, overruns {auto.get('overruns')}, stalls {auto.get('stalls')}, needed D "
                 f"{auto.get('needed_factor') or 0:.3g}, target img/s {auto.get('target_images_per_sec') or 0:.1f}",
                 "0 overruns",
                 bool(auto["ok"]) and auto["overruns"] == 0,
