@@ -128,10 +128,15 @@ def test_an_unlimited_rate_needs_no_check() -> None:
     assert choice.to_dict()["measurements"] == []
 
 
+def test_a_single_host_has_no_link_to_check() -> None:  # the N=1 reference of a dilated experiment
+    choice = accurate_factor(1, "10gbit", candidates=(2, 4))
+    assert choice.factor == 2 and choice.measurements == () and choice.hosts == 1
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"hosts": 1}, "at least 2 hosts"),
+        ({"hosts": 0}, "at least 1 host"),
         ({"threshold": 0.0}, r"threshold must be in \(0, 1\], got 0.0"),
         ({"threshold": 1.5}, r"threshold must be in \(0, 1\], got 1.5"),
         ({"candidates": ()}, "positive candidate factors"),

@@ -130,17 +130,18 @@ def accurate_factor(
 ) -> FactorChoice:
     """The smallest factor D in `candidates` at which `hosts` emulated hosts' links, shaped to `rate` / D
     with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link under the
-    parameter server's load and of every host's link under the ring's."""
-    if hosts < 2:
-        raise ConfigError(f"the link check needs at least 2 hosts (a server and a worker), got {hosts}")
+    parameter server's load and of every host's link under the ring's. One host (a single-device run) has no
+    link and an unlimited rate shapes none: either is accurate at the smallest candidate, unmeasured."""
+    if hosts < 1:
+        raise ConfigError(f"the link check needs at least 1 host, got {hosts}")
     if not 0 < threshold <= 1:
         raise ConfigError(f"the link check's threshold must be in (0, 1], got {threshold}")
     if not candidates or min(candidates) <= 0:
         raise ConfigError(f"the link check needs positive candidate factors, got {list(candidates)}")
     if seconds <= 0:
         raise ConfigError(f"the link check's window must be positive, got {seconds} s")
-    if rate_bits_per_s(rate) is None:
-        return FactorChoice(rate, hosts, burst, threshold, 1.0, ())
+    if rate_bits_per_s(rate) is None or hosts == 1:
+        return FactorChoice(rate, hosts, burst, threshold, float(min(candidates)), ())
     measured: list[LinkMeasurement] = []
     for factor in sorted({float(c) for c in candidates}):
         measured.append(measure_link(hosts, rate, burst, factor, seconds))
