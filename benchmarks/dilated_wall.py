@@ -13,7 +13,7 @@ besides its steps (Python and torch imports, rank start-up, the emulated network
 (`benchmarks/workflow_local.py`) to see how far the estimate is from a measurement, then on one that was not.
 
 Usage: python benchmarks/dilated_wall.py [--experiment paper-dilated] [--start-s 5]
-                                         [--factor 1gbit=1 10gbit=8 25gbit=32]
+                                         [--factor 1gbit=1 10gbit=8 25gbit=32] [--overrides KEY=VALUE ...]
 ``--factor`` gives D per network where the experiment sets ``dilation.factor=auto`` (what the link check
 would choose is only known once it ran); ``--start-s`` the seconds a run costs besides its steps (5 s:
 the default workflow's 44 training runs took 484 s, 203 s of them AlexNet's 12 and 281 s ResNet-18's 32,
@@ -39,9 +39,9 @@ from ralp_pipe.planning.simulate import Grid, Servers, simulate
 from ralp_pipe.workflow.matrix import Matrix, parse_settings
 
 
-def step_times(experiment: str, dataset: str, model: str, gpus: list[int], gbit: list[float]) -> pd.DataFrame:
+def step_times(base: list[str], dataset: str, model: str, gpus: list[int], gbit: list[float]) -> pd.DataFrame:
     """Predicted target step time per strategy, N, link speed and overlap for one (dataset, model) pair."""
-    cfg = load([f"experiment={experiment}", f"dataset={dataset}", f"model={model}"])
+    cfg = load([*base, f"dataset={dataset}", f"model={model}"])
     batches = profile_batches(cfg.train.batch_size, [n for n in gpus if n > 1] or [2])
     profile = Profile.from_dict(devicemodel.modelled_profile(cfg, batches, max(gpus)), "modelled").to_dict()
     units = models.placement_units(models.build(model, cfg.dataset.num_classes, cfg.model.dropout))
@@ -58,9 +58,11 @@ def main() -> int:
     parser.add_argument("--experiment", default="paper-dilated")
     parser.add_argument("--start-s", type=float, default=5.0, help="seconds a run costs besides its steps")
     parser.add_argument("--factor", nargs="*", default=[], help="NETWORK=D where dilation.factor is auto")
+    parser.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides, e.g. 'experiment.repeats=1'")
     args = parser.parse_args()
-    matrix = Matrix(parse_settings({"experiment": args.experiment}))
-    base = load([f"experiment={args.experiment}"])
+    matrix = Matrix(parse_settings({"experiment": args.experiment, "overrides": args.overrides}))
+    overrides = [f"experiment={args.experiment}", *args.overrides]
+    base = load(overrides)
     given = {k: float(v) for k, v in (item.split("=", 1) for item in args.factor)}
     gbit = {n: rate_bits_per_s(load([f"network={n}"]).network.rate) / 1e9 for n in {r.network for r in matrix.runs}}
     factor = {}
@@ -78,7 +80,7 @@ def main() -> int:
     total, lines = 0.0, []
     for (dataset, model), runs in sorted(by_pair.items()):
         gpus = sorted({max(r.gpus, 2) for r in runs})
-        times = step_times(args.experiment, dataset, model, gpus, sorted(set(gbit.values())))
+        times = step_times(overrides, dataset, model, gpus, sorted(set(gbit.values())))
         seconds = 0.0
         for run in runs:
             n = max(run.gpus, 2)  # the reference: one worker's step, priced as allreduce's compute without a ring
