@@ -390,11 +390,11 @@ def _validate_experiment(e: ExperimentConfig) -> None:
         _choice("experiment.strategies[]", strategy, tuple(STRATEGY_KINDS))
     for gpus in e.gpus:
         _at_least("experiment.gpus[]", gpus, 2)
-    for model, gpus in e.gpus_by_model.items():
+    for model, own in e.gpus_by_model.items():
         _choice("experiment.gpus_by_model", model, e.models)
-        if not gpus or not set(gpus) <= set(e.gpus):
+        if not own or not set(own) <= set(e.gpus):
             raise ConfigError(
-                f"experiment.gpus_by_model.{model}={list(gpus)} must be some of experiment.gpus={e.gpus}: "
+                f"experiment.gpus_by_model.{model}={list(own)} must be some of experiment.gpus={e.gpus}: "
                 f"experiment.gpus lists every N of the experiment, a model's entry the N it runs at"
             )
     _at_least("experiment.repeats", e.repeats, 1)
