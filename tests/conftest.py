@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import pytest
@@ -19,6 +20,15 @@ from ralp_pipe.config import Config, load
 
 BUNDLE = "bundles/smoke-0123.tar.gz"  # the `bundle` fixture, below its results folder
 RALP_PIPE = Path(sys.executable).with_name("ralp-pipe")  # the installed command
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sigint_as_in_a_terminal() -> Iterator[None]:
+    """SIGINT as a terminal's foreground job has it. A shell that starts the suite in the background leaves it
+    ignored, and this process and every stage it starts would inherit that: the Ctrl-C tests would see nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
