@@ -239,9 +239,10 @@ def _read_profile(path: Path) -> Profile:
 
 def target_label(cfg: Config) -> str:
     """The target as the records name it: the device entry's name, or for a profile file what it timed
-    (:attr:`Profile.device_name`) and the file's name."""
-    profile = target_profile(cfg)
-    return cfg.dilation.target if profile is None else _labelled(profile, cfg.dilation.target)
+    (:attr:`Profile.device_name`) and the file's name; the file was checked against the run by :func:`targets`
+    before any rank started, so it is only read (once per process), not checked again."""
+    path = cfg.dilation.target_profile
+    return cfg.dilation.target if path is None else _labelled(_read_profile(path), cfg.dilation.target)
 
 
 def _labelled(profile: Profile, target: str) -> str:
