@@ -17,7 +17,7 @@ from PIL import Image
 
 from conftest import encode, folders_to_tars, noise_image
 from ralp_pipe import cli
-from ralp_pipe.data.shards import LOCK, prepare, read_manifest
+from ralp_pipe.data.shards import LOCK, PlannedShard, _remove_unfinished, prepare, read_manifest
 from ralp_pipe.data.sources import SourceError
 from ralp_pipe.data.tarshard import read_index
 
@@ -249,3 +249,17 @@ def test_killed_run_resumes_and_ends_like_a_clean_run(tmp_path, make_config):
         make_config(root, "dataset.shards.images_per_shard=1", f"paths.results={tmp_path / 'clean'}"), progress=False
     )
     assert (out / "manifest.json").read_bytes() == (clean / "manifest.json").read_bytes()
+
+
+def test_a_failed_pool_leaves_only_finished_shards(tmp_path: Path) -> None:
+    """Workers killed mid-write (another shard's full disk) leave temporaries and shards without their record:
+    the failure path removes both and keeps every shard that has its record."""
+    (tmp_path / "parts").mkdir()
+    for name in ("shard-000000.tar", "shard-000000.idx", "parts/shard-000000.json"):  # finished
+        (tmp_path / name).write_bytes(b"x")
+    for name in ("shard-000001.tar", "shard-000001.idx", ".shard-000002.tar.abc123.tmp", "parts/.x.json.q.tmp"):
+        (tmp_path / name).write_bytes(b"x")
+    plan = [PlannedShard(f"shard-00000{i}", (), "") for i in range(3)]
+    _remove_unfinished(tmp_path, plan)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["parts/shard-000000.json", "shard-000000.idx", "shard-000000.tar"]

@@ -183,7 +183,7 @@ def make_plan(found: Scan, options: dict[str, Any]) -> list[PlannedShard]:
 
 def build_shard(out: Path, shard: PlannedShard, options: dict[str, Any], strict: bool) -> dict[str, Any]:
     """Write one planned shard (tar, index, record) unless an identical finished one is there; return its record."""
-    record_path = out / RECORDS / f"{shard.name}.json"
+    record_path = _record_path(out, shard.name)
     kept = _finished_record(out, shard, record_path)
     if kept is not None:
         return kept
@@ -314,9 +314,13 @@ def _build_all(
                 records[shard.name] = build_shard(out, shard, options, strict)
                 bar.update(len(shard.items))
         else:
-            with process_pool(min(dataset.shards.workers, len(plan))) as pool:
-                futures = {pool.submit(build_shard, out, s, options, strict): s for s in plan}
-                _collect(futures, records, bar)
+            try:
+                with process_pool(min(dataset.shards.workers, len(plan))) as pool:
+                    futures = {pool.submit(build_shard, out, s, options, strict): s for s in plan}
+                    _collect(futures, records, bar)
+            except BaseException:
+                _remove_unfinished(out, plan)
+                raise
     return [records[shard.name] for shard in plan]
 
 
@@ -328,6 +332,21 @@ def _collect(
         shard = futures[future]
         records[shard.name] = future.result()
         bar.update(len(shard.items))
+
+
+def _record_path(out: Path, shard: str) -> Path:
+    """Where shard `shard`'s record lies (written last: a shard with its record is finished)."""
+    return out / RECORDS / f"{shard}.json"
+
+
+def _remove_unfinished(out: Path, plan: list[PlannedShard]) -> None:
+    """After the pool killed its workers, some maybe mid-write: delete their temporaries and any shard
+    written without its record yet (this process holds the folder's lock, so all of them are ours)."""
+    _remove_leftovers(out, {shard.name for shard in plan})
+    for shard in plan:
+        if not _record_path(out, shard.name).exists():
+            for suffix in (".tar", ".idx"):
+                (out / f"{shard.name}{suffix}").unlink(missing_ok=True)
 
 
 def _remove_leftovers(out: Path, planned: set[str]) -> None:
