@@ -49,7 +49,6 @@ def test_a_low_rate_is_accurate_undilated() -> None:
     for tried in choices:
         _check_records(tried)
     assert choice.factor == 1 and len(choice.measurements) == 1, [c.to_dict() for c in choices]
-    _check_records(choice)
     # The interface counts TCP payload plus one header per offloaded packet: ~0.96 of what tbf released.
     only = choice.measurements[0]
     assert 0.85 < only.wire_upload < 1.1 and 0.85 < only.wire_download < 1.1, only
