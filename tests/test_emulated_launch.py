@@ -11,10 +11,9 @@ import pandas as pd
 import pytest
 
 from ralp_pipe.config import load
-from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.config.units import TCP_PAYLOAD_PER_WIRE_BYTE, rate_bits_per_s
 from ralp_pipe.contract.layout import STEPS_FILE
 from ralp_pipe.engine.train import run
-from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.runtime import emulated
 from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites
 from ralp_pipe.runtime.launch import PythonMain, launch_local

@@ -12,6 +12,7 @@ from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime import linkcheck
 from ralp_pipe.runtime.linkcheck import FactorChoice, LinkMeasurement, accurate_factor
+from ralp_pipe.runtime.ringcheck import RingMeasurement, message_bytes
 
 
 def _check_records(choice: FactorChoice) -> None:
@@ -22,7 +23,8 @@ def _check_records(choice: FactorChoice) -> None:
     assert choice.measurements[-1].worst >= choice.threshold
     for m in choice.measurements:
         assert m.shaped_rate == shaped_rate(choice.rate, m.factor)
-        assert m.worst == min(m.upload, m.download, m.ring_upload, m.ring_download)
+        backend = () if m.backend is None else (m.backend.efficiency,)
+        assert m.worst == min(m.upload, m.download, m.ring_upload, m.ring_download, *backend)
         assert m.seconds > 0 and 0 <= m.kernel_cpu <= 1 and m.timing_error >= 0
         assert m.wire_upload > 0 and m.wire_download > 0  # the interface counters saw the traffic
         # The ring: every host's link measured both ways, the worst host's figures recorded.
@@ -121,6 +123,61 @@ def test_a_factor_is_chosen_only_where_both_loads_are_accurate(
     assert dataclasses.asdict(choice.measurements[-1]).keys() <= last.keys()
 
 
+def _ring(efficiency: float) -> RingMeasurement:
+    return RingMeasurement(3, "20gbit", 1 << 20, 3, 0.3, efficiency * 1e9, efficiency)
+
+
+@pytest.mark.parametrize(
+    ("rings", "chosen"),
+    [({1: 0.8, 2: 0.96}, 2), ({1: 0.99}, 1)],
+)
+def test_an_all_reduce_run_also_needs_the_backends_ring_to_keep_up(
+    monkeypatch: pytest.MonkeyPatch, rings: dict[int, float], chosen: float
+) -> None:
+    """The backend's ring is measured only at a D whose streams pass (here D = 1 and up), and can raise D."""
+    streams = {1: 0.96, 2: 0.99, 4: 0.99}
+    monkeypatch.setattr(
+        linkcheck,
+        "measure_link",
+        lambda hosts, rate, burst, factor, seconds: _measured(factor, streams[int(factor)], 1.0),
+    )
+    monkeypatch.setattr(
+        linkcheck, "measure_backend", lambda hosts, rate, burst, factor: _ring(rings[int(2 * factor)])
+    )  # measured at twice the run's rate: half its factor
+    choice = accurate_factor(3, "10gbit", backend_ring=True)
+    assert choice.factor == chosen
+    assert [m.backend.efficiency for m in choice.measurements if m.backend] == list(rings.values())
+    record = choice.to_dict()
+    assert json.loads(json.dumps(record)) == record
+    assert record["measurements"][-1]["backend"]["efficiency"] == rings[int(chosen)]
+    assert record["measurements"][-1]["worst"] == min(streams[int(chosen)], rings[int(chosen)])
+
+
+def test_a_backend_ring_that_never_keeps_up_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, 1.0, 1.0)
+    )
+    monkeypatch.setattr(linkcheck, "measure_backend", lambda hosts, rate, burst, factor: _ring(0.5 + factor / 5))
+    with pytest.raises(
+        ConfigError, match=r"at best 0\.70 of their rate \(D=2; parameter server 1\.00, ring 1\.00, all-reduce 0\.70\)"
+    ):
+        accurate_factor(3, "10gbit", candidates=(1, 2), backend_ring=True)
+
+
+@pytest.mark.netns
+@pytest.mark.slow  # starts gloo ranks in the namespaces: ~7 s
+def test_the_backends_ring_keeps_up_with_a_low_rate_and_runs_at_twice_it() -> None:
+    choice = accurate_factor(3, "200mbit", backend_ring=True)
+    _check_records(choice)
+    chosen = choice.measurements[-1]
+    backend = chosen.backend
+    assert backend is not None and backend.hosts == 3, choice.to_dict()
+    assert backend.rate == shaped_rate("200mbit", chosen.factor / linkcheck.BACKEND_HEADROOM)  # the headroom's rate
+    # gloo's ring at 400 Mbit/s: the links bind, not the cores (measured 1.00 at 200 Mbit/s here)
+    assert 0.9 < backend.efficiency < 1.1, choice.to_dict()
+    assert backend.bus_bytes_per_s == pytest.approx(backend.message_bytes * 4 / 3 / backend.seconds)
+
+
 def test_a_ring_that_never_keeps_up_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, 1.0, 0.7)
@@ -155,3 +212,12 @@ def test_a_single_host_has_no_link_to_check() -> None:  # the N=1 reference of a
 def test_bad_input_is_refused_before_any_cluster(arguments: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         accurate_factor(**{"hosts": 4, "rate": "1gbit", **arguments})
+
+
+@pytest.mark.parametrize(
+    ("hosts", "payload", "expected"),
+    [(8, 1.2e9, 25 << 20), (2, 1e6, 1 << 20), (4, 2e7, int(0.3 * 2e7 * 4 / 6) // 4 * 4)],
+    ids=["capped-at-a-ddp-bucket", "at-least-1-mib", "0.3-s-of-ring-traffic"],
+)
+def test_the_ring_message_is_about_0_3_s_of_traffic(hosts: int, payload: float, expected: int) -> None:
+    assert message_bytes(hosts, payload) == expected and expected % 4 == 0

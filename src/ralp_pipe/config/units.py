@@ -10,6 +10,8 @@ import re
 from ralp_pipe.errors import ConfigError
 
 UNLIMITED = "unlimited"
+# tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
+TCP_PAYLOAD_PER_WIRE_BYTE = 1448 / 1514
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)(b|k|kb|m|mb|g|gb)?$")
@@ -30,6 +32,12 @@ def rate_bytes_per_s(rate: str, key: str = "network.rate") -> float | None:
     """Bytes/s of a tc rate (``unlimited``: None)."""
     bits = rate_bits_per_s(rate, key)
     return None if bits is None else bits / 8
+
+
+def payload_bytes_per_s(rate: str, key: str = "network.rate") -> float | None:
+    """TCP payload bytes/s one direction of a link shaped to `rate` carries (``unlimited``: None)."""
+    wire = rate_bytes_per_s(rate, key)
+    return None if wire is None else wire * TCP_PAYLOAD_PER_WIRE_BYTE
 
 
 def size_bytes(size: str, key: str = "network.burst") -> float:

@@ -228,7 +228,8 @@ def resolve_auto(
     Real mode: the ranks run :data:`CALIBRATION_STEPS` steps after a warm-up, undilated and all at once on
     their hosts, measuring every unit's time against its target time; D = ``dilation.margin`` x the largest
     ratio (:func:`ralp_pipe.engine.dilation.auto_factor`). Modelled mode: D is the smallest at which the
-    emulated links deliver ``dilation.link_accuracy`` of network.rate / D
+    emulated links deliver ``dilation.link_accuracy`` of network.rate / D and, for ``allreduce``, gloo's
+    all-reduce across the run's hosts reaches that share of their payload rate
     (:func:`ralp_pipe.runtime.linkcheck.accurate_factor`).
     """
     d = cfg.dilation
@@ -269,7 +270,11 @@ def resolve_auto(
         print(
             f"ralp-pipe train: dilation.factor=auto: measuring the emulated links at {cfg.network.rate} / D", flush=True
         )
-        choice = accurate_factor(topo.num_hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy)
+        kind = strategy_kind(topo.strategy)
+        all_reduces = not (kind.has_ps or kind.places_layers) and topo.num_workers > 1  # gloo's ring moves gradients
+        choice = accurate_factor(
+            topo.num_hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy, backend_ring=all_reduces
+        )
         factor, how = choice.factor, {"method": "links", **choice.to_dict()}
     print(f"ralp-pipe train: dilation.factor=auto chose D = {factor:g}", flush=True)
     cfg = dilation.with_factor(cfg, factor)

@@ -65,12 +65,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, cast
 
 from ralp_pipe.config import strategy_kind
-from ralp_pipe.config.units import rate_bytes_per_s
+from ralp_pipe.config.units import payload_bytes_per_s
 from ralp_pipe.contract.records import at_batch, unit_curve
 from ralp_pipe.engine.models import check_split
 
-# tc shapes wire bytes; TCP over Ethernet carries 1448 payload bytes per 1514-byte frame.
-TCP_PAYLOAD_PER_WIRE_BYTE = 1448 / 1514
 # DDP's gradient buckets: the first (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then bucket_cap_mb's default
 DDP_FIRST_BUCKET_BYTES = 2**20
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -395,9 +393,9 @@ def effective_link(
     candidates: list[tuple[float, str]] = []
     if measured_bytes_per_s:
         candidates.append((float(measured_bytes_per_s), "measured"))
-    configured = rate_bytes_per_s(rate) if rate else None
+    configured = payload_bytes_per_s(rate) if rate else None
     if configured:
-        candidates.append((configured * TCP_PAYLOAD_PER_WIRE_BYTE, f"configured {rate}"))
+        candidates.append((configured, f"configured {rate}"))
     if not candidates:
         raise ValueError(
             "no link bandwidth: the profile has no measured bandwidth and the rate is unlimited; "

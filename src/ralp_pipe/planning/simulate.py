@@ -22,9 +22,10 @@ import pandas as pd
 
 from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
+from ralp_pipe.config.units import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.contract.records import LinkProbe, Profile, check_profile_matches
 from ralp_pipe.engine import devicemodel, models
-from ralp_pipe.planning.costmodel import TCP_PAYLOAD_PER_WIRE_BYTE, Link, Pipelining, Pricing, compute_costs
+from ralp_pipe.planning.costmodel import Link, Pipelining, Pricing, compute_costs
 from ralp_pipe.planning.planner import best_prediction, pipelining_of, volume_function
 from ralp_pipe.planning.profiling import profile_batches
 
