@@ -10,8 +10,11 @@ direction over R / D, the relative error the counters' read times may put on bot
 ratios from the interface counters (TCP payload plus one header per offloaded packet, ~0.96 where
 tbf is exact), the kernel's share of the machine's CPU (all processes); for the ring's: the worst
 host's upload and download (tbf's bytes), their +-, the worst host's interface ratios and the
-kernel's share; then the chosen D.
-Run: `python benchmarks/link_accuracy.py [--hosts 5 9] [--rates 1gbit 10gbit 25gbit] [--seconds 0.5]`.
+kernel's share; then the chosen D. With `--backend-ring` (what an `allreduce` run's check adds), a D
+the streams pass must also let gloo's all-reduce across the hosts reach 0.95 of the payload rate at
+twice the link rate; printed: its links' rate, message size and that ratio ("all-reduce").
+Run: `python benchmarks/link_accuracy.py [--hosts 5 9] [--rates 1gbit 10gbit 25gbit] [--seconds 0.5]
+[--backend-ring]`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ def _row(hosts: int, rate: str, m: LinkMeasurement) -> str:
         f"{m.timing_error:7.3f} {m.wire_upload:8.3f} {m.wire_download:10.3f} {m.kernel_cpu:11.2f} | "
         f"{m.ring_upload:7.3f} {m.ring_download:9.3f} {m.ring_timing_error:7.3f} {m.ring_wire_upload:8.3f} "
         f"{m.ring_wire_download:10.3f} {m.ring_kernel_cpu:11.2f}"
+        + (
+            ""
+            if m.backend is None
+            else f" | {m.backend.rate:>15} {m.backend.message_bytes:>9} {m.backend.efficiency:10.3f}"
+        )
     )
 
 
@@ -37,6 +45,7 @@ def main() -> int:
     parser.add_argument("--hosts", nargs="+", type=int, default=[5, 9])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit", "25gbit"])
     parser.add_argument("--seconds", type=float, default=WINDOW_S, help="measured window per factor")
+    parser.add_argument("--backend-ring", action="store_true", help="also gloo's all-reduce, as for allreduce runs")
     args = parser.parse_args()
     print(
         f"threshold {THRESHOLD}: both directions of host 0's link (parameter server) and of every host's link "
@@ -44,12 +53,13 @@ def main() -> int:
     )
     figures = f"{'upload':>7} {'download':>9} {'+-':>7} {'wire up':>8} {'wire down':>10} {'kernel cpu':>11}"
     print(f"{'':>34} {'parameter server':<55}   {'ring (worst host)':<55}")
-    print(f"{'hosts':>5} {'rate':>7} {'D':>4} {'tc rate':>15} {figures} | {figures}")
+    backend = f" | {'ring tc rate':>15} {'bytes':>9} {'all-reduce':>10}" if args.backend_ring else ""
+    print(f"{'hosts':>5} {'rate':>7} {'D':>4} {'tc rate':>15} {figures} | {figures}{backend}")
     chosen = []
     for hosts in args.hosts:
         for rate in args.rates:
             try:
-                choice = accurate_factor(hosts, rate, seconds=args.seconds)
+                choice = accurate_factor(hosts, rate, seconds=args.seconds, backend_ring=args.backend_ring)
             except ConfigError as exc:
                 chosen.append(f"{hosts} hosts at {rate}: none ({exc})")
                 continue

@@ -371,6 +371,31 @@ def test_tables_carry_measured_and_target_equivalent_figures_and_flag_overruns(t
         check_record(run)  # verify recomputes them from the step records
 
 
+def test_speedups_compare_target_equivalent_figures_when_auto_chose_another_factor_per_strategy(
+    tmp_path: Path,
+) -> None:
+    """`dilation.factor=auto` picks D per run (allreduce's ring check needs a larger one): a speedup over a baseline
+    run at another D is the ratio of target-equivalent images/sec, never of the measured ones."""
+    runs = write_results(tmp_path, models=("vgg11",), gpus=(4,), repeats=2)
+    factors = {"ps": 2.0, "allreduce": 16.0, "ralp_h": 4.0, "ralp_n": 4.0}
+    for run in runs:
+        _dilate(run, factors[run.parent.name], overruns=0)
+    tables = build_tables(load_records(runs, [tmp_path / "plans"]))
+    rows, speed = tables.runs.set_index("strategy"), tables.speedups.set_index("strategy")
+    for strategy, row in rows.iterrows():
+        for baseline in ("ps", "allreduce"):
+            target = row.target_images_per_sec / rows.loc[baseline, "target_images_per_sec"]
+            assert row[f"speedup_vs_{baseline}"] == pytest.approx(target), (strategy, baseline)
+            assert speed.loc[strategy, f"{baseline}_images_per_sec"] == pytest.approx(
+                rows.loc[baseline, "target_images_per_sec"]
+            )
+        assert speed.loc[strategy, "images_per_sec"] == pytest.approx(row.target_images_per_sec)
+    measured = rows.loc["ralp_n", "images_per_sec"] / rows.loc["allreduce", "images_per_sec"]
+    assert rows.loc["ralp_n", "speedup_vs_allreduce"] == pytest.approx(measured * 4.0 / 16.0)
+    for run in load_records(runs, [tmp_path / "plans"]):
+        check_record(run)
+
+
 def test_undilated_tables_have_no_target_figures(tmp_path: Path) -> None:
     tables = build_tables(load_records(write_results(tmp_path, models=("vgg11",), gpus=(2,)), [tmp_path / "plans"]))
     assert tables.runs["target_images_per_sec"].isna().all() and (tables.runs["overruns"] == 0).all()

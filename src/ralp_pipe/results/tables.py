@@ -5,7 +5,9 @@ Each run's :class:`~ralp_pipe.contract.records.RunMetrics`, its steps.parquet an
 ``repeats.parquet``; ``runs.parquet`` has one row per configuration (model, dataset, N, network,
 strategy), its figures the mean over the repeats with the standard deviation and a 95% t-interval of
 images/sec (:mod:`ralp_pipe.results.intervals`); speedups are ratios of means with delta-method
-intervals. In both tables ``strategy`` is the row's name: the strategy, or ``<strategy>-sequential``
+intervals, of target-equivalent images/sec where a configuration was dilated (``dilation.factor=auto``
+may choose another D per strategy, so measured figures are not comparable), measured ones where not
+(:func:`comparable`). In both tables ``strategy`` is the row's name: the strategy, or ``<strategy>-sequential``
 for the sequential ablation (``strategy.overlap=false``, column ``overlap``); speedups are over the
 pipelined ``ps`` and over ``allreduce`` of the same group. Missing values are nulls (NaN for numbers).
 """
@@ -224,7 +226,7 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     """runs.parquet: one row per configuration, with speedups over `ps` and `allreduce` in the same group."""
     groups = repeats.groupby(CONFIGURATION, sort=False, dropna=False)
     frame = _typed(order(pd.DataFrame([_configuration_row(group) for _, group in groups]), CONFIGURATION))
-    estimates = {key: _estimate(group["images_per_sec"]) for key, group in groups}
+    estimates = {key: _estimate(_compared(group)) for key, group in groups}
     for baseline in BASELINES:
         ratios = []
         for key in frame[CONFIGURATION].itertuples(index=False, name=None):
@@ -242,6 +244,11 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def _compared(repeats: pd.DataFrame) -> pd.Series:
+    """Each repeat's images/sec as speedups compare them: target-equivalent where dilated, measured where not."""
+    return repeats["target_images_per_sec"].where(repeats["dilation_factor"].notna(), repeats["images_per_sec"])
+
+
 def comparable(runs: pd.DataFrame) -> pd.DataFrame:
     """`images_per_sec` and its interval as the planner predicts them: target-equivalent where a configuration was
     dilated (its plan priced the target's devices and link), measured where not."""
@@ -251,11 +258,13 @@ def comparable(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedups_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """speedups.parquet: throughput of each configuration next to each baseline's, their ratio and its interval."""
-    frame = runs[CONFIGURATION + ["repeats", "images_per_sec", "dilation_factor", "overruns", "late_s"]].copy()
+    """speedups.parquet: throughput of each configuration next to each baseline's, their ratio and its interval
+    (images/sec as compared: target-equivalent where dilated, :func:`comparable`)."""
+    frame = runs[CONFIGURATION + ["repeats", "dilation_factor", "overruns", "late_s"]].copy()
+    frame.insert(len(CONFIGURATION) + 1, "images_per_sec", comparable(runs)["images_per_sec"])
     for baseline in BASELINES:
         ratio = runs[f"speedup_vs_{baseline}"]
-        frame[f"{baseline}_images_per_sec"] = runs["images_per_sec"] / ratio
+        frame[f"{baseline}_images_per_sec"] = frame["images_per_sec"] / ratio
         frame[f"speedup_vs_{baseline}"] = ratio
         frame[f"speedup_vs_{baseline}_ci_low"] = runs[f"speedup_vs_{baseline}_ci_low"]
         frame[f"speedup_vs_{baseline}_ci_high"] = runs[f"speedup_vs_{baseline}_ci_high"]
