@@ -334,8 +334,8 @@ class PushPullClient:
     is pushed after backward, then pulled before the step returns.
 
     `credit` (BytePS's scheduling credit) caps, per server, the buckets pushed and not yet
-    pulled back; the next for that server waits for its oldest pull. It keeps the workers within
-    a few buckets of each other. Without it TCP lets one worker's pushes take the PS link while
+    pulled back; the next for that server waits for its oldest pull, inside backward's gradient
+    hook where the bucket became ready. It keeps the workers within a few buckets of each other. Without it TCP lets one worker's pushes take the PS link while
     the server, needing every worker's copy of a bucket, has nothing to send back (measured: the
     PS's upload idle for a third of the step).
     """
@@ -390,7 +390,11 @@ class PushPullClient:
     def _on_gradient(self, param: torch.Tensor) -> None:
         for bucket in self.buckets_of[id(param)]:
             self._left[bucket] -= 1
-        while self._next < len(self.buckets) and self._left[self._next] == 0 and not self._in_flight(self._next):
+        # A ready bucket without credit waits here for its server's oldest pull. Waiting is the only way to learn
+        # that a pull has landed (gloo's point-to-point work cannot be polled), so deferring the push to a later
+        # hook instead would hold every bucket past the first `credit` per server until backward has ended.
+        while self._next < len(self.buckets) and self._left[self._next] == 0:
+            self.wait_pulls(self._in_flight(self._next))
             self._push(self._next)
 
     def _in_flight(self, b: int) -> list[int]:
