@@ -53,6 +53,7 @@ class LedgerComm:
     """A communicator whose transfers complete when waited on; it logs every push, pull and wait, in order."""
 
     ordered_p2p = False
+    wait_s = 0.0
 
     def __init__(self) -> None:
         self.log: list[tuple[str, int]] = []
@@ -67,6 +68,9 @@ class LedgerComm:
 
     def wait(self, handles: list[tuple[str, int]], setup: bool = False) -> None:
         self.log += [("waited", b) for kind, b in handles if kind == "pull"]
+
+    def add_wait(self, seconds: float) -> None:
+        pass
 
     def _bucket(self, tensor: torch.Tensor) -> int:
         return self.starts[tensor.storage_offset()]

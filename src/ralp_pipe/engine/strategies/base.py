@@ -11,6 +11,7 @@ give exactly the update per-tensor SGD gives.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -393,9 +394,12 @@ class PushPullClient:
         # A ready bucket without credit waits here for its server's oldest pull. Waiting is the only way to learn
         # that a pull has landed (gloo's point-to-point work cannot be polled), so deferring the push to a later
         # hook instead would hold every bucket past the first `credit` per server until backward has ended.
+        # Issuing the pushes is communication too: it is counted as such, not as the unit's own work.
+        began, waited = time.perf_counter(), self.comm.wait_s
         while self._next < len(self.buckets) and self._left[self._next] == 0:
             self.wait_pulls(self._in_flight(self._next))
             self._push(self._next)
+        self.comm.add_wait(time.perf_counter() - began - (self.comm.wait_s - waited))
 
     def _in_flight(self, b: int) -> list[int]:
         """The pulls from bucket `b`'s server to wait for before `b` may leave: none while fewer than
