@@ -7,8 +7,8 @@ strategy), its figures the mean over the repeats with the standard deviation and
 images/sec (:mod:`ralp_pipe.results.intervals`); speedups are ratios of means with delta-method
 intervals, of target-equivalent images/sec where a configuration was dilated (``dilation.factor=auto``
 may choose another D per strategy, so measured figures are not comparable), measured ones where not
-(:func:`comparable`). In both tables ``strategy`` is the row's name: the strategy, or ``<strategy>-sequential``
-for the sequential ablation (``strategy.overlap=false``, column ``overlap``); speedups are over the
+(:func:`comparable`). In both tables ``strategy`` is the row's name: the strategy, or
+``<strategy>-sequential`` for the sequential ablation (``strategy.overlap=false``, column ``overlap``); speedups are over the
 pipelined ``ps`` and over ``allreduce`` of the same group. Missing values are nulls (NaN for numbers).
 """
 

@@ -24,10 +24,11 @@ training backend's own ring (:func:`ralp_pipe.runtime.ringcheck.ring_efficiency`
 and copies share the cores with the kernel's TCP work, so the ring can fall short at a D the plain
 streams pass. The ring runs at :data:`BACKEND_HEADROOM` times the run's link rate, because the
 run's ranks also pace, copy DDP's buckets and run Python on those cores: 8 hosts at 10 Gbit/s / 4
-all-reduced at 0.93-0.95 of the payload rate alone, while `allreduce` at N = 8 and D = 4 measured
-23% below its D = 16 figure (D = 8: 4% below). It returns the first D whose worst direction (tbf's bytes) under both loads (for the
-ring, the worst host's upload and download), and the backend ring's bus bandwidth over the payload
-rate where measured, reach the threshold, with every measurement taken.
+all-reduced at 0.89 of the payload rate alone, while ``allreduce`` at N = 8 and D = 4 measured 23%
+below its D = 16 figure (D = 8: 4% below). It returns the first D whose worst direction (tbf's
+bytes) under both loads (for the ring, the worst host's upload and download), and the backend
+ring's bus bandwidth over the payload rate where measured, reach the threshold, with every
+measurement taken.
 """
 
 from __future__ import annotations

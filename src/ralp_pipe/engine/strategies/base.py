@@ -336,9 +336,10 @@ class PushPullClient:
 
     `credit` (BytePS's scheduling credit) caps, per server, the buckets pushed and not yet
     pulled back; the next for that server waits for its oldest pull, inside backward's gradient
-    hook where the bucket became ready. It keeps the workers within a few buckets of each other. Without it TCP lets one worker's pushes take the PS link while
-    the server, needing every worker's copy of a bucket, has nothing to send back (measured: the
-    PS's upload idle for a third of the step).
+    hook where the bucket became ready. It keeps the workers within a few buckets of each other.
+    Without it TCP lets one worker's pushes take the PS link while the server, needing every
+    worker's copy of a bucket, has nothing to send back (measured: the PS's upload idle for a
+    third of the step).
     """
 
     def __init__(
