@@ -226,7 +226,7 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     """runs.parquet: one row per configuration, with speedups over `ps` and `allreduce` in the same group."""
     groups = repeats.groupby(CONFIGURATION, sort=False, dropna=False)
     frame = _typed(order(pd.DataFrame([_configuration_row(group) for _, group in groups]), CONFIGURATION))
-    estimates = {key: _estimate(_compared(group)) for key, group in groups}
+    estimates = {key: _estimate(_target_where_dilated(group, "images_per_sec")) for key, group in groups}
     for baseline in BASELINES:
         ratios = []
         for key in frame[CONFIGURATION].itertuples(index=False, name=None):
@@ -244,17 +244,16 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _compared(repeats: pd.DataFrame) -> pd.Series:
-    """Each repeat's images/sec as speedups compare them: target-equivalent where dilated, measured where not."""
-    return repeats["target_images_per_sec"].where(repeats["dilation_factor"].notna(), repeats["images_per_sec"])
+def _target_where_dilated(frame: pd.DataFrame, column: str) -> pd.Series:
+    """`column` of each row (a repeat or a configuration) as compared: its ``target_`` twin where dilated."""
+    return frame[f"target_{column}"].where(frame["dilation_factor"].notna(), frame[column])
 
 
 def comparable(runs: pd.DataFrame) -> pd.DataFrame:
     """`images_per_sec` and its interval as the planner predicts them: target-equivalent where a configuration was
     dilated (its plan priced the target's devices and link), measured where not."""
     columns = ["images_per_sec", "images_per_sec_ci_low", "images_per_sec_ci_high"]
-    dilated = runs["dilation_factor"].notna()
-    return pd.DataFrame({c: runs[f"target_{c}"].where(dilated, runs[c]) for c in columns}, index=runs.index)
+    return pd.DataFrame({c: _target_where_dilated(runs, c) for c in columns}, index=runs.index)
 
 
 def speedups_table(runs: pd.DataFrame) -> pd.DataFrame:
