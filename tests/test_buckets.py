@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -50,7 +53,8 @@ def test_the_sequential_layout_is_one_contiguous_near_equal_range_per_server(ser
 
 
 class LedgerComm:
-    """A communicator whose transfers complete when waited on; it logs every push, pull and wait, in order."""
+    """A communicator whose pulls land only when the test lands them; it logs every push and every landed pull,
+    in order, and which thread waited where."""
 
     ordered_p2p = False
     wait_s = 0.0
@@ -58,16 +62,26 @@ class LedgerComm:
     def __init__(self) -> None:
         self.log: list[tuple[str, int]] = []
         self.starts: dict[int, int] = {}  # a bucket's first element -> its index
+        self.landed: dict[int, threading.Event] = {}
+        self.credit_waits = 0  # waits not counted as the step's (the sender thread's)
 
     def isend(self, tensor: torch.Tensor, dst: int, category: str) -> tuple[str, int]:
         self.log.append(("push", self._bucket(tensor)))
         return ("push", self._bucket(tensor))
 
     def irecv(self, tensor: torch.Tensor, src: int) -> tuple[str, int]:
+        self.landed.setdefault(self._bucket(tensor), threading.Event())
         return ("pull", self._bucket(tensor))
 
-    def wait(self, handles: list[tuple[str, int]], setup: bool = False) -> None:
-        self.log += [("waited", b) for kind, b in handles if kind == "pull"]
+    def land(self, b: int) -> None:
+        self.log.append(("landed", b))
+        self.landed.setdefault(b, threading.Event()).set()
+
+    def wait(self, handles: list[tuple[str, int]], counted: bool = True) -> None:
+        for kind, b in handles:
+            if kind == "pull":
+                self.credit_waits += not counted
+                assert self.landed[b].wait(timeout=10), f"bucket {b}'s pull never landed"
 
     def add_wait(self, seconds: float) -> None:
         pass
@@ -76,9 +90,18 @@ class LedgerComm:
         return self.starts[tensor.storage_offset()]
 
 
+def _pushed(comm: LedgerComm, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while sum(kind == "push" for kind, _ in comm.log) < count:
+        assert time.monotonic() < deadline, comm.log
+        time.sleep(0.001)
+
+
 @pytest.mark.parametrize("servers", [[9], [8, 9]])
 @pytest.mark.parametrize("credit", [0, 1, 2])
-def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls(credit: int, servers: list[int]) -> None:
+def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls_while_backward_runs_on(
+    credit: int, servers: list[int]
+) -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))  # 60 elements: 6 buckets of 10
     params = list(net.parameters())
@@ -87,16 +110,21 @@ def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls(cr
     comm.starts = {b.start: index for index, b in enumerate(buckets)}
     client = PushPullClient(comm, params, buckets, overlap=True, credit=credit)  # type: ignore[arg-type]
     client.begin()
-    net(torch.randn(2, 4)).sum().backward()  # every bucket's gradients are ready by the end
-    during_backward = sum(kind == "push" for kind, _ in comm.log)
-    client.end_backward()
-    # every bucket leaves during backward, a bucket without credit right after its server's oldest pull was waited
-    # for (a push deferred to a later hook would wait for the end of backward: pulls cannot be polled)
-    assert during_backward == len(buckets)
-    waits_in_backward = sum(kind == "waited" for kind, _ in comm.log)
-    assert waits_in_backward == (0 if credit == 0 else len(buckets) - credit * len(servers)), comm.log
+    # no pull lands during backward: with credit, backward still ends (the sender waits, not the hook)
+    net(torch.randn(2, 4)).sum().backward()
+    first = len(buckets) if credit == 0 else credit * len(servers)
+    _pushed(comm, first)
+    time.sleep(0.05)
+    assert sum(kind == "push" for kind, _ in comm.log) == first, comm.log
+    landing = threading.Thread(target=lambda: [(time.sleep(0.01), comm.land(b)) for b in range(len(buckets))])
+    landing.start()
+    client.end_backward()  # returns once every bucket is pushed
+    assert sum(kind == "push" for kind, _ in comm.log) == len(buckets)
+    landing.join()
+    client.finish()
+    assert comm.credit_waits == (0 if credit == 0 else len(buckets) - credit * len(servers)), comm.log
     assert [b for kind, b in comm.log if kind == "push"] == list(range(len(buckets)))  # always in bucket order
-    pending: dict[int, set[int]] = {server: set() for server in servers}  # pushed, pull not yet waited for
+    pending: dict[int, set[int]] = {server: set() for server in servers}  # pushed, pull not yet landed
     for kind, b in comm.log:
         server = buckets[b].server
         if kind == "push":

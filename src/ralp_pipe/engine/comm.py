@@ -7,8 +7,9 @@ Counting happens where tensors are sent: :meth:`Comm.isend` counts the tensor it
 Bytes are kept per category and per peer until :meth:`Comm.take` hands them over (once per
 training step). Time spent blocked in :meth:`Comm.wait` is the step's communication wait.
 Setup traffic (a parameter server's initial buckets, once per run) belongs to no step: it is
-sent under :data:`SETUP` and waited for with ``setup=True``, so neither its bytes nor its wait
-are counted.
+sent under :data:`SETUP` and waited for with ``counted=False``, so neither its bytes nor its wait
+are counted. A rank may issue and wait from two threads (a worker's push scheduler beside its
+training loop): counting is locked, and a handle completes once, whichever thread waits first.
 
 With gloo, point-to-point traffic of CUDA tensors is staged through host memory (gloo sends
 host buffers only); NCCL sends device tensors directly.
@@ -16,6 +17,7 @@ host buffers only); NCCL sends device tensors directly.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -45,13 +47,20 @@ class Handle:
     work: dist.Work | None  # None: torch started nothing (it returns None for ranks outside the group)
     target: torch.Tensor | None = None
     staging: torch.Tensor | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _done: bool = False
 
     def finish(self) -> None:
-        """Block until the transfer is complete (and copy a staged receive into place)."""
-        if self.work is not None:
-            self.work.wait()
-        if self.target is not None and self.staging is not None:
-            self.target.copy_(self.staging)
+        """Block until the transfer is complete (and copy a staged receive into place). Waiting twice, or from
+        two threads, returns once it is complete: gloo's work must be waited for exactly once."""
+        with self._lock:
+            if self._done:
+                return
+            if self.work is not None:
+                self.work.wait()
+            if self.target is not None and self.staging is not None:
+                self.target.copy_(self.staging)
+            self._done = True
 
 
 @dataclass
@@ -65,14 +74,16 @@ class Comm:
     _bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _peers: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     _wait_s: float = 0.0
+    _counting: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _count(self, category: str, peer: int, nbytes: int) -> None:
         if category == SETUP:
             return
         if category not in CATEGORIES:
             raise ValueError(f"unknown traffic category {category!r}; use one of {', '.join(CATEGORIES)}")
-        self._bytes[category] += nbytes
-        self._peers[peer] += nbytes
+        with self._counting:
+            self._bytes[category] += nbytes
+            self._peers[peer] += nbytes
 
     @property
     def ordered_p2p(self) -> bool:
@@ -97,12 +108,13 @@ class Comm:
             return Handle(dist.irecv(staging, src, group=self.group), target=tensor, staging=staging)
         return Handle(dist.irecv(tensor, src, group=self.group))
 
-    def wait(self, handles: Sequence[Handle], setup: bool = False) -> None:
-        """Block until every handle completes; the time blocked counts as communication wait (not in `setup`)."""
+    def wait(self, handles: Sequence[Handle], counted: bool = True) -> None:
+        """Block until every handle completes. With `counted` (call it from the training loop only), the time
+        blocked counts as the step's communication wait; setup and a push scheduler's credit waits are not."""
         start = time.perf_counter()
         for handle in handles:
             handle.finish()
-        if not setup:
+        if counted:
             self._wait_s += time.perf_counter() - start
 
     def all_reduce(self, tensor: torch.Tensor, category: str) -> torch.futures.Future[list[torch.Tensor]]:
@@ -127,12 +139,13 @@ class Comm:
 
     def take(self) -> StepTraffic:
         """Bytes and wait time since the last call, then start counting afresh."""
-        traffic = StepTraffic(
-            bytes_by_category={name: self._bytes.get(name, 0) for name in CATEGORIES},
-            bytes_by_peer=dict(self._peers),
-            comm_wait_s=self._wait_s,
-        )
-        self._bytes = defaultdict(int)
-        self._peers = defaultdict(int)
+        with self._counting:
+            traffic = StepTraffic(
+                bytes_by_category={name: self._bytes.get(name, 0) for name in CATEGORIES},
+                bytes_by_peer=dict(self._peers),
+                comm_wait_s=self._wait_s,
+            )
+            self._bytes = defaultdict(int)
+            self._peers = defaultdict(int)
         self._wait_s = 0.0
         return traffic
