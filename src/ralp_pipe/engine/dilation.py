@@ -21,7 +21,7 @@ splits those of the target. Two modes (``dilation.mode``):
   aggregation and update and the optimizer steps are waited for, not run: parameters are not trained.
 
 A unit's time excludes the communication it waited for inside it (a forward waiting for its
-pulled parameters, a backward hook waiting for push credit): the deadline moves by that wait.
+pulled parameters): the deadline moves by that wait.
 A unit's *own* time is its wall time less that wait and less the time this host kept the rank's thread
 runnable but off every core (its run delay, :func:`run_delay_s`). A unit whose own time exceeded its padded
 time (by more than :data:`OVERRUN_TOLERANCE_S`) is an *overrun* (a unit the target does in no time, a
