@@ -10,11 +10,13 @@ direction over R / D, the relative error the counters' read times may put on bot
 ratios from the interface counters (TCP payload plus one header per offloaded packet, ~0.96 where
 tbf is exact), the kernel's share of the machine's CPU (all processes); for the ring's: the worst
 host's upload and download (tbf's bytes), their +-, the worst host's interface ratios and the
-kernel's share; then the chosen D. With `--backend-ring` (what an `allreduce` run's check adds), a D
-the streams pass must also let gloo's all-reduce across the hosts reach 0.95 of the payload rate at
-twice the link rate; printed: its links' rate, message size and that ratio ("all-reduce").
+kernel's share; then the chosen D. With `--backend ring` (what an `allreduce` run's check adds) or
+`--backend star` (a `ps` or RALP run's), a D the streams pass must also let gloo's own traffic across
+the hosts in that pattern (an all-reduce; every other host pushing to host 0 while it sends to each)
+reach 0.95 of the payload rate at twice the link rate; printed: its links' rate, message size and
+that ratio ("gloo").
 Run: `python benchmarks/link_accuracy.py [--hosts 5 9] [--rates 1gbit 10gbit 25gbit] [--seconds 0.5]
-[--backend-ring]`.
+[--backend ring|star]`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 
 from ralp_pipe.errors import ConfigError
+from ralp_pipe.runtime.backendcheck import PATTERNS
 from ralp_pipe.runtime.linkcheck import THRESHOLD, WINDOW_S, LinkMeasurement, accurate_factor
 
 
@@ -45,7 +48,7 @@ def main() -> int:
     parser.add_argument("--hosts", nargs="+", type=int, default=[5, 9])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit", "25gbit"])
     parser.add_argument("--seconds", type=float, default=WINDOW_S, help="measured window per factor")
-    parser.add_argument("--backend-ring", action="store_true", help="also gloo's all-reduce, as for allreduce runs")
+    parser.add_argument("--backend", choices=PATTERNS, help="also gloo's traffic in this pattern, as the runs check")
     args = parser.parse_args()
     print(
         f"threshold {THRESHOLD}: both directions of host 0's link (parameter server) and of every host's link "
@@ -53,13 +56,13 @@ def main() -> int:
     )
     figures = f"{'upload':>7} {'download':>9} {'+-':>7} {'wire up':>8} {'wire down':>10} {'kernel cpu':>11}"
     print(f"{'':>34} {'parameter server':<55}   {'ring (worst host)':<55}")
-    backend = f" | {'ring tc rate':>15} {'bytes':>9} {'all-reduce':>10}" if args.backend_ring else ""
+    backend = f" | {'gloo tc rate':>15} {'bytes':>9} {'gloo':>10}" if args.backend else ""
     print(f"{'hosts':>5} {'rate':>7} {'D':>4} {'tc rate':>15} {figures} | {figures}{backend}")
     chosen = []
     for hosts in args.hosts:
         for rate in args.rates:
             try:
-                choice = accurate_factor(hosts, rate, seconds=args.seconds, backend_ring=args.backend_ring)
+                choice = accurate_factor(hosts, rate, seconds=args.seconds, backend=args.backend)
             except ConfigError as exc:
                 chosen.append(f"{hosts} hosts at {rate}: none ({exc})")
                 continue

@@ -248,17 +248,16 @@ def test_auto_measures_the_units_and_leaves_no_overrun(tmp_path: Path) -> None:
 @pytest.mark.slow  # the link check's clusters and train's ranks
 @pytest.mark.netns
 @pytest.mark.parametrize("strategy", ["ps", "allreduce"])
-def test_modelled_auto_checks_the_links_and_for_allreduce_the_backends_ring(strategy: str, tmp_path: Path) -> None:
+def test_modelled_auto_checks_the_links_and_the_backends_own_traffic(strategy: str, tmp_path: Path) -> None:
     overrides = small(*MODELLED, "cluster=emulated", "network=1gbit", f"strategy={strategy}", "dilation.factor=auto")
     record = train_metrics(tmp_path / "run", overrides)["dilation"]
     auto = record["auto"]
     assert auto["method"] == "links" and auto["factor"] == record["factor"], auto
     chosen = auto["measurements"][-1]
     assert chosen["worst"] >= auto["threshold"]
-    if strategy == "allreduce":  # gloo's ring across both hosts, measured at the factor chosen
-        assert chosen["backend"]["hosts"] == 2 and chosen["backend"]["efficiency"] >= auto["threshold"], chosen
-    else:
-        assert chosen["backend"] is None
+    backend = chosen["backend"]  # gloo across the run's hosts (2 workers; 2 workers and a PS), at the factor chosen
+    assert backend["pattern"] == {"allreduce": "ring", "ps": "star"}[strategy], backend
+    assert backend["hosts"] == {"allreduce": 2, "ps": 3}[strategy] and backend["efficiency"] >= auto["threshold"]
 
 
 def test_a_unit_the_target_does_in_no_time_is_lateness_not_an_overrun() -> None:

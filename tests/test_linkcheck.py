@@ -11,8 +11,8 @@ import pytest
 from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime import linkcheck
+from ralp_pipe.runtime.backendcheck import BackendMeasurement, message_bytes
 from ralp_pipe.runtime.linkcheck import FactorChoice, LinkMeasurement, accurate_factor
-from ralp_pipe.runtime.ringcheck import RingMeasurement, message_bytes
 
 
 def _check_records(choice: FactorChoice) -> None:
@@ -123,8 +123,8 @@ def test_a_factor_is_chosen_only_where_both_loads_are_accurate(
     assert dataclasses.asdict(choice.measurements[-1]).keys() <= last.keys()
 
 
-def _ring(efficiency: float) -> RingMeasurement:
-    return RingMeasurement(3, "20gbit", 1 << 20, 3, 0.3, efficiency * 1e9, efficiency)
+def _ring(efficiency: float, pattern: str = "ring") -> BackendMeasurement:
+    return BackendMeasurement(3, "20gbit", pattern, 1 << 20, 3, 0.3, efficiency * 1e9, efficiency)
 
 
 @pytest.mark.parametrize(
@@ -142,9 +142,9 @@ def test_an_all_reduce_run_also_needs_the_backends_ring_to_keep_up(
         lambda hosts, rate, burst, factor, seconds: _measured(factor, streams[int(factor)], 1.0),
     )
     monkeypatch.setattr(
-        linkcheck, "measure_backend", lambda hosts, rate, burst, factor: _ring(rings[int(2 * factor)])
+        linkcheck, "measure_backend", lambda hosts, rate, burst, factor, pattern: _ring(rings[int(2 * factor)])
     )  # measured at twice the run's rate: half its factor
-    choice = accurate_factor(3, "10gbit", backend_ring=True)
+    choice = accurate_factor(3, "10gbit", backend="ring")
     assert choice.factor == chosen
     assert [m.backend.efficiency for m in choice.measurements if m.backend] == list(rings.values())
     record = choice.to_dict()
@@ -157,25 +157,29 @@ def test_a_backend_ring_that_never_keeps_up_is_named(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(
         linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, 1.0, 1.0)
     )
-    monkeypatch.setattr(linkcheck, "measure_backend", lambda hosts, rate, burst, factor: _ring(0.5 + factor / 5))
+    monkeypatch.setattr(
+        linkcheck, "measure_backend", lambda hosts, rate, burst, factor, pattern: _ring(0.5 + factor / 5, pattern)
+    )
     with pytest.raises(
-        ConfigError, match=r"at best 0\.70 of their rate \(D=2; parameter server 1\.00, ring 1\.00, all-reduce 0\.70\)"
+        ConfigError, match=r"at best 0\.70 of their rate \(D=2; parameter server 1\.00, ring 1\.00, gloo's star 0\.70\)"
     ):
-        accurate_factor(3, "10gbit", candidates=(1, 2), backend_ring=True)
+        accurate_factor(3, "10gbit", candidates=(1, 2), backend="star")
 
 
 @pytest.mark.netns
-@pytest.mark.slow  # starts gloo ranks in the namespaces: ~7 s
-def test_the_backends_ring_keeps_up_with_a_low_rate_and_runs_at_twice_it() -> None:
-    choice = accurate_factor(3, "200mbit", backend_ring=True)
+@pytest.mark.slow  # starts gloo ranks in the namespaces: ~7 s each
+@pytest.mark.parametrize(("pattern", "per_message"), [("ring", 4 / 3), ("star", 2)])
+def test_the_backend_keeps_up_with_a_low_rate_and_runs_at_twice_it(pattern: str, per_message: float) -> None:
+    choice = accurate_factor(3, "200mbit", backend=pattern)
     _check_records(choice)
     chosen = choice.measurements[-1]
     backend = chosen.backend
-    assert backend is not None and backend.hosts == 3, choice.to_dict()
+    assert backend is not None and backend.hosts == 3 and backend.pattern == pattern, choice.to_dict()
     assert backend.rate == shaped_rate("200mbit", chosen.factor / linkcheck.BACKEND_HEADROOM)  # the headroom's rate
-    # gloo's ring at 400 Mbit/s: the links bind, not the cores (measured 1.00 at 200 Mbit/s here)
+    # gloo at 400 Mbit/s: the links bind, not the cores (the ring measured 1.00 at 200 Mbit/s here)
     assert 0.9 < backend.efficiency < 1.1, choice.to_dict()
-    assert backend.bus_bytes_per_s == pytest.approx(backend.message_bytes * 4 / 3 / backend.seconds)
+    # the busiest link each way: the ring's 2(n-1)/n of a message, the star's n-1 messages through host 0's link
+    assert backend.bytes_per_s == pytest.approx(backend.message_bytes * per_message / backend.seconds)
 
 
 def test_a_ring_that_never_keeps_up_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,9 +219,14 @@ def test_bad_input_is_refused_before_any_cluster(arguments: dict, message: str) 
 
 
 @pytest.mark.parametrize(
-    ("hosts", "payload", "expected"),
-    [(8, 1.2e9, 25 << 20), (2, 1e6, 1 << 20), (4, 2e7, int(0.3 * 2e7 * 4 / 6) // 4 * 4)],
-    ids=["capped-at-a-ddp-bucket", "at-least-1-mib", "0.3-s-of-ring-traffic"],
+    ("pattern", "hosts", "payload", "expected"),
+    [
+        ("ring", 8, 1.2e9, 25 << 20),
+        ("ring", 2, 1e6, 1 << 20),
+        ("ring", 4, 2e7, int(0.3 * 2e7 * 4 / 6) // 4 * 4),
+        ("star", 4, 2e7, int(0.3 * 2e7 / 3) // 4 * 4),
+    ],
+    ids=["capped-at-a-ddp-bucket", "at-least-1-mib", "0.3-s-of-ring-traffic", "0.3-s-through-the-star's-hub"],
 )
-def test_the_ring_message_is_about_0_3_s_of_traffic(hosts: int, payload: float, expected: int) -> None:
-    assert message_bytes(hosts, payload) == expected and expected % 4 == 0
+def test_the_message_is_about_0_3_s_of_traffic(pattern: str, hosts: int, payload: float, expected: int) -> None:
+    assert message_bytes(pattern, hosts, payload) == expected and expected % 4 == 0

@@ -204,7 +204,7 @@ class DilationConfig:
     compute_batch_size: int | None = None  # real mode: images per worker the ranks compute on (None: train's)
     compute_image_size: int | None = None  # real mode: the crop they compute on (None: train's)
     margin: float = 1.25  # auto, real mode: D = this x the largest measured/target unit time
-    link_accuracy: float = 0.95  # auto, modelled mode: least achieved/asked rate of links at R / D, gloo's ring
+    link_accuracy: float = 0.95  # auto, modelled mode: least achieved/asked rate of links at R / D, of gloo at 2R / D
 
     @property
     def target_profile(self) -> Path | None:

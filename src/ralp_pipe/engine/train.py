@@ -228,9 +228,9 @@ def resolve_auto(
     Real mode: the ranks run :data:`CALIBRATION_STEPS` steps after a warm-up, undilated and all at once on
     their hosts, measuring every unit's time against its target time; D = ``dilation.margin`` x the largest
     ratio (:func:`ralp_pipe.engine.dilation.auto_factor`). Modelled mode: D is the smallest at which the
-    emulated links deliver ``dilation.link_accuracy`` of network.rate / D and, for ``allreduce``, gloo's
-    all-reduce across the run's hosts reaches that share of their payload rate
-    (:func:`ralp_pipe.runtime.linkcheck.accurate_factor`).
+    emulated links deliver ``dilation.link_accuracy`` of network.rate / D and gloo's own traffic across the run's
+    hosts (its all-reduce ring, or a parameter server's incast and fan-out: :func:`_pattern`) reaches that share
+    of their payload rate at twice it (:func:`ralp_pipe.runtime.linkcheck.accurate_factor`).
     """
     d = cfg.dilation
     if d.factor != AUTO_FACTOR:
@@ -270,15 +270,23 @@ def resolve_auto(
         print(
             f"ralp-pipe train: dilation.factor=auto: measuring the emulated links at {cfg.network.rate} / D", flush=True
         )
-        kind = strategy_kind(topo.strategy)
-        all_reduces = not (kind.has_ps or kind.places_layers) and topo.num_workers > 1  # gloo's ring moves gradients
         choice = accurate_factor(
-            topo.num_hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy, backend_ring=all_reduces
+            topo.num_hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy, backend=_pattern(topo)
         )
         factor, how = choice.factor, {"method": "links", **choice.to_dict()}
     print(f"ralp-pipe train: dilation.factor=auto chose D = {factor:g}", flush=True)
     cfg = dilation.with_factor(cfg, factor)
     return cfg, dataclasses.replace(ranks, targets=dilation.targets(cfg, topo)), how
+
+
+def _pattern(topo: Topology) -> str | None:
+    """The training backend's traffic a modelled ``auto`` also checks (:mod:`ralp_pipe.runtime.backendcheck`):
+    gloo's star where workers push to and pull from a PS or PS device, its ring where they all-reduce, none for a
+    single device."""
+    kind = strategy_kind(topo.strategy)
+    if topo.num_hosts < 2:
+        return None
+    return "star" if kind.has_ps or kind.places_layers else "ring"
 
 
 def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics:

@@ -18,17 +18,18 @@ Over a short window per load it reads, per direction, the bytes the link's tbf r
 own counter, which counts headers as tbf does, so an exact shaper reads 1.0 of R / D), the
 bytes the interface counted (what a run's ``wire_gb_per_step`` sees: TCP payload plus one
 header per segmentation-offload packet, ~0.96 of R / D when tbf is exact) and the kernel's
-share of the machine's CPU time. For a run whose gradients cross an all-reduce
-(``backend_ring``), a D the streams pass is then loaded a third time, on a fresh cluster, with the
-training backend's own ring (:func:`ralp_pipe.runtime.ringcheck.ring_efficiency`): gloo's additions
-and copies share the cores with the kernel's TCP work, so the ring can fall short at a D the plain
-streams pass. The ring runs at :data:`BACKEND_HEADROOM` times the run's link rate, because the
-run's ranks also pace, copy DDP's buckets and run Python on those cores: 8 hosts at 10 Gbit/s / 4
-all-reduced at 0.89 of the payload rate alone, while ``allreduce`` at N = 8 and D = 4 measured 23%
-below its D = 16 figure (D = 8: 4% below). It returns the first D whose worst direction (tbf's
-bytes) under both loads (for the ring, the worst host's upload and download), and the backend
-ring's bus bandwidth over the payload rate where measured, reach the threshold, with every
-measurement taken.
+share of the machine's CPU time. With ``backend`` (a pattern of
+:mod:`ralp_pipe.runtime.backendcheck`: ``ring`` for a run whose gradients cross an all-reduce, ``star``
+for one whose workers push to and pull from a parameter server or PS device), a D the streams pass is
+then loaded a third time, on a fresh cluster, with the training backend's own traffic in that pattern
+(:func:`ralp_pipe.runtime.backendcheck.backend_efficiency`): gloo's copies (and the ring's additions)
+share the cores with the kernel's TCP work, so the backend can fall short at a D the plain streams
+pass. It runs at :data:`BACKEND_HEADROOM` times the run's link rate, because the run's ranks also
+pace, copy buckets and messages and run Python on those cores: 8 hosts at 10 Gbit/s / 4 all-reduced
+at 0.89 of the payload rate alone, while ``allreduce`` at N = 8 and D = 4 measured 23% below its D =
+16 figure (D = 8: 4% below). It returns the first D whose worst direction (tbf's bytes) under both
+loads (for the ring, the worst host's upload and download), and the backend's figure over the
+payload rate where measured, reach the threshold, with every measurement taken.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ from typing import Any, Callable, Sequence
 from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.config.units import payload_bytes_per_s, rate_bits_per_s
 from ralp_pipe.errors import ConfigError, RunFailure
+from ralp_pipe.runtime.backendcheck import BackendMeasurement, backend_efficiency
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import Process, start, stop
-from ralp_pipe.runtime.ringcheck import RingMeasurement, ring_efficiency
 from ralp_pipe.runtime.wire import INTERFACE
 
 CANDIDATES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-BACKEND_HEADROOM = 2.0  # the backend's ring must keep up at this many times the run's link rate (module doc)
+BACKEND_HEADROOM = 2.0  # the backend must keep up at this many times the run's link rate (module doc)
 THRESHOLD = 0.95
 WINDOW_S = 0.5  # measured window per candidate
 WARMUP_S = 0.3  # traffic runs this long before the window opens (TCP ramps up, tbf's burst drains)
@@ -80,8 +81,8 @@ class LinkMeasurement:
     ``ring_kernel_cpu`` and ``ring_timing_error`` as above (the timing error the largest of any
     reading).
 
-    ``backend``: the training backend's all-reduce across every host, where the run all-reduces (None
-    where it was not measured); its ``efficiency`` counts toward :attr:`worst`.
+    ``backend``: the training backend's traffic across every host in the run's pattern (None where it
+    was not measured); its ``efficiency`` counts toward :attr:`worst`.
     """
 
     factor: float
@@ -102,11 +103,11 @@ class LinkMeasurement:
     ring_seconds: float
     ring_kernel_cpu: float
     ring_timing_error: float
-    backend: RingMeasurement | None = None
+    backend: BackendMeasurement | None = None
 
     @property
     def worst(self) -> float:
-        """The direction further below its asked rate (tbf's bytes) under either load, or the backend's ring."""
+        """The direction further below its asked rate (tbf's bytes) under either load, or the backend's figure."""
         backend = () if self.backend is None else (self.backend.efficiency,)
         return min(self.upload, self.download, self.ring_upload, self.ring_download, *backend)
 
@@ -142,13 +143,13 @@ def accurate_factor(
     candidates: Sequence[float] = CANDIDATES,
     threshold: float = THRESHOLD,
     seconds: float = WINDOW_S,
-    backend_ring: bool = False,
+    backend: str | None = None,
 ) -> FactorChoice:
     """The smallest factor D in `candidates` at which `hosts` emulated hosts' links, shaped to `rate` / D
     with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link under the
-    parameter server's load and of every host's link under the ring's, and (with `backend_ring`) the training
-    backend's all-reduce across them reaches `threshold` of the payload rate at :data:`BACKEND_HEADROOM` times
-    that rate. One host (a single-device run)
+    parameter server's load and of every host's link under the ring's, and (with `backend`, a pattern) the
+    training backend's traffic in that pattern reaches `threshold` of the payload rate at
+    :data:`BACKEND_HEADROOM` times that rate. One host (a single-device run)
     has no link and an unlimited rate shapes none: either is accurate at the smallest candidate, unmeasured."""
     if hosts < 1:
         raise ConfigError(f"the link check needs at least 1 host, got {hosts}")
@@ -163,8 +164,9 @@ def accurate_factor(
     measured: list[LinkMeasurement] = []
     for factor in sorted({float(c) for c in candidates}):
         measurement = measure_link(hosts, rate, burst, factor, seconds)
-        if backend_ring and measurement.worst >= threshold:  # the streams pass: does the backend's ring?
-            measurement = replace(measurement, backend=measure_backend(hosts, rate, burst, factor / BACKEND_HEADROOM))
+        if backend and measurement.worst >= threshold:  # the streams pass: does the backend?
+            checked = measure_backend(hosts, rate, burst, factor / BACKEND_HEADROOM, backend)
+            measurement = replace(measurement, backend=checked)
         measured.append(measurement)
         if measured[-1].worst >= threshold:
             return FactorChoice(rate, hosts, burst, threshold, factor, tuple(measured))
@@ -178,18 +180,18 @@ def accurate_factor(
 
 
 def _backend_words(measurement: LinkMeasurement) -> str:
-    """The backend ring's figure for a message, where it was measured."""
+    """The backend's figure, where it was measured."""
     backend = measurement.backend
-    return "" if backend is None else f", all-reduce {backend.efficiency:.2f}"
+    return "" if backend is None else f", gloo's {backend.pattern} {backend.efficiency:.2f}"
 
 
-def measure_backend(hosts: int, rate: str, burst: str, factor: float) -> RingMeasurement:
-    """The training backend's all-reduce across a fresh cluster of `hosts` shaped to `rate` / `factor`."""
+def measure_backend(hosts: int, rate: str, burst: str, factor: float, pattern: str) -> BackendMeasurement:
+    """The training backend's traffic in `pattern` across a fresh cluster of `hosts` shaped to `rate` / `factor`."""
     shaped = shaped_rate(rate, factor)
     payload = payload_bytes_per_s(shaped)
     assert payload is not None  # a limited rate stays limited
     with EmulatedCluster(hosts, shaped, burst) as cluster:
-        return ring_efficiency(cluster, payload)
+        return backend_efficiency(cluster, payload, pattern)
 
 
 def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: float = WINDOW_S) -> LinkMeasurement:
