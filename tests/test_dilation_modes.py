@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -125,19 +126,30 @@ def test_a_unit_late_only_because_the_host_did_not_run_it_is_a_stall_not_an_over
     assert pacer.take() == (1, 0)
 
 
-def test_run_delay_grows_while_another_process_holds_the_only_core() -> None:
+def test_run_delay_grows_while_another_process_holds_the_only_core_and_is_each_threads_own() -> None:
     cpus = os.sched_getaffinity(0)
     core = {min(cpus)}
     busy = subprocess.Popen(
         [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {core}); exec('while 1: pass')"]
     )
+    asleep: list[float] = []
+
+    def sleeper() -> None:  # not runnable while this thread waits for the core: its own delay stays small
+        before = run_delay_s()
+        time.sleep(0.3)
+        asleep.append(run_delay_s() - before)
+
     try:
         os.sched_setaffinity(0, core)
         time.sleep(0.1)  # the other process is on the core
         before, began = run_delay_s(), time.perf_counter()
+        other = threading.Thread(target=sleeper)
+        other.start()
         while time.perf_counter() - began < 0.3:  # runnable throughout, on a core shared with a busy process
             pass
         assert run_delay_s() - before > 0.05
+        other.join()
+        assert asleep[0] < 0.02
     finally:
         os.sched_setaffinity(0, cpus)
         busy.kill()

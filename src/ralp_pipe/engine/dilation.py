@@ -46,6 +46,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,7 +68,7 @@ from ralp_pipe.engine.sgd import Optim
 from ralp_pipe.errors import DataError
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
-_SCHEDSTAT = "/proc/thread-self/schedstat"  # on-CPU time, run delay (runnable, waiting for a core), timeslices: ns
+_schedstat = threading.local()  # per thread: its schedstat (on-CPU time, run delay, timeslices: ns), kept open
 # a unit whose own time exceeds its padded time by more than this is an overrun: a flatten's 0 s target costs
 # ~20 us here, and a rank on a loaded host is descheduled for a millisecond or more at times; later units catch up
 OVERRUN_TOLERANCE_S = 1e-3
@@ -85,10 +87,17 @@ def wait_until(deadline: float, clock: Callable[[], float] = time.perf_counter) 
 
 def run_delay_s() -> float:
     """Seconds the calling thread has spent runnable but waiting for a core (Linux's schedstat; 0.0 where the
-    kernel does not keep it)."""
+    kernel does not keep it).
+
+    Each thread opens its own schedstat once and re-reads it in place: opening a procfs file while the host
+    moves traffic at full rate took 1-6 ms at times (the parameter server's 58 us units overran by that, 20 per
+    run of VGG-11 `ps` N=2), where a re-read takes ~2 us.
+    """
+    stats = getattr(_schedstat, "file", None)
     try:
-        with open(_SCHEDSTAT) as stats:
-            return int(stats.read().split()[1]) / 1e9
+        if stats is None:  # closed with the thread's locals when the thread ends
+            stats = _schedstat.file = open(f"/proc/self/task/{threading.get_native_id()}/schedstat", "rb", buffering=0)
+        return int(os.pread(stats.fileno(), 128, 0).split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return 0.0
 
