@@ -8,17 +8,18 @@ training runs of a dilated experiment take about
 where the predicted step time is the cost model's for the V100 profile of the run's model and class
 count at its N and link (what `ralp-pipe simulate --target` prices; RALP at its best split; sequential
 arms without pipelining; the N=1 reference without communication) and `start` is what a run costs
-besides its steps (Python and torch imports, rank start-up, the emulated network, the records; with
-``dilation.factor=auto`` also the link check). Run it on an experiment that was timed
+besides its steps (Python and torch imports, rank start-up, the emulated network, the records), plus,
+where ``dilation.factor=auto`` (modelled mode), ``check`` seconds for each of the workflow's
+``check_links`` jobs, one per strategy, N and network. Run it on an experiment that was timed
 (`benchmarks/workflow_local.py`) to see how far the estimate is from a measurement, then on one that was not.
 
-Usage: python benchmarks/dilated_wall.py [--experiment paper-dilated] [--start-s 5]
+Usage: python benchmarks/dilated_wall.py [--experiment paper-dilated] [--start-s 5] [--check-s 25]
                                          [--factor 1gbit=1 10gbit=8 25gbit=32] [--overrides KEY=VALUE ...]
 ``--factor`` gives D per network where the experiment sets ``dilation.factor=auto`` (what the link check
 would choose is only known once it ran); ``--start-s`` the seconds a run costs besides its steps (5 s:
 the default workflow's 44 training runs took 484 s, 203 s of them AlexNet's 12 and 281 s ResNet-18's 32,
-against 138 s and 122 s of predicted steps; add the link check's 5-22 s per run where D is auto).
-Concurrent workloads are not counted.
+against 138 s and 122 s of predicted steps); ``--check-s`` what one link check costs (10-45 s on 2 cores,
+the more the larger the D it has to try). Concurrent workloads are not counted.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default="paper-dilated")
     parser.add_argument("--start-s", type=float, default=5.0, help="seconds a run costs besides its steps")
+    parser.add_argument("--check-s", type=float, default=25.0, help="seconds one check_links job costs")
     parser.add_argument("--factor", nargs="*", default=[], help="NETWORK=D where dilation.factor is auto")
     parser.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides, e.g. 'experiment.repeats=1'")
     args = parser.parse_args()
@@ -94,8 +96,11 @@ def main() -> int:
             seconds += args.start_s + steps * factor[run.network] * step
         total += seconds
         lines.append(f"  {dataset:<14} {model:<10} {len(runs):4d} runs  {seconds / 60:7.1f} min")
+    checks = len({path for run in matrix.runs for path in matrix.link_check(run)})
+    total += checks * args.check_s
     print(f"experiment {args.experiment}: {len(matrix.runs)} training runs, {steps} steps each, D per network {factor}")
     print("\n".join(lines))
+    print(f"  {checks} link checks ({args.check_s:g} s each)  {checks * args.check_s / 60:7.1f} min")
     print(
         f"estimated training wall time: {total:.0f} s ({total / 3600:.2f} h), {args.start_s:g} s per run besides its steps"
     )

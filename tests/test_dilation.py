@@ -444,6 +444,19 @@ def test_auto_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -
         train.run(cfg, tmp_path / "run", shared=[{"host": 0}])
 
 
+def test_a_link_check_is_refused_where_the_run_does_not_choose_its_factor_from_the_links(tmp_path: Path) -> None:
+    from ralp_pipe.engine import train
+
+    check = tmp_path / "check.json"
+    for extra, named in (("dilation.factor=8", "dilation.factor=8"), ("dilation.mode=real", "dilation.mode=real")):
+        cfg = load(
+            ["cluster=emulated", "network=1gbit", "strategy=ps", "cluster.gpus=2", "dilation.factor=auto", extra]
+        )
+        with pytest.raises(ConfigError, match=rf"--link-check {check}.*{named}.*leave --link-check out"):
+            train.run(cfg, tmp_path / "run", link_check=check)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_concurrent_workload_shapes_its_links_at_rate_over_d_and_refuses_mixed_factors(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -3,6 +3,7 @@ the lateness a pacer catches up on, and ``dilation.factor=auto``."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -30,7 +31,7 @@ from ralp_pipe.engine.dilation import (
 )
 from ralp_pipe.engine.strategies.ralp import padded
 from support.small_run import small
-from support.train import train_metrics
+from support.train import run_train, train_metrics
 
 
 class Clock:
@@ -270,6 +271,29 @@ def test_modelled_auto_checks_the_links_and_the_backends_own_traffic(strategy: s
     backend = chosen["backend"]  # gloo across the run's hosts (2 workers; 2 workers and a PS), at the factor chosen
     assert backend["pattern"] == {"allreduce": "ring", "ps": "star"}[strategy], backend
     assert backend["hosts"] == {"allreduce": 2, "ps": 3}[strategy] and backend["efficiency"] >= auto["threshold"]
+
+
+@pytest.mark.slow  # the link check's clusters and train's ranks
+@pytest.mark.netns
+def test_a_checked_factor_is_taken_by_the_run_without_measuring_the_links_again(tmp_path: Path) -> None:
+    """`ralp-pipe check-links` chooses once (the workflow's check_links job); `train --link-check` takes its D."""
+    run = small(*MODELLED, "cluster=emulated", "network=1gbit", "strategy=ps", "dilation.factor=auto")
+    check = tmp_path / "factors" / "ps-n2.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ralp_pipe.cli", "check-links", "--out", str(check), *run],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    chosen = json.loads(check.read_text())
+    assert chosen["hosts"] == 3 and chosen["backend"] == "star" and chosen["seconds"] > 0
+    proc = run_train(tmp_path / "run", [*run, "--link-check", str(check)])
+    assert proc.returncode == 0, proc.stderr
+    assert "measuring the emulated links" not in proc.stdout
+    record = json.loads((tmp_path / "run" / "metrics.json").read_text())["dilation"]
+    assert record["factor"] == chosen["factor"]
+    assert record["auto"] == {"method": "links", "link_check": str(check), **chosen}
 
 
 def test_a_unit_the_target_does_in_no_time_is_lateness_not_an_overrun() -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
+from ralp_pipe.config import load
 from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime import linkcheck
@@ -230,3 +232,45 @@ def test_bad_input_is_refused_before_any_cluster(arguments: dict, message: str) 
 )
 def test_the_message_is_about_0_3_s_of_traffic(pattern: str, hosts: int, payload: float, expected: int) -> None:
     assert message_bytes(pattern, hosts, payload) == expected and expected % 4 == 0
+
+
+def _recorded(tmp_path: Path, **fields: object) -> Path:
+    """A check's record as `ralp-pipe check-links` writes it, for ps at N=2 on 1gbit unless `fields` say otherwise."""
+    record = FactorChoice("1gbit", 3, "1mb", 0.95, 2.0, (), "star").to_dict() | {"seconds": 12.0} | fields
+    path = tmp_path / "ps-n2.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_a_recorded_choice_serves_every_run_of_its_hosts_rate_and_pattern(tmp_path: Path) -> None:
+    path = _recorded(tmp_path)
+    for strategy, gpus in (("ps", 2), ("ralp_h", 4)):  # both: 3 hosts, workers pushing to one PS host
+        cfg = load(["cluster=emulated", "network=1gbit", f"strategy={strategy}", f"cluster.gpus={gpus}"])
+        assert linkcheck.recorded_choice(path, cfg)["factor"] == 2.0
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["strategy=ps", "cluster.gpus=4"], r"made for hosts=3.*needs hosts=5"),
+        (["strategy=allreduce", "cluster.gpus=3"], r"made for backend='star'.*needs backend='ring'"),
+        (["strategy=ps", "cluster.gpus=2", "network=10gbit"], r"made for rate='1gbit'.*needs rate='10gbit'"),
+        (["strategy=ps", "cluster.gpus=2", "dilation.link_accuracy=0.9"], r"threshold=0.95.*threshold=0.9"),
+    ],
+)
+def test_a_recorded_choice_made_for_another_run_is_refused(tmp_path: Path, overrides: list[str], message: str) -> None:
+    path = _recorded(tmp_path)
+    cfg = load(["cluster=emulated", "network=1gbit", *overrides])
+    with pytest.raises(ConfigError, match=message + r".*rerun `ralp-pipe check-links`"):
+        linkcheck.recorded_choice(path, cfg)
+
+
+@pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", '{"factor": "fast"}'])
+def test_a_damaged_record_is_named_with_what_to_do(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "check.json"
+    path.write_text(text)
+    cfg = load(["cluster=emulated", "network=1gbit", "strategy=ps", "cluster.gpus=2"])
+    with pytest.raises(ConfigError, match=rf"--link-check {path} is not a link check's record.*check-links --out"):
+        linkcheck.recorded_choice(path, cfg)
+    with pytest.raises(ConfigError, match="is not a link check's record"):
+        linkcheck.recorded_choice(tmp_path / "missing.json", cfg)

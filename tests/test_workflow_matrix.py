@@ -383,6 +383,25 @@ def test_rules_hand_stages_the_exact_paths_of_their_inputs_and_name_logs_from_th
     assert sum(rule == "train" for rule, *_ in jobs) == len(matrix.runs)
 
 
+def test_a_modelled_auto_experiment_checks_its_links_once_per_strategy_n_and_network() -> None:
+    """Arms and repeats of one strategy at one N on one network share a check_links job; the single-device
+    reference and runs with a fixed factor need none."""
+    overrides = ["experiment.models=[resnet50]", "experiment.datasets=[synthetic1k,synthetic22k]"]
+    matrix = Matrix(parse_settings({"experiment": "paper-dilated", "overrides": overrides}))
+    checked = [run for run in matrix if matrix.checks_links(run)]
+    assert {run.gpus for run in matrix if not matrix.checks_links(run)} == {1}  # the reference only
+    checks = {matrix.link_check(run)[0] for run in checked}
+    e = matrix.base.experiment
+    assert len(checks) == len(e.strategies) * len(e.gpus) * len(e.networks) < len(checked) / 3
+    run = matrix.first(strategy="ralp_h", gpus="4", network="25gbit")
+    assert matrix.link_check(run) == ["results/profiles/factors/25gbit/ralp_h-n4.json"]
+    args = matrix.stage_args("check_links", run)
+    assert {"strategy=ralp_h", "network=25gbit", "cluster.gpus=4"} <= set(args)
+    assert not any(a.startswith(("model=", "dataset=", "train.")) for a in args)  # shared across models and repeats
+    fixed = Matrix(parse_settings({"experiment": "paper-dilated", "overrides": [*overrides, "dilation.factor=8"]}))
+    assert not any(fixed.checks_links(run) for run in fixed)
+
+
 def test_a_target_device_models_the_profiles_and_its_entry_keys_their_reruns() -> None:
     def matrix(*extra: str) -> Matrix:
         return Matrix(parse_settings({"experiment": "smoke", "overrides": list(extra)}))

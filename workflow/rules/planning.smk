@@ -1,5 +1,6 @@
 # Profile compute once per model x classes x batch x image size x device kind x N (N=1 plans from the
 # largest N's), probe each network's link once, then plan the split per dataset x model x N x network.
+# Where a dilated run's factor is auto (modelled mode), check its emulated links once per strategy x N x network.
 
 
 rule profile:
@@ -70,3 +71,18 @@ rule plan:
     shell:
         "ralp-pipe plan --profile {input.profile:q} --link {input.link:q} --out {output:q} {params.args}"
         " > {log:q} 2>&1"
+
+
+rule check_links:
+    output:
+        MATRIX.path("link_check"),
+    log:
+        MATRIX.log("check_links"),
+    conda:
+        ENV
+    threads: workflow.cores  # link measurements run alone
+    params:
+        key=stage_params("check_links"),
+        args=stage_args("check_links"),
+    shell:
+        "ralp-pipe check-links --out {output:q} {params.args} > {log:q} 2>&1"

@@ -6,6 +6,7 @@ rule train:
     input:
         shards=MATRIX.path("shards"),
         plan=MATRIX.path("plan"),
+        link_check=lambda wildcards: MATRIX.link_check(run_of(wildcards)),
     output:
         metrics=f"{MATRIX.path('run')}/{METRICS_FILE}",
         steps=f"{MATRIX.path('run')}/{STEPS_FILE}",
@@ -34,9 +35,13 @@ rule train:
         key=stage_params("train"),
         args=stage_args("train"),
         out=lambda wildcards, output: os.path.dirname(output.metrics),
+        link_check=lambda wildcards: "".join(
+            f" --link-check {shlex.quote(path)}"
+            for path in MATRIX.link_check(run_of(wildcards))
+        ),
     shell:
-        "ralp-pipe train --out {params.out:q} --shards {input.shards:q} --plan {input.plan:q} {params.args}"
-        " > {log:q} 2>&1"
+        "ralp-pipe train --out {params.out:q} --shards {input.shards:q} --plan {input.plan:q}"
+        "{params.link_check} {params.args} > {log:q} 2>&1"
 
 
 # Several training jobs at once on one emulated network (experiment.concurrent), each also alone.

@@ -14,6 +14,8 @@ SHARDS_ID = "{dataset}"
 # compute: one per model x classes x per-worker batch x image size x device kind (cluster kind-device) x N
 PROFILE_ID = "{model}/{classes}c-{batch}b-{size}px-{hw}-n{gpus}"
 LINK_ID = "{network}"  # the link probe of one network
+# the dilation factor `ralp-pipe check-links` chose for one strategy's hosts at one N on one network
+LINK_CHECK_ID = "{network}/{strategy}-n{gpus}"
 PLAN_ID = "{dataset}/{model}/n{gpus}-{network}"
 PLAN_FILE = PLAN_ID + ".json"  # below the plans folder
 # A run below runs/: its configuration (the arm is the strategy, or <strategy>-sequential with
@@ -27,6 +29,7 @@ PATHS = {
     "shards": f"data/{SHARDS_ID}",
     "profile": f"profiles/compute/{PROFILE_ID}.json",
     "link": f"profiles/links/{LINK_ID}.json",
+    "link_check": f"profiles/factors/{LINK_CHECK_ID}.json",
     "plan": f"plans/{PLAN_FILE}",
     "run": f"runs/{RUN_ID}",
     "concurrent": f"concurrent/{CONCURRENT_ID}",
@@ -39,6 +42,7 @@ LOG_IDS = {
     "prepare_shards": SHARDS_ID,
     "profile": PROFILE_ID,
     "probe": LINK_ID,
+    "check_links": LINK_CHECK_ID,
     "plan": PLAN_ID,
     "train": RUN_ID,
     "concurrent": CONCURRENT_ID,

@@ -12,6 +12,10 @@ STAGES: dict[str, tuple[str, str]] = {
     "train": ("ralp_pipe.engine.train", "run one distributed training measurement"),
     "concurrent": ("ralp_pipe.runtime.concurrent_jobs", "run several training jobs at once on one emulated network"),
     "profile": ("ralp_pipe.planning.profiling", "measure per-unit compute, memory and link bandwidth"),
+    "check-links": (
+        "ralp_pipe.runtime.linkcheck",
+        "choose a dilated run's factor: the smallest D its emulated links deliver accurately",
+    ),
     "plan": ("ralp_pipe.planning.planner", "choose the split point and predict throughput from a profile"),
     "simulate": ("ralp_pipe.planning.simulate", "predict throughput for clusters this machine is not"),
     "aggregate": ("ralp_pipe.results.aggregate", "collect runs into Parquet tables, summaries and plots"),

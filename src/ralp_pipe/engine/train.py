@@ -91,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="where each rank runs on an emulated cluster shared with other jobs (given by `ralp-pipe concurrent`)",
     )
+    parser.add_argument(
+        "--link-check",
+        type=Path,
+        metavar="FILE",
+        help="the factor `ralp-pipe check-links` chose for this run's hosts (dilation.factor=auto, modelled mode), "
+        "instead of measuring the links before the run",
+    )
 
 
 def shared_hosts(text: str) -> list[dict[str, Any]]:
@@ -103,7 +110,7 @@ def shared_hosts(text: str) -> list[dict[str, Any]]:
 
 def main(args: argparse.Namespace) -> int:
     """Run one training measurement and report its throughput."""
-    metrics = run(with_plan(load(args.overrides), args.plan), args.out, args.shards, args.shared_hosts)
+    metrics = run(with_plan(load(args.overrides), args.plan), args.out, args.shards, args.shared_hosts, args.link_check)
     if metrics is not None:
         print(
             f"{metrics.strategy} {metrics.model} N={metrics.gpus}: {metrics.images_per_sec:.2f} images/s, "
@@ -221,7 +228,7 @@ class Measured:
 
 
 def resolve_auto(
-    cfg: Config, topo: Topology, staging: Path, ranks: Ranks
+    cfg: Config, topo: Topology, staging: Path, ranks: Ranks, link_check: Path | None = None
 ) -> tuple[Config, Ranks, dict[str, Any] | None]:
     """`cfg` and `ranks` with ``dilation.factor=auto`` resolved, and how it was (None when the factor was given).
 
@@ -229,8 +236,9 @@ def resolve_auto(
     their hosts, measuring every unit's time against its target time; D = ``dilation.margin`` x the largest
     ratio (:func:`ralp_pipe.engine.dilation.auto_factor`). Modelled mode: D is the smallest at which the
     emulated links deliver ``dilation.link_accuracy`` of network.rate / D and gloo's own traffic across the run's
-    hosts (its all-reduce ring, or a parameter server's incast and fan-out: :func:`_pattern`) reaches that share
-    of their payload rate at twice it (:func:`ralp_pipe.runtime.linkcheck.accurate_factor`).
+    hosts (its all-reduce ring, or a parameter server's incast and fan-out) reaches that share of their payload
+    rate at twice it (:func:`ralp_pipe.runtime.linkcheck.accurate_factor`); with `link_check`, the choice
+    ``ralp-pipe check-links`` recorded there for the run's hosts, instead of measuring again.
     """
     d = cfg.dilation
     if d.factor != AUTO_FACTOR:
@@ -265,28 +273,21 @@ def resolve_auto(
                 f"dilation.factor=auto in mode modelled measures the emulated links at network.rate / D, but "
                 f"cluster.kind={cfg.cluster.kind} shapes none: add cluster=emulated, or give dilation.factor a number"
             )
-        from ralp_pipe.runtime.linkcheck import accurate_factor  # brings up network namespaces: emulated runs only
+        from ralp_pipe.runtime import linkcheck  # brings up network namespaces: emulated runs only
 
-        print(
-            f"ralp-pipe train: dilation.factor=auto: measuring the emulated links at {cfg.network.rate} / D", flush=True
-        )
-        choice = accurate_factor(
-            topo.num_hosts, cfg.network.rate, cfg.network.burst, threshold=d.link_accuracy, backend=_pattern(topo)
-        )
-        factor, how = choice.factor, {"method": "links", **choice.to_dict()}
+        if link_check is not None:
+            record = linkcheck.recorded_choice(link_check, cfg)
+            factor, how = float(record["factor"]), {"method": "links", "link_check": str(link_check), **record}
+        else:
+            print(
+                f"ralp-pipe train: dilation.factor=auto: measuring the emulated links at {cfg.network.rate} / D",
+                flush=True,
+            )
+            choice = linkcheck.run_check(cfg)
+            factor, how = choice.factor, {"method": "links", **choice.to_dict()}
     print(f"ralp-pipe train: dilation.factor=auto chose D = {factor:g}", flush=True)
     cfg = dilation.with_factor(cfg, factor)
     return cfg, dataclasses.replace(ranks, targets=dilation.targets(cfg, topo)), how
-
-
-def _pattern(topo: Topology) -> str | None:
-    """The training backend's traffic a modelled ``auto`` also checks (:mod:`ralp_pipe.runtime.backendcheck`):
-    gloo's star where workers push to and pull from a PS or PS device, its ring where they all-reduce, none for a
-    single device."""
-    kind = strategy_kind(topo.strategy)
-    if topo.num_hosts < 2:
-        return None
-    return "star" if kind.has_ps or kind.places_layers else "ring"
 
 
 def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics:
@@ -586,12 +587,17 @@ def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate:
 
 
 def run(
-    cfg: Config, out: Path, shards: Path | None = None, shared: list[dict[str, Any]] | None = None
+    cfg: Config,
+    out: Path,
+    shards: Path | None = None,
+    shared: list[dict[str, Any]] | None = None,
+    link_check: Path | None = None,
 ) -> RunMetrics | None:
     """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks).
 
     A shard loader reads `shards` (default: where ``prepare-shards`` writes the configured dataset);
-    `shared` places the ranks on an emulated cluster of other jobs (:func:`shared_hosts`).
+    `shared` places the ranks on an emulated cluster of other jobs (:func:`shared_hosts`); `link_check`
+    is the factor ``ralp-pipe check-links`` chose for a modelled ``auto`` run (:func:`resolve_auto`).
     """
     topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
     kind = cluster_kind(cfg.cluster.kind)
@@ -604,6 +610,12 @@ def run(
         raise ConfigError(
             "--shared-hosts joins links the concurrent workload shaped before this job started, so "
             "dilation.factor=auto cannot choose them: give the jobs of a concurrent workload one number"
+        )
+    if link_check is not None and (cfg.dilation.factor != AUTO_FACTOR or cfg.dilation.mode != dilation.MODELLED):
+        raise ConfigError(
+            f"--link-check {link_check} gives a run in dilation.mode=modelled with dilation.factor=auto its factor, "
+            f"but this run has dilation.mode={cfg.dilation.mode}, dilation.factor={cfg.dilation.factor}: "
+            f"leave --link-check out"
         )
     if reads_shards(cfg.train.loader) and dilation.computes_for_real(
         cfg
@@ -637,7 +649,7 @@ def run(
         staging = make_staging(out, record_bytes(cfg, topo))
         try:
             set_aside_previous(out)
-            cfg, ranks, calibration = resolve_auto(cfg, topo, staging, ranks)
+            cfg, ranks, calibration = resolve_auto(cfg, topo, staging, ranks, link_check)
             result = _launch(cfg, topo, staging, ranks)
             metrics = _finish(cfg, topo, out, Measured(split, analytic, result, calibration))
             shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)

@@ -30,10 +30,15 @@ at 0.89 of the payload rate alone, while ``allreduce`` at N = 8 and D = 4 measur
 16 figure (D = 8: 4% below). It returns the first D whose worst direction (tbf's bytes) under both
 loads (for the ring, the worst host's upload and download), and the backend's figure over the
 payload rate where measured, reach the threshold, with every measurement taken.
+
+``ralp-pipe check-links`` makes that choice once for a run's hosts and pattern and writes it as JSON; a
+workflow's training runs of one strategy, N and network then share it (``ralp-pipe train --link-check``)
+instead of each measuring the links again before its window (15-50 s a run on 2 cores).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -43,8 +48,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ralp_pipe.atomic import write_json_atomic
+from ralp_pipe.config import Config, load, strategy_kind
 from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.config.units import payload_bytes_per_s, rate_bits_per_s
+from ralp_pipe.contract.topology import Topology, of_strategy
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime.backendcheck import BackendMeasurement, backend_efficiency
 from ralp_pipe.runtime.emulated import EmulatedCluster
@@ -60,6 +68,16 @@ PORT = 5201  # every host has its own address, so one port serves them all
 RING_PORT = 5202  # the ring's listeners, clear of the parameter server's just-closed streams
 IN_FLIGHT_S = 0.05  # each direction's streams together keep about this much of the link's rate in flight
 BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (the kernel caps it at net.core.rmem_max)
+# what `ralp-pipe check-links` reads of the config: the run's hosts come from its strategy and N
+CONFIG_KEYS = (
+    "network.rate",
+    "network.burst",
+    "dilation.link_accuracy",
+    "strategy.name",
+    "strategy.num_ps",
+    "strategy.ps_placement",
+    "cluster.gpus",
+)
 _PROBE = [sys.executable, str(Path(__file__).with_name("link_traffic.py"))]  # standard library only: run by path
 
 
@@ -122,7 +140,8 @@ class LinkMeasurement:
 
 @dataclass(frozen=True)
 class FactorChoice:
-    """The chosen factor and every measurement that led to it (none for an unlimited rate)."""
+    """The chosen factor and every measurement that led to it (none for an unlimited rate); `backend` is the
+    pattern of the training backend's traffic that was also checked (None: the streams alone)."""
 
     rate: str
     hosts: int
@@ -130,9 +149,10 @@ class FactorChoice:
     threshold: float
     factor: float
     measurements: tuple[LinkMeasurement, ...]
+    backend: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready record (for metrics.json)."""
+        """JSON-ready record (for metrics.json and ``ralp-pipe check-links``)."""
         return asdict(self) | {"measurements": [m.to_dict() for m in self.measurements]}
 
 
@@ -160,7 +180,7 @@ def accurate_factor(
     if seconds <= 0:
         raise ConfigError(f"the link check's window must be positive, got {seconds} s")
     if rate_bits_per_s(rate) is None or hosts == 1:
-        return FactorChoice(rate, hosts, burst, threshold, float(min(candidates)), ())
+        return FactorChoice(rate, hosts, burst, threshold, float(min(candidates)), (), backend)
     measured: list[LinkMeasurement] = []
     for factor in sorted({float(c) for c in candidates}):
         measurement = measure_link(hosts, rate, burst, factor, seconds)
@@ -169,7 +189,7 @@ def accurate_factor(
             measurement = replace(measurement, backend=checked)
         measured.append(measurement)
         if measured[-1].worst >= threshold:
-            return FactorChoice(rate, hosts, burst, threshold, factor, tuple(measured))
+            return FactorChoice(rate, hosts, burst, threshold, factor, tuple(measured), backend)
     best = max(measured, key=lambda m: m.worst)
     raise ConfigError(
         f"emulated links of {hosts} hosts at {rate} / D deliver at best {best.worst:.2f} of their rate "
@@ -177,6 +197,79 @@ def accurate_factor(
         f"ring {min(best.ring_upload, best.ring_download):.2f}{_backend_words(best)}), below {threshold:g} at every D tried "
         f"({', '.join(f'{m.factor:g}' for m in measured)}); try larger factors or fewer hosts"
     )
+
+
+def backend_pattern(topo: Topology) -> str | None:
+    """The training backend's traffic a run's link check also loads (:mod:`ralp_pipe.runtime.backendcheck`):
+    gloo's star where workers push to and pull from a PS or PS device, its ring where they all-reduce, none for
+    a single host."""
+    kind = strategy_kind(topo.strategy)
+    if topo.num_hosts < 2:
+        return None
+    return "star" if kind.has_ps or kind.places_layers else "ring"
+
+
+def run_check(cfg: Config) -> FactorChoice:
+    """The factor choice of a run configured as `cfg`: its hosts, its network, its backend's pattern."""
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    return accurate_factor(
+        topo.num_hosts,
+        cfg.network.rate,
+        cfg.network.burst,
+        threshold=cfg.dilation.link_accuracy,
+        backend=backend_pattern(topo),
+    )
+
+
+def recorded_choice(path: Path, cfg: Config) -> dict[str, Any]:
+    """The choice ``ralp-pipe check-links`` wrote to `path`, checked against the run configured as `cfg`
+    (its hosts, rate, burst, threshold and pattern): a record made for another run is refused."""
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("factor"), (int, float)):
+            raise ValueError("no factor")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"--link-check {path} is not a link check's record ({exc}); rerun `ralp-pipe check-links --out {path}`"
+        ) from None
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    expected = {
+        "hosts": topo.num_hosts,
+        "rate": cfg.network.rate,
+        "burst": cfg.network.burst,
+        "threshold": cfg.dilation.link_accuracy,
+        "backend": backend_pattern(topo),
+    }
+    wrong = {key: value for key, value in expected.items() if record.get(key) != value}
+    if wrong:
+        found = ", ".join(f"{key}={record.get(key)!r}" for key in wrong)
+        wanted = ", ".join(f"{key}={value!r}" for key, value in wrong.items())
+        raise ConfigError(
+            f"--link-check {path} was made for {found}, but this run needs {wanted}: rerun `ralp-pipe check-links` "
+            f"with the run's overrides, or leave --link-check out to measure the links before the run"
+        )
+    return record
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `ralp-pipe check-links`."""
+    parser.add_argument("--out", required=True, type=Path, help="JSON file for the chosen factor and every measurement")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Choose the dilation factor of the configured run's emulated links and write it to --out."""
+    cfg = load(args.overrides)
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    print(
+        f"ralp-pipe check-links: {topo.num_hosts} hosts of {cfg.strategy.name} N={cfg.cluster.gpus} at "
+        f"{cfg.network.rate} / D",
+        flush=True,
+    )
+    began = time.monotonic()
+    choice = run_check(cfg)
+    write_json_atomic(args.out, choice.to_dict() | {"seconds": time.monotonic() - began})
+    print(f"ralp-pipe check-links: D = {choice.factor:g} ({time.monotonic() - began:.0f} s) -> {args.out}")
+    return 0
 
 
 def _backend_words(measurement: LinkMeasurement) -> str:

@@ -34,11 +34,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import (
+    AUTO_FACTOR,
     CONFIG_DIR,
     REFERENCE,
     Config,
     ConfigError,
     TrainConfig,
+    cluster_kind,
     digest,
     refuse_repeated,
     to_dict,
@@ -46,7 +48,7 @@ from ralp_pipe.config import (
 )
 from ralp_pipe.contract.layout import PATHS, RUN_ID, arm, log_path
 from ralp_pipe.contract.stages import STAGES
-from ralp_pipe.contract.topology import cpu_share
+from ralp_pipe.contract.topology import cpu_share, of_strategy
 from ralp_pipe.workflow.compositions import cached_load
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
@@ -56,6 +58,7 @@ STAGE_DIMS: dict[str, tuple[str, ...]] = {
     "profile": ("dataset", "model", "gpus"),  # one per compute key (profile_fields) and N (profile_gpus)
     "probe": ("network",),  # the link probe: one per network
     "plan": ("dataset", "model", "gpus", "network"),
+    "check_links": ("strategy", "gpus", "network"),  # where a run's factor is auto (Matrix.checks_links)
     "train": ("dataset", "model", "strategy", "gpus", "network", "repeat"),
 }
 COMMAND_OF = {"probe": "profile"}  # stages run by another stage's command (`ralp-pipe profile --link-only`)
@@ -431,6 +434,22 @@ class Matrix:
     def concurrent_resources(self, index: int) -> dict[str, Any]:
         """SLURM resources of concurrent workload `index` (:func:`ralp_pipe.workflow.slurm.concurrent_resources`)."""
         return concurrent_resources(self.base, self._workload_configs[index])
+
+    def checks_links(self, run: Run) -> bool:
+        """Whether `run` takes its dilation factor from a ``check_links`` job: modelled ``auto`` on emulated links
+        between two hosts or more (one check per strategy, N and network, shared by its arms and repeats)."""
+        cfg = self.config(run)
+        d = cfg.dilation
+        return (
+            d.factor == AUTO_FACTOR
+            and d.mode == "modelled"
+            and cluster_kind(cfg.cluster.kind).launcher == "emulated"
+            and of_strategy(cfg.strategy, cfg.cluster.gpus).num_hosts > 1
+        )
+
+    def link_check(self, run: Run) -> list[str]:
+        """The ``check_links`` output `run` reads (none where it needs none: :meth:`checks_links`)."""
+        return [self.path("link_check", run)] if self.checks_links(run) else []
 
     def profile_gpus(self, run: Run) -> int:
         """The N whose compute profile `run` is planned from: its own, so changing experiment.gpus leaves every
