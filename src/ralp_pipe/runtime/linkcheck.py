@@ -33,7 +33,7 @@ payload rate where measured, reach the threshold, with every measurement taken.
 
 ``ralp-pipe check-links`` makes that choice once for a run's hosts and pattern and writes it as JSON; a
 workflow's training runs of one strategy, N and network then share it (``ralp-pipe train --link-check``)
-instead of each measuring the links again before its window (15-50 s a run on 2 cores).
+instead of each measuring the links again before its window (a median of 20 s a run, up to 60 s, on 2 cores).
 """
 
 from __future__ import annotations
