@@ -210,6 +210,15 @@ def test_the_headline_draws_ralp_speedups_against_the_link_rate_with_the_predict
                 for net in ("100mbit", "1gbit")
             ]
             assert list(line.get_ydata()) == pytest.approx(want)
+        # which point is which: RALP-N filled circles, RALP-H open squares, both named in the legend
+        points = {c.lines[0].get_marker(): c.lines[0].get_markerfacecolor() for c in measured}
+        assert set(points) == {"o", "s"} and points["s"] == "none"
+        legend = [text.get_text() for text in axis.get_legend().get_texts()]
+        assert legend == [
+            "vgg11/synthetic1k N=4",
+            "RALP-N: predicted (line), measured (point)",
+            "RALP-H: predicted (line), measured (point)",
+        ]
     one = write_results(tmp_path / "one", models=("vgg11",), gpus=(4,), repeats=1)
     single = drawn(monkeypatch, plots.speedup_vs_link, build_tables(load_records(one, [tmp_path / "one" / "plans"])))
     assert "one link rate" in single.axes[0].texts[0].get_text()

@@ -22,6 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.typing import LineStyleType, MarkerType  # noqa: E402
 
 from ralp_pipe.atomic import Writer, atomic_path, write_together  # noqa: E402
 from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
@@ -298,6 +300,13 @@ def _target_gbit(runs: pd.DataFrame) -> pd.Series:
     return target.where(runs["dilation_factor"].notna(), runs["link_gbit"]).astype(float)
 
 
+# the headline's strategies: name, line style, marker, whether the marker is filled
+HEADLINE_STYLES: dict[str, tuple[str, LineStyleType, MarkerType, bool]] = {
+    "ralp_n": ("RALP-N", "-", "o", True),
+    "ralp_h": ("RALP-H", "--", "s", False),
+}
+
+
 def speedup_vs_link(tables: Tables, path: Path) -> None:
     """The reproduction's headline: the RALP strategies' speedup over ps (left) and allreduce (right) against the
     link rate, at each model x dataset's largest N; measured points with 95% whiskers, the planner's prediction for
@@ -321,17 +330,47 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
                 predicted = line["predicted_images_per_sec"].to_numpy() / base.reindex(keys)[
                     "predicted_images_per_sec"
                 ].to_numpy(dtype=float)
-                style = {"color": colours[index % len(colours)], "linestyle": "-" if strategy == "ralp_n" else "--"}
-                axis.plot(line["link"], predicted, **style, label=f"{model}/{dataset} N={gpus} {strategy} predicted")
+                colour = colours[index % len(colours)]
+                _, linestyle, marker, filled = HEADLINE_STYLES[str(strategy)]
+                axis.plot(
+                    line["link"],
+                    predicted,
+                    color=colour,
+                    linestyle=linestyle,
+                    label=f"{model}/{dataset} N={gpus} {strategy} predicted",
+                )
                 column = f"speedup_vs_{baseline}"
                 axis.errorbar(
-                    line["link"], line[column], yerr=_errors(line, column), fmt="o", capsize=3, color=style["color"]
+                    line["link"],
+                    line[column],
+                    yerr=_errors(line, column),
+                    fmt=marker,
+                    capsize=3,
+                    color=colour,
+                    markerfacecolor=colour if filled else "none",
                 )
         axis.axhline(1.0, color="black", linewidth=0.8)
         axis.set_xscale("log")
         axis.set(xlabel="link rate (Gbit/s; dilated: the target's)", ylabel=f"speedup over {baseline}")
         axis.set_ylim(bottom=0.0)
-        axis.legend(fontsize="xx-small")
+        # one entry per model x dataset (its colour), one per strategy (line style and marker)
+        handles = [
+            Line2D([], [], color=colours[i % len(colours)], label=f"{m}/{d} N={n}")
+            for i, ((m, d, n), _) in enumerate(groups)
+        ]
+        handles += [
+            Line2D(
+                [],
+                [],
+                color="grey",
+                linestyle=linestyle,
+                marker=marker,
+                markerfacecolor="grey" if filled else "none",
+                label=f"{name}: predicted (line), measured (point)",
+            )
+            for name, linestyle, marker, filled in HEADLINE_STYLES.values()
+        ]
+        axis.legend(handles=handles, fontsize="xx-small")
     fig.suptitle("RALP speedup vs link rate: points measured (95% interval), lines the planner's prediction")
     _save(fig, path)
 
