@@ -14,6 +14,7 @@ ENTRIES = {
     "profile": [(PROFILING, "main", None)],
     "probe": [("ralp_pipe.planning.link_probe", "link_record", "cfg")],
     "plan": [("ralp_pipe.planning.planner", "main", None)],
+    "check_links": [("ralp_pipe.runtime.linkcheck", "main", None)],
     "train": [("ralp_pipe.engine.train", "main", None), ("ralp_pipe.engine.rank", "main", None)],
 }
 # `ralp-pipe profile` also records the link (the probe's keys) in a compute profile
