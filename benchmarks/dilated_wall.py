@@ -18,8 +18,9 @@ Usage: python benchmarks/dilated_wall.py [--experiment paper-dilated] [--start-s
 ``--factor`` gives D per network where the experiment sets ``dilation.factor=auto`` (what the link check
 would choose is only known once it ran); ``--start-s`` the seconds a run costs besides its steps (5 s:
 the default workflow's 44 training runs took 484 s, 203 s of them AlexNet's 12 and 281 s ResNet-18's 32,
-against 138 s and 122 s of predicted steps); ``--check-s`` what one link check costs (10-45 s on 2 cores,
-the more the larger the D it has to try). Concurrent workloads are not counted.
+against 138 s and 122 s of predicted steps); ``--check-s`` what one link check costs (5-55 s on 2 cores,
+a median of 22 s over the 36 checks of a ResNet-50/22K slice; the more the larger the D it has to try).
+Concurrent workloads are not counted.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ from torch import nn
 
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, DeviceConfig, strategy_kind
 from ralp_pipe.config.dilation import fixed_factor, shaped_rate
+from ralp_pipe.config.schema import REAL
 from ralp_pipe.contract.records import Profile, check_profile_matches
 from ralp_pipe.contract.topology import Topology
 from ralp_pipe.engine import devicemodel, models
@@ -73,7 +74,6 @@ _schedstat = threading.local()  # per thread: its schedstat (on-CPU time, run de
 # ~20 us here, and a rank on a loaded host is descheduled for a millisecond or more at times; later units catch up
 OVERRUN_TOLERANCE_S = 1e-3
 WORKER, PS_DEVICE_BATCH = "worker", "ps_device"  # whose batch a unit's time is priced at
-REAL, MODELLED = "real", "modelled"  # dilation.mode
 
 
 def wait_until(deadline: float, clock: Callable[[], float] = time.perf_counter) -> None:

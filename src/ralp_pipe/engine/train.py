@@ -35,6 +35,7 @@ import torch
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import AUTO_FACTOR, Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
 from ralp_pipe.config.dilation import fixed_factor, shaped_rate
+from ralp_pipe.config.schema import MODELLED, REAL
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.contract.topology import Topology, of_strategy
@@ -243,7 +244,7 @@ def resolve_auto(
     d = cfg.dilation
     if d.factor != AUTO_FACTOR:
         return cfg, ranks, None
-    if cfg.dilation.mode == dilation.REAL:
+    if cfg.dilation.mode == REAL:
         measuring = dilation.targets(cfg, topo, factor=1.0)
         steps = dataclasses.replace(cfg.train, warmup_steps=CALIBRATION_WARMUP, measure_steps=CALIBRATION_STEPS)
         print(
@@ -611,7 +612,7 @@ def run(
             "--shared-hosts joins links the concurrent workload shaped before this job started, so "
             "dilation.factor=auto cannot choose them: give the jobs of a concurrent workload one number"
         )
-    if link_check is not None and (cfg.dilation.factor != AUTO_FACTOR or cfg.dilation.mode != dilation.MODELLED):
+    if link_check is not None and (cfg.dilation.factor != AUTO_FACTOR or cfg.dilation.mode != MODELLED):
         raise ConfigError(
             f"--link-check {link_check} gives a run in dilation.mode=modelled with dilation.factor=auto its factor, "
             f"but this run has dilation.mode={cfg.dilation.mode}, dilation.factor={cfg.dilation.factor}: "

@@ -46,6 +46,7 @@ from ralp_pipe.config import (
     to_dict,
     validate,
 )
+from ralp_pipe.config.schema import MODELLED
 from ralp_pipe.contract.layout import PATHS, RUN_ID, arm, log_path
 from ralp_pipe.contract.stages import STAGES
 from ralp_pipe.contract.topology import cpu_share, of_strategy
@@ -442,7 +443,7 @@ class Matrix:
         d = cfg.dilation
         return (
             d.factor == AUTO_FACTOR
-            and d.mode == "modelled"
+            and d.mode == MODELLED
             and cluster_kind(cfg.cluster.kind).launcher == "emulated"
             and of_strategy(cfg.strategy, cfg.cluster.gpus).num_hosts > 1
         )
