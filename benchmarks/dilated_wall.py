@@ -10,7 +10,7 @@ count at its N and link (what `ralp-pipe simulate --target` prices; RALP at its 
 arms without pipelining; the N=1 reference without communication) and `start` is what a run costs
 besides its steps (Python and torch imports, rank start-up, the emulated network, the records), plus,
 where ``dilation.factor=auto`` (modelled mode), ``check`` seconds for each of the workflow's
-``check_links`` jobs, one per strategy, N and network. Run it on an experiment that was timed
+``check_links`` jobs, one per number of hosts, traffic pattern and network. Run it on an experiment that was timed
 (`benchmarks/workflow_local.py`) to see how far the estimate is from a measurement, then on one that was not.
 
 Usage: python benchmarks/dilated_wall.py [--experiment paper-dilated] [--start-s 5] [--check-s 25]

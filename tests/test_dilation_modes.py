@@ -278,9 +278,21 @@ def test_modelled_auto_checks_the_links_and_the_backends_own_traffic(strategy: s
 def test_a_checked_factor_is_taken_by_the_run_without_measuring_the_links_again(tmp_path: Path) -> None:
     """`ralp-pipe check-links` chooses once (the workflow's check_links job); `train --link-check` takes its D."""
     run = small(*MODELLED, "cluster=emulated", "network=1gbit", "strategy=ps", "dilation.factor=auto")
-    check = tmp_path / "factors" / "ps-n2.json"
+    check = tmp_path / "factors" / "star-h3.json"  # ps at N=2: 2 workers and a PS
     done = subprocess.run(
-        [sys.executable, "-m", "ralp_pipe.cli", "check-links", "--out", str(check), *run],
+        [
+            sys.executable,
+            "-m",
+            "ralp_pipe.cli",
+            "check-links",
+            "--out",
+            str(check),
+            "--hosts",
+            "3",
+            "--pattern",
+            "star",
+            *run,
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -235,9 +238,10 @@ def test_the_message_is_about_0_3_s_of_traffic(pattern: str, hosts: int, payload
 
 
 def _recorded(tmp_path: Path, **fields: object) -> Path:
-    """A check's record as `ralp-pipe check-links` writes it, for ps at N=2 on 1gbit unless `fields` say otherwise."""
+    """A check's record as `ralp-pipe check-links --hosts 3 --pattern star` writes it on 1gbit (ps at N=2, RALP-H at
+    N=4) unless `fields` say otherwise."""
     record = FactorChoice("1gbit", 3, "1mb", 0.95, 2.0, (), "star").to_dict() | {"seconds": 12.0} | fields
-    path = tmp_path / "ps-n2.json"
+    path = tmp_path / "star-h3.json"
     path.write_text(json.dumps(record))
     return path
 
@@ -261,7 +265,7 @@ def test_a_recorded_choice_serves_every_run_of_its_hosts_rate_and_pattern(tmp_pa
 def test_a_recorded_choice_made_for_another_run_is_refused(tmp_path: Path, overrides: list[str], message: str) -> None:
     path = _recorded(tmp_path)
     cfg = load(["cluster=emulated", "network=1gbit", *overrides])
-    with pytest.raises(ConfigError, match=message + r".*rerun `ralp-pipe check-links`"):
+    with pytest.raises(ConfigError, match=message + r".*rerun `ralp-pipe check-links --hosts \d+ --pattern "):
         linkcheck.recorded_choice(path, cfg)
 
 
@@ -274,3 +278,26 @@ def test_a_damaged_record_is_named_with_what_to_do(tmp_path: Path, text: str) ->
         linkcheck.recorded_choice(path, cfg)
     with pytest.raises(ConfigError, match="is not a link check's record"):
         linkcheck.recorded_choice(tmp_path / "missing.json", cfg)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--hosts", "1", "--pattern", "star"], r"--hosts: '1' is not a number of hosts of 2 or more"),
+        (["--hosts", "three", "--pattern", "star"], r"--hosts: 'three' is not a number of hosts"),
+        (["--hosts", "3", "--pattern", "mesh"], r"--pattern: invalid choice: 'mesh'"),
+        (["--hosts", "3"], r"the following arguments are required: --pattern"),
+    ],
+)
+def test_the_check_command_refuses_hosts_and_patterns_it_cannot_check(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "check.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ralp_pipe.cli", "check-links", "--out", str(out), *args, "network=1gbit"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and re.search(message, done.stderr), done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()

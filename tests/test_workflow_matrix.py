@@ -383,21 +383,28 @@ def test_rules_hand_stages_the_exact_paths_of_their_inputs_and_name_logs_from_th
     assert sum(rule == "train" for rule, *_ in jobs) == len(matrix.runs)
 
 
-def test_a_modelled_auto_experiment_checks_its_links_once_per_strategy_n_and_network() -> None:
-    """Arms and repeats of one strategy at one N on one network share a check_links job; the single-device
-    reference and runs with a fixed factor need none."""
+def test_a_modelled_auto_experiment_checks_its_links_once_per_hosts_pattern_and_network() -> None:
+    """Every run with the same hosts, pattern and network shares a check_links job (ps at N=2 and RALP-H at N=4:
+    3 hosts in a star), whatever its strategy, N, arm, repeat, model or class count; the single-device reference
+    and runs with a fixed factor need none."""
     overrides = ["experiment.models=[resnet50]", "experiment.datasets=[synthetic1k,synthetic22k]"]
     matrix = Matrix(parse_settings({"experiment": "paper-dilated", "overrides": overrides}))
     checked = [run for run in matrix if matrix.checks_links(run)]
     assert {run.gpus for run in matrix if not matrix.checks_links(run)} == {1}  # the reference only
     checks = {matrix.link_check(run)[0] for run in checked}
-    e = matrix.base.experiment
-    assert len(checks) == len(e.strategies) * len(e.gpus) * len(e.networks) < len(checked) / 3
-    run = matrix.first(strategy="ralp_h", gpus="4", network="25gbit")
-    assert matrix.link_check(run) == ["results/profiles/factors/25gbit/ralp_h-n4.json"]
-    args = matrix.stage_args("check_links", run)
-    assert {"strategy=ralp_h", "network=25gbit", "cluster.gpus=4"} <= set(args)
-    assert not any(a.startswith(("model=", "dataset=", "train.")) for a in args)  # shared across models and repeats
+    # per network: a star of 2, 3, 4, 5, 8 and 9 hosts (ps 3/5/9, RALP-H 2/3/5, RALP-N 2/4/8), a ring of 2, 4, 8
+    assert len(checks) == 9 * len(matrix.base.experiment.networks)
+    ps = matrix.first(strategy="ps", gpus="2", network="25gbit")
+    ralp_h = matrix.first(strategy="ralp_h", gpus="4", network="25gbit")
+    assert matrix.link_check(ps) == matrix.link_check(ralp_h) == ["results/profiles/factors/25gbit/star-h3.json"]
+    ring = matrix.first(strategy="allreduce", gpus="8", network="10gbit")
+    assert matrix.link_check(ring) == ["results/profiles/factors/10gbit/ring-h8.json"]
+    assert matrix.job_run("check_links", {"network": "25gbit", "pattern": "star", "hosts": "3"}) in (ps, ralp_h)
+    args = matrix.stage_args("check_links", ralp_h)
+    assert "network=25gbit" in args
+    assert not any(a.startswith(("model=", "dataset=", "strategy=", "cluster.gpus=", "train.")) for a in args)
+    with pytest.raises(ConfigError, match="has a check_links job for"):
+        matrix.job_run("check_links", {"network": "25gbit", "pattern": "ring", "hosts": "3"})
     fixed = Matrix(parse_settings({"experiment": "paper-dilated", "overrides": [*overrides, "dilation.factor=8"]}))
     assert not any(fixed.checks_links(run) for run in fixed)
 

@@ -1,6 +1,8 @@
 # Profile compute once per model x classes x batch x image size x device kind x N (N=1 plans from the
 # largest N's), probe each network's link once, then plan the split per dataset x model x N x network.
-# Where a dilated run's factor is auto (modelled mode), check its emulated links once per strategy x N x network.
+# Where a dilated run's factor is auto (modelled mode), check its emulated links once per number of hosts x
+# pattern (star: workers and a PS or PS device; ring: all-reduce) x network, shared by every run that has them.
+from ralp_pipe.contract.topology import LINK_PATTERNS
 
 
 rule profile:
@@ -78,6 +80,9 @@ rule check_links:
         MATRIX.path("link_check"),
     log:
         MATRIX.log("check_links"),
+    wildcard_constraints:
+        hosts=r"\d+",
+        pattern="|".join(LINK_PATTERNS),
     conda:
         ENV
     threads: workflow.cores  # link measurements run alone
@@ -85,4 +90,5 @@ rule check_links:
         key=stage_params("check_links"),
         args=stage_args("check_links"),
     shell:
-        "ralp-pipe check-links --out {output:q} {params.args} > {log:q} 2>&1"
+        "ralp-pipe check-links --out {output:q} --hosts {wildcards.hosts} --pattern {wildcards.pattern}"
+        " {params.args} > {log:q} 2>&1"

@@ -14,8 +14,9 @@ SHARDS_ID = "{dataset}"
 # compute: one per model x classes x per-worker batch x image size x device kind (cluster kind-device) x N
 PROFILE_ID = "{model}/{classes}c-{batch}b-{size}px-{hw}-n{gpus}"
 LINK_ID = "{network}"  # the link probe of one network
-# the dilation factor `ralp-pipe check-links` chose for one strategy's hosts at one N on one network
-LINK_CHECK_ID = "{network}/{strategy}-n{gpus}"
+# the dilation factor `ralp-pipe check-links` chose for runs of so many hosts whose links carry one pattern
+# (star, ring) on one network
+LINK_CHECK_ID = "{network}/{pattern}-h{hosts}"
 PLAN_ID = "{dataset}/{model}/n{gpus}-{network}"
 PLAN_FILE = PLAN_ID + ".json"  # below the plans folder
 # A run below runs/: its configuration (the arm is the strategy, or <strategy>-sequential with

@@ -30,6 +30,9 @@ from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGY_KINDS, Config, c
 from ralp_pipe.config.schema import StrategyConfig
 
 WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
+# the traffic a run's links carry: workers pushing to and pulling from a PS or PS device; an all-reduce ring
+STAR, RING = "star", "ring"
+LINK_PATTERNS = (RING, STAR)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,20 @@ def topology(strategy: str, gpus: int, num_ps: int = 1, ps_placement: str = "ded
 def of_strategy(strategy: StrategyConfig, gpus: int) -> Topology:
     """:func:`topology` of a composed ``strategy`` config group with `gpus` devices."""
     return topology(strategy.name, gpus, strategy.num_ps, strategy.ps_placement)
+
+
+def link_pattern(topo: Topology) -> str | None:
+    """The traffic `topo`'s links carry (:data:`STAR` or :data:`RING`); None where its ranks share one host."""
+    if topo.num_hosts < 2:
+        return None
+    kind = strategy_kind(topo.strategy)
+    return STAR if kind.has_ps or kind.places_layers else RING
+
+
+def links_of(cfg: Config) -> tuple[int, str | None]:
+    """The hosts of the run configured as `cfg` and the pattern its links carry (what a link check is made for)."""
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    return topo.num_hosts, link_pattern(topo)
 
 
 def largest_world(gpus: int, num_ps: int = 1) -> int:

@@ -38,7 +38,7 @@ from ralp_pipe.config.dilation import fixed_factor, shaped_rate
 from ralp_pipe.config.schema import MODELLED, REAL
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
-from ralp_pipe.contract.topology import Topology, of_strategy
+from ralp_pipe.contract.topology import Topology, links_of, of_strategy
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
@@ -284,7 +284,7 @@ def resolve_auto(
                 f"ralp-pipe train: dilation.factor=auto: measuring the emulated links at {cfg.network.rate} / D",
                 flush=True,
             )
-            choice = linkcheck.run_check(cfg)
+            choice = linkcheck.run_check(cfg, *links_of(cfg))
             factor, how = choice.factor, {"method": "links", **choice.to_dict()}
     print(f"ralp-pipe train: dilation.factor=auto chose D = {factor:g}", flush=True)
     cfg = dilation.with_factor(cfg, factor)

@@ -32,12 +32,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Sequence
 
+from ralp_pipe.contract.topology import LINK_PATTERNS, RING, STAR
 from ralp_pipe.errors import RunFailure
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import start_logged, supervise
 
 PORT = 29533  # rank 0's rendezvous on host 0's own address, inside a fresh cluster
-PATTERNS = ("ring", "star")  # an all-reduce ring; a parameter server's incast and fan-out (module doc)
+PATTERNS = LINK_PATTERNS  # an all-reduce ring; a parameter server's incast and fan-out (module doc)
 SECONDS = 0.3  # about this long per repeat at the links' rate ...
 MESSAGE_BYTES = (1 << 20, 25 << 20)  # ... within these bounds (the upper: DDP's bucket_cap_mb default)
 WINDOW_S = 1.0  # back-to-back timed repeats (at least 3) last about this long at the links' rate
@@ -65,9 +66,9 @@ class BackendMeasurement:
 
 def link_bytes(pattern: str, hosts: int, size: int) -> float:
     """Bytes one repeat of `pattern` with messages of `size` moves over one direction of its busiest link."""
-    if pattern == "ring":
+    if pattern == RING:
         return size * 2 * (hosts - 1) / hosts
-    if pattern == "star":
+    if pattern == STAR:
         return float(size * (hosts - 1))
     raise ValueError(f"unknown backend pattern {pattern!r}; use one of {', '.join(PATTERNS)}")
 
@@ -136,7 +137,7 @@ def _rank(rank: int, world: int, init: str, pattern: str, size: int, repeats: in
     incoming = [torch.empty_like(outgoing) for _ in range(world - 1 if rank == 0 else 1)]
 
     def once() -> None:
-        if pattern == "ring":
+        if pattern == RING:
             dist.all_reduce(outgoing)
             return
         peers = range(1, world) if rank == 0 else [0]  # star: host 0 receives from and sends to every other

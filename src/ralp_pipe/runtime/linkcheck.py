@@ -31,9 +31,12 @@ at 0.89 of the payload rate alone, while ``allreduce`` at N = 8 and D = 4 measur
 loads (for the ring, the worst host's upload and download), and the backend's figure over the
 payload rate where measured, reach the threshold, with every measurement taken.
 
-``ralp-pipe check-links`` makes that choice once for a run's hosts and pattern and writes it as JSON; a
-workflow's training runs of one strategy, N and network then share it (``ralp-pipe train --link-check``)
-instead of each measuring the links again before its window (a median of 20 s a run, up to 60 s, on 2 cores).
+``ralp-pipe check-links --hosts H --pattern P`` makes that choice once for H hosts whose links carry
+pattern P (:func:`ralp_pipe.contract.topology.link_pattern`) and writes it as JSON; a workflow's training
+runs with those hosts, that pattern and that network (every strategy, N, arm, repeat, model and class count
+that has them: ``ps`` at N = 2 and RALP-H at N = 4 both load 3 hosts as a star) then share it
+(``ralp-pipe train --link-check``) instead of each measuring the links again before its window (a median of
+20 s a run, up to 60 s, on 2 cores), and take the same D.
 """
 
 from __future__ import annotations
@@ -49,10 +52,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
-from ralp_pipe.config import Config, load, strategy_kind
+from ralp_pipe.config import Config, load
 from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.config.units import payload_bytes_per_s, rate_bits_per_s
-from ralp_pipe.contract.topology import Topology, of_strategy
+from ralp_pipe.contract.topology import LINK_PATTERNS, links_of
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime.backendcheck import BackendMeasurement, backend_efficiency
 from ralp_pipe.runtime.emulated import EmulatedCluster
@@ -68,16 +71,8 @@ PORT = 5201  # every host has its own address, so one port serves them all
 RING_PORT = 5202  # the ring's listeners, clear of the parameter server's just-closed streams
 IN_FLIGHT_S = 0.05  # each direction's streams together keep about this much of the link's rate in flight
 BUFFER_BYTES = (64 << 10, 4 << 20)  # bounds of one stream's receive buffer (the kernel caps it at net.core.rmem_max)
-# what `ralp-pipe check-links` reads of the config: the run's hosts come from its strategy and N
-CONFIG_KEYS = (
-    "network.rate",
-    "network.burst",
-    "dilation.link_accuracy",
-    "strategy.name",
-    "strategy.num_ps",
-    "strategy.ps_placement",
-    "cluster.gpus",
-)
+# what `ralp-pipe check-links` reads of the config (the hosts and their pattern are its options)
+CONFIG_KEYS = ("network.rate", "network.burst", "dilation.link_accuracy")
 _PROBE = [sys.executable, str(Path(__file__).with_name("link_traffic.py"))]  # standard library only: run by path
 
 
@@ -199,25 +194,11 @@ def accurate_factor(
     )
 
 
-def backend_pattern(topo: Topology) -> str | None:
-    """The training backend's traffic a run's link check also loads (:mod:`ralp_pipe.runtime.backendcheck`):
-    gloo's star where workers push to and pull from a PS or PS device, its ring where they all-reduce, none for
-    a single host."""
-    kind = strategy_kind(topo.strategy)
-    if topo.num_hosts < 2:
-        return None
-    return "star" if kind.has_ps or kind.places_layers else "ring"
-
-
-def run_check(cfg: Config) -> FactorChoice:
-    """The factor choice of a run configured as `cfg`: its hosts, its network, its backend's pattern."""
-    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+def run_check(cfg: Config, hosts: int, pattern: str | None) -> FactorChoice:
+    """The factor choice for `hosts` hosts whose links carry `pattern` (the training backend's traffic the
+    check also loads, :func:`ralp_pipe.contract.topology.link_pattern`) on `cfg`'s network."""
     return accurate_factor(
-        topo.num_hosts,
-        cfg.network.rate,
-        cfg.network.burst,
-        threshold=cfg.dilation.link_accuracy,
-        backend=backend_pattern(topo),
+        hosts, cfg.network.rate, cfg.network.burst, threshold=cfg.dilation.link_accuracy, backend=pattern
     )
 
 
@@ -232,41 +213,58 @@ def recorded_choice(path: Path, cfg: Config) -> dict[str, Any]:
         raise ConfigError(
             f"--link-check {path} is not a link check's record ({exc}); rerun `ralp-pipe check-links --out {path}`"
         ) from None
-    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    hosts, pattern = links_of(cfg)
     expected = {
-        "hosts": topo.num_hosts,
+        "hosts": hosts,
         "rate": cfg.network.rate,
         "burst": cfg.network.burst,
         "threshold": cfg.dilation.link_accuracy,
-        "backend": backend_pattern(topo),
+        "backend": pattern,
     }
     wrong = {key: value for key, value in expected.items() if record.get(key) != value}
     if wrong:
         found = ", ".join(f"{key}={record.get(key)!r}" for key in wrong)
         wanted = ", ".join(f"{key}={value!r}" for key, value in wrong.items())
         raise ConfigError(
-            f"--link-check {path} was made for {found}, but this run needs {wanted}: rerun `ralp-pipe check-links` "
-            f"with the run's overrides, or leave --link-check out to measure the links before the run"
+            f"--link-check {path} was made for {found}, but this run needs {wanted}: rerun `ralp-pipe check-links "
+            f"--hosts {hosts} --pattern {pattern}` with the run's network overrides, or leave --link-check out to "
+            f"measure the links before the run"
         )
     return record
+
+
+def _hosts(text: str) -> int:
+    """--hosts: two or more (one host has no link to check)."""
+    try:
+        hosts = int(text)
+    except ValueError:
+        hosts = 0
+    if hosts < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hosts of 2 or more (one host has no link)")
+    return hosts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `ralp-pipe check-links`."""
     parser.add_argument("--out", required=True, type=Path, help="JSON file for the chosen factor and every measurement")
+    parser.add_argument(
+        "--hosts", required=True, type=_hosts, help="emulated hosts of the runs to check for (a run's ranks' hosts)"
+    )
+    parser.add_argument(
+        "--pattern",
+        required=True,
+        choices=LINK_PATTERNS,
+        help="the traffic their links carry: star (workers and a PS or PS device: ps, ralp_h, ralp_n), "
+        "ring (allreduce)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    """Choose the dilation factor of the configured run's emulated links and write it to --out."""
+    """Choose the dilation factor of `--hosts` emulated hosts in `--pattern` on the configured network; write it to --out."""
     cfg = load(args.overrides)
-    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
-    print(
-        f"ralp-pipe check-links: {topo.num_hosts} hosts of {cfg.strategy.name} N={cfg.cluster.gpus} at "
-        f"{cfg.network.rate} / D",
-        flush=True,
-    )
+    print(f"ralp-pipe check-links: {args.hosts} hosts in a {args.pattern} at {cfg.network.rate} / D", flush=True)
     began = time.monotonic()
-    choice = run_check(cfg)
+    choice = run_check(cfg, args.hosts, args.pattern)
     write_json_atomic(args.out, choice.to_dict() | {"seconds": time.monotonic() - began})
     print(f"ralp-pipe check-links: D = {choice.factor:g} ({time.monotonic() - began:.0f} s) -> {args.out}")
     return 0

@@ -49,7 +49,7 @@ from ralp_pipe.config import (
 from ralp_pipe.config.schema import MODELLED
 from ralp_pipe.contract.layout import PATHS, RUN_ID, arm, log_path
 from ralp_pipe.contract.stages import STAGES
-from ralp_pipe.contract.topology import cpu_share, of_strategy
+from ralp_pipe.contract.topology import cpu_share, links_of, of_strategy
 from ralp_pipe.workflow.compositions import cached_load
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
@@ -59,9 +59,12 @@ STAGE_DIMS: dict[str, tuple[str, ...]] = {
     "profile": ("dataset", "model", "gpus"),  # one per compute key (profile_fields) and N (profile_gpus)
     "probe": ("network",),  # the link probe: one per network
     "plan": ("dataset", "model", "gpus", "network"),
-    "check_links": ("strategy", "gpus", "network"),  # where a run's factor is auto (Matrix.checks_links)
+    # where a run's factor is auto (Matrix.checks_links): one per hosts and pattern (Matrix.link_fields) and network
+    "check_links": ("network",),
     "train": ("dataset", "model", "strategy", "gpus", "network", "repeat"),
 }
+# stages whose jobs are named by what a run's config makes of its dimensions (Matrix.path), and their output
+OUTPUT_OF = {"profile": "profile", "check_links": "link_check"}
 COMMAND_OF = {"probe": "profile"}  # stages run by another stage's command (`ralp-pipe profile --link-only`)
 KEYS_OF = {"probe": "LINK_CONFIG_KEYS"}  # the declaration of a stage's keys in its module, where not CONFIG_KEYS
 
@@ -262,7 +265,7 @@ class Matrix:
         self.runs += [run for run in self._reference_runs() if run not in matrix_runs]
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
-        self._profile_runs: dict[str, Run] | None = None
+        self._job_runs: dict[str, dict[str, Run]] = {}  # stage of OUTPUT_OF -> its output path -> the first run
         self._digest: str | None = None
         self._check_workloads()
         if settings.slurm:
@@ -354,13 +357,27 @@ class Matrix:
         """Output `name` of the results layout (:data:`PATHS`) for `run` or `fields` (else a pattern)."""
         template = f"{self.results}/{PATHS[name]}"
         if run or fields:
-            own = {} if run is None else self.profile_fields(run) if name == "profile" else run.wildcards
+            own = {} if run is None else self._fields(name, run)
             return template.format(**own, **fields)
         return template
 
     def log(self, stage: str) -> str:
         """The log of a job of `stage` (:func:`ralp_pipe.contract.layout.log_path`), a pattern of its wildcards."""
         return f"{self.results}/{log_path(stage)}"
+
+    def _fields(self, name: str, run: Run) -> dict[str, str]:
+        """The fields output `name`'s path takes from `run`."""
+        if name == "profile":
+            return self.profile_fields(run)
+        if name == "link_check":
+            return self.link_fields(run)
+        return run.wildcards
+
+    def link_fields(self, run: Run) -> dict[str, str]:
+        """What `run`'s link check is made for, as its path's fields: its network, hosts and their links' pattern
+        (:func:`ralp_pipe.contract.topology.links_of`)."""
+        hosts, pattern = links_of(self.config(run))
+        return {"network": run.network, "hosts": str(hosts), "pattern": str(pattern)}
 
     def profile_fields(self, run: Run) -> dict[str, str]:
         """What `run`'s compute profile depends on, as the profile path's fields: model, class count,
@@ -380,16 +397,20 @@ class Matrix:
 
     def job_run(self, stage: str, wildcards: Mapping[str, str]) -> Run:
         """The (first) run a job of `stage` with these wildcard values stands for."""
-        if stage != "profile":
+        output = OUTPUT_OF.get(stage)
+        if output is None:
             return self.first(**dict(wildcards))
-        if self._profile_runs is None:  # built on first use: one entry per compute profile
-            self._profile_runs = {}
-            for run in self.runs:
-                self._profile_runs.setdefault(self.path("profile", run), run)
+        if stage not in self._job_runs:  # built on first use: one entry per job
+            runs = self.runs if stage == "profile" else [run for run in self.runs if self.checks_links(run)]
+            self._job_runs[stage] = {}
+            for run in runs:
+                self._job_runs[stage].setdefault(self.path(output, run), run)
         try:
-            return self._profile_runs[self.path("profile", None, **wildcards)]
+            return self._job_runs[stage][self.path(output, None, **wildcards)]
         except KeyError:
-            raise ConfigError(f"no run of experiment '{self.settings.experiment}' profiles {dict(wildcards)}") from None
+            raise ConfigError(
+                f"no run of experiment '{self.settings.experiment}' has a {stage} job for {dict(wildcards)}"
+            ) from None
 
     def first(self, **wildcards: str) -> Run:
         """A run matching the given wildcard values (stages shared by several runs use any of them)."""
@@ -438,7 +459,7 @@ class Matrix:
 
     def checks_links(self, run: Run) -> bool:
         """Whether `run` takes its dilation factor from a ``check_links`` job: modelled ``auto`` on emulated links
-        between two hosts or more (one check per strategy, N and network, shared by its arms and repeats)."""
+        between two hosts or more (one check per hosts, pattern and network, shared by every run that has them)."""
         cfg = self.config(run)
         d = cfg.dilation
         return (
