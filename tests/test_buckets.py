@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from ralp_pipe.engine.strategies.base import FlatLayout, PushPullClient, plan_buckets
+from ralp_pipe.engine.strategies.base import FlatLayout, PushPullClient, plan_buckets, receive_buffers
 
 SIZES = [300, 50, 1000, 20, 4000]  # a model's parameters in model order (elements)
 
@@ -132,3 +132,18 @@ def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls_wh
             pending[server].add(b)
         else:
             pending[server].discard(b)
+
+
+def test_a_servers_buckets_share_credit_sets_of_receive_buffers_where_that_holds_less() -> None:
+    sizes = [100, 100, 100, 100, 60]
+    shared = receive_buffers(sizes, sets=3, credit=2, dtype=torch.float32, device=None)
+    storages = {buf.untyped_storage().data_ptr() for inbox in shared if inbox for buf in inbox}
+    assert len(storages) == 2 * 3  # 2 sets of 3 workers' buffers, not 5 x 3
+    for i, (inbox, size) in enumerate(zip(shared, sizes)):
+        assert inbox is not None and [b.numel() for b in inbox] == [size] * 3
+        assert [b.data_ptr() for b in inbox] == [b.data_ptr() for b in shared[i % 2]]  # type: ignore[union-attr]
+    # no cap, or no saving (one large bucket, or no more buckets than credit): every bucket its own
+    assert receive_buffers(sizes, 3, 0, torch.float32, None) == [None] * 5
+    assert receive_buffers([400, 10, 10], 3, 2, torch.float32, None) == [None] * 3
+    assert receive_buffers([100, 100], 3, 4, torch.float32, None) == [None] * 2
+    assert receive_buffers([], 3, 4, torch.float32, None) == []

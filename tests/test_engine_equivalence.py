@@ -43,10 +43,11 @@ class Case:
     batch: int
     overlap: bool = True
     bucket_mb: float = 4.0
+    credit: int = 4
 
     @property
     def key(self) -> str:
-        pipelining = f"overlap-{self.bucket_mb:g}MB" if self.overlap else "sequential"
+        pipelining = f"overlap-{self.bucket_mb:g}MB-credit{self.credit}" if self.overlap else "sequential"
         return f"{self.strategy}-{self.gpus}-{self.num_ps}-{self.model}-{pipelining}"
 
     @property
@@ -55,9 +56,15 @@ class Case:
 
 
 def _case(
-    strategy: str, gpus: int, num_ps: int, spec: tuple[str, int, int], overlap: bool = True, bucket_mb: float = 4.0
+    strategy: str,
+    gpus: int,
+    num_ps: int,
+    spec: tuple[str, int, int],
+    overlap: bool = True,
+    bucket_mb: float = 4.0,
+    credit: int = 4,
 ) -> Case:
-    return Case(strategy, gpus, num_ps, *spec, overlap, bucket_mb)
+    return Case(strategy, gpus, num_ps, *spec, overlap, bucket_mb, credit)
 
 
 # Pipelined push/pull: sequential, one bucket per parameter (0 MB), buckets of a few
@@ -78,6 +85,9 @@ NO_BN_CASES = [
     ]
 ]
 NO_BN_CASES.append(_case("ralp_n", 3, 1, NO_BN))
+# credit 1 and 2: the servers' buckets share that many sets of receive buffers, each bucket's receives posted
+# once the bucket that many places before it is updated
+NO_BN_CASES += [_case("ps", 2, 1, TINY, True, 0.002, credit=1), _case("ralp_h", 4, 1, TINY, True, 0.002, credit=2)]
 BN_CASES = [_case(s, g, 1, BN) for s, g in [("allreduce", 2), ("ps", 2), ("ralp_h", 4), ("ralp_n", 3)]]
 BN_CASES += [_case("ps", 2, 1, BN, overlap=False), _case("ralp_n", 3, 1, BN, overlap=True, bucket_mb=0.0)]
 
@@ -128,6 +138,7 @@ def _run_case(rank: int, case: Case, group: dist.ProcessGroup) -> list[Piece]:
         case.image_size,
         overlap=case.overlap,
         bucket_mb=case.bucket_mb,
+        credit=case.credit,
     )
     engine = build(setup)
     for images, labels in _data(case):

@@ -175,7 +175,7 @@ def test_a_batch_whose_activations_cannot_fit_in_memory_is_refused_before_any_ra
     line = one_line(err, "train", "configuration error")
     assert line.startswith(
         "ralp-pipe train: configuration error: train.batch_size=1000000 does not fit in this host's 8.0 GB of memory "
-        "(this machine's): a rank taking 0.5 GB + 3 x 0.05 GB of resnet18 parameters + "
+        "(this machine's): a rank taking 0.5 GB + 2 x 0.05 GB of resnet18 parameters + "
     ), line
     assert "GB of activations (train.batch_size=1000000 at train.image_size=32)" in line, line
     assert line.endswith("use a smaller train.batch_size or train.image_size"), line

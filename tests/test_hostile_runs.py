@@ -15,6 +15,7 @@ import pytest
 
 from ralp_pipe import cli
 from ralp_pipe.config import load
+from ralp_pipe.contract.topology import of_strategy
 from ralp_pipe.engine import train
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime import hardware
@@ -260,10 +261,10 @@ def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
     )  # 553 MB of parameters; 44.5 MB of unit outputs an image at 192 px
     with pytest.raises(ConfigError) as refused:
         train.run(cfg, tmp_path / "run")
-    assert "8.0 GB of memory (the limit of memory cgroup /x): at most 3 ranks fit" in str(refused.value)
     assert (
-        "8.0 GB / 2.34 GB a rank = 3, a rank taking 0.5 GB + 3 x 0.55 GB of vgg16 parameters + 0.18 GB of "
-        "activations (train.batch_size=4 at train.image_size=192)): use fewer cluster.gpus or a smaller"
+        "8.0 GB of memory (the limit of memory cgroup /x): its ranks need 9.4 GB (4 x 2.34 GB a rank: 0.5 GB + "
+        "3 x 0.55 GB of vgg16 parameters + 0.18 GB of activations (train.batch_size=4 at train.image_size=192)): "
+        "use fewer cluster.gpus or a smaller train.batch_size"
     ) in str(refused.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -430,3 +431,27 @@ def test_failed_rerun_sets_the_older_records_aside_and_a_successful_one_replaces
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "steps.parquet"]
     assert "old" not in json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize(("credit", "fits"), [(4, True), (0, False)])
+def test_a_parameter_server_holds_only_the_gradients_its_credit_lets_fly(
+    monkeypatch: pytest.MonkeyPatch, credit: int, fits: bool
+) -> None:
+    """VGG-11 on 21841 classes, `ps` at N=8, modelled: 9 ranks of 0.87 GB of parameters in 25.3 GB. With a credit
+    of 4 buckets the PS holds 8 workers' gradients of 4 buckets (0.13 GB); with no cap, of all of them (7 GB)."""
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 2)
+    monkeypatch.setattr(hardware, "usable_memory", lambda: (25_300_000_000, "this machine's"))
+    cfg = load(
+        ["cluster=emulated", "model=vgg11", "dataset=synthetic22k", "strategy=ps", "cluster.gpus=8"]
+        + ["train.batch_size=32", "train.image_size=224", "dilation.factor=8", "dilation.mode=modelled"]
+        + [f"strategy.credit={credit}"]
+    )
+    topo, units = of_strategy(cfg.strategy, cfg.cluster.gpus), train.meta_units(cfg)
+    needs = train.rank_memory(cfg, topo, units, activations=0)
+    assert [round(b / 1e9, 2) for b, _ in needs[:8]] == [2.25] * 8  # 0.5 GB and 2 x 0.87 GB: parameters, gradients
+    assert round(needs[8][0] / 1e9, 2) == (1.5 if fits else 8.36), needs[8]
+    if fits:
+        train.check_host(cfg, topo, units, on_cpu=True)
+    else:
+        with pytest.raises(ConfigError, match=r"its ranks need 26\.3 GB .* 6\.98 GB of the workers' gradients"):
+            train.check_host(cfg, topo, units, on_cpu=True)

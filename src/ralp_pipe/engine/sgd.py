@@ -37,9 +37,18 @@ class FlatSgd:
     very class, so the cost model prices what the server runs.
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor], sets: int, optim: Optim, mean: bool):
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        sets: int,
+        optim: Optim,
+        mean: bool,
+        inbox: Sequence[torch.Tensor] | None = None,
+    ):
         self.flat = nn.Parameter(torch.cat([t.detach().reshape(-1) for t in tensors]))
-        self.inbox = [torch.empty_like(self.flat.data) for _ in range(sets)]
+        # `inbox`: the `sets` receive buffers, where the caller shares them between FlatSgds (none: its own)
+        self.inbox = list(inbox) if inbox is not None else [torch.empty_like(self.flat.data) for _ in range(sets)]
+        assert len(self.inbox) == sets and all(b.shape == self.flat.shape for b in self.inbox), "one buffer a set"
         self.flat.grad = self.inbox[0]
         self.mean = mean
         self.optimizer = optim.sgd([self.flat])

@@ -26,6 +26,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,12 +39,13 @@ from ralp_pipe.config.dilation import fixed_factor, shaped_rate
 from ralp_pipe.config.schema import MODELLED, REAL
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
-from ralp_pipe.contract.topology import Topology, links_of, of_strategy
+from ralp_pipe.contract.topology import PS, WORKER, Topology, links_of, of_strategy
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
 from ralp_pipe.engine.metrics import link_rate, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
+from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets, receive_elements
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
 from ralp_pipe.locks import LockHeld, exclusive
 from ralp_pipe.runtime import devices, hardware
@@ -61,7 +63,7 @@ MIN_FREE_BYTES = 16 * 2**20  # free space a run needs at least, for its records,
 ROW_BYTES = 1024  # one step record as JSON in the rank result, in steps.parquet and in their temporary copies
 FULL_BYTES = 2**20  # a filesystem with less free space is full for the ranks' logs
 RANK_BASE_BYTES = 500_000_000  # memory of one rank before its model: interpreter, torch, gloo buffers
-PARAMETER_COPIES = 3  # a rank holds parameters, their gradients and momentum (or the buffers in flight)
+PARAMETER_COPIES = 3  # a rank that updates its parameters holds them, their gradients and momentum (rank_memory)
 CALIBRATION_WARMUP, CALIBRATION_STEPS = 2, 3  # dilation.factor=auto, real mode: steps before and while measuring
 # What a plan was made for (Plan fields, as config.made_for names them) -> the config key of the run
 PLAN_KEYS = {
@@ -376,40 +378,83 @@ def _finish(cfg: Config, topo: Topology, out: Path, measured: Measured) -> RunMe
 
 
 def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bool) -> None:
-    """Refuse more ranks, or larger batches, than this host's cores and memory can run, when every rank runs here.
-
-    A rank's memory: a base, its parameter copies and, where it computes on the CPU, its activations.
-    """
+    """Refuse more ranks, or larger batches, than this host's cores and memory can run, when every rank runs here
+    (each rank's memory: :func:`rank_memory`)."""
     cores, (memory, bound) = hardware.usable_cores(), hardware.usable_memory()
-    parameters = sum(p.numel() * p.element_size() for u in units for p in u.module.parameters())
     t, (batch, image) = cfg.train, dilation.compute_size(cfg)
     keeps = on_cpu and dilation.computes_for_real(cfg)  # modelled units keep no activations
     activations = models.activation_bytes(units, image, batch, 2 if t.amp else 4) if keeps else 0
-    per_rank = RANK_BASE_BYTES + PARAMETER_COPIES * parameters + activations
+    needs = rank_memory(cfg, topo, units, activations)
     spread = 4 if dilation.computes_for_real(cfg) else 8  # modelled ranks only wait and move bytes
-    by_cores, by_memory = max(2 * spread, spread * cores), memory // per_rank
-    if topo.world_size <= min(by_cores, by_memory):
+    by_cores, need = max(2 * spread, spread * cores), sum(b for b, _ in needs)
+    if topo.world_size <= by_cores and need <= memory:
         return
-    rank = (
-        f"a rank taking {RANK_BASE_BYTES / 1e9:.1f} GB + {PARAMETER_COPIES} x {parameters / 1e9:.2f} GB of "
-        f"{cfg.model.name} parameters + {activations / 1e9:.2f} GB of activations "
-        f"(train.batch_size={t.batch_size} at train.image_size={t.image_size})"
-    )
-    if by_memory == 0:
+    largest, rank = max(needs)
+    if largest > memory:
         raise ConfigError(
             f"train.batch_size={t.batch_size} does not fit in this host's {memory / 1e9:.1f} GB of memory ({bound}): "
-            f"{rank} "
-            f"= {per_rank / 1e9:.2f} GB for one rank: use a smaller train.batch_size or train.image_size"
+            f"a rank taking {rank} = {largest / 1e9:.2f} GB for one rank: use a smaller train.batch_size or "
+            f"train.image_size"
         )
+    problems = []
+    if topo.world_size > by_cores:
+        problems.append(
+            f"at most {by_cores} ranks fit its cores (max({2 * spread}, {spread} x {cores} cores) = {by_cores})"
+        )
+    if need > memory:
+        kinds = Counter(f"{rank_bytes / 1e9:.2f} GB a rank: {what}" for rank_bytes, what in needs)
+        ranks = "; ".join(f"{count} x {what}" for what, count in kinds.items())
+        problems.append(f"its ranks need {need / 1e9:.1f} GB ({ranks})")
     raise ConfigError(
         f"cluster.gpus={cfg.cluster.gpus} makes {topo.strategy} start {topo.world_size} ranks on this host "
         f"(cluster.kind={cfg.cluster.kind}), which has {cores} CPU cores and {memory / 1e9:.1f} GB of memory "
-        f"({bound}): "
-        f"at most {min(by_cores, by_memory)} ranks fit (max({2 * spread}, {spread} x {cores} cores) = {by_cores}; "
-        f"{memory / 1e9:.1f} GB / {per_rank / 1e9:.2f} GB a rank = {by_memory}, {rank}): use fewer cluster.gpus"
-        f"{' or a smaller train.batch_size' if by_memory < by_cores else ''}, "
+        f"({bound}): {'; '.join(problems)}: use fewer cluster.gpus"
+        f"{' or a smaller train.batch_size' if activations and len(problems) == 1 and need > memory else ''}, "
         f"or cluster=slurm to spread the ranks over nodes"
     )
+
+
+def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activations: int) -> list[tuple[int, str]]:
+    """Each rank's memory (bytes, and what they are): a base, its copies of the parameters and, where it computes
+    on the CPU, its activations.
+
+    A `ps` worker holds the parameters and their gradients (its PS updates them), as does a modelled `allreduce`
+    worker (DDP-sized buffers, no optimizer state); other workers and RALP's PS device also the optimizer's
+    momentum (:data:`PARAMETER_COPIES`). A PS rank holds its share of the parameters (and, where it computes,
+    their momentum) and every worker's gradients of the buckets that may be in flight at once
+    (:func:`ralp_pipe.engine.strategies.base.receive_elements`).
+    """
+    sizes = [p.numel() for u in units for p in u.module.parameters()]
+    element = next(p.element_size() for u in units for p in u.module.parameters())
+    parameters, name = sum(sizes) * element, cfg.model.name
+    modelled = not dilation.computes_for_real(cfg)
+    kind = strategy_kind(topo.strategy)
+    s = cfg.strategy
+    buckets = (
+        plan_buckets(sizes, topo.ps, bucket_elements(s.bucket_mb, element) if s.overlap else None)
+        if kind.has_ps
+        else []
+    )
+    needs = []
+    for rank, role in enumerate(topo.roles):
+        if role == PS:
+            mine = [len(b) for b in buckets if b.server == rank]
+            held = sum(mine) * element * (1 if modelled else 2)
+            inbox = topo.num_workers * receive_elements(mine, s.credit if s.overlap else 0) * element
+            what = (
+                f"{RANK_BASE_BYTES / 1e9:.1f} GB + {held / 1e9:.2f} GB of its {name} parameters"
+                f"{'' if modelled else ' and momentum'} + {inbox / 1e9:.2f} GB of the workers' gradients in flight"
+            )
+            needs.append((RANK_BASE_BYTES + held + inbox, what))
+            continue
+        copies = 2 if role == WORKER and (kind.has_ps or modelled) else PARAMETER_COPIES
+        what = (
+            f"{RANK_BASE_BYTES / 1e9:.1f} GB + {copies} x {parameters / 1e9:.2f} GB of {name} parameters + "
+            f"{activations / 1e9:.2f} GB of activations (train.batch_size={cfg.train.batch_size} at "
+            f"train.image_size={cfg.train.image_size})"
+        )
+        needs.append((RANK_BASE_BYTES + copies * parameters + activations, what))
+    return needs
 
 
 def record_bytes(cfg: Config, topo: Topology) -> int:

@@ -54,6 +54,7 @@ class ParameterServerStrategy(Strategy):
                 initial_from=workers[0],
                 device=setup.device,
                 pacer=setup.pacer,
+                credit=setup.credit,
             )
         else:
             self.net = setup.network()

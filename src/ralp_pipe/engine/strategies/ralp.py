@@ -45,7 +45,15 @@ class LayerPlacementStrategy(Strategy):
         if setup.role == PS_DEVICE:
             workers = setup.topology.workers
             self.server = PushPullServer(
-                setup.comm, named, buckets, workers, setup.optim, mean=False, overlap=setup.overlap, pacer=setup.pacer
+                setup.comm,
+                named,
+                buckets,
+                workers,
+                setup.optim,
+                mean=False,
+                overlap=setup.overlap,
+                pacer=setup.pacer,
+                credit=setup.credit,
             )
             self.upper_optimizer = setup.optim.sgd(list(self.upper.parameters()))
             setup.pace(list(self.upper), split, PS_DEVICE_BATCH)
