@@ -49,7 +49,7 @@ from ralp_pipe.config import (
 from ralp_pipe.config.schema import MODELLED
 from ralp_pipe.contract.layout import PATHS, RUN_ID, arm, log_path
 from ralp_pipe.contract.stages import STAGES
-from ralp_pipe.contract.topology import cpu_share, links_of, of_strategy
+from ralp_pipe.contract.topology import cpu_share, links_of
 from ralp_pipe.workflow.compositions import cached_load
 from ralp_pipe.workflow.slurm import concurrent_resources, job_resources, ranks_per_node
 
@@ -466,7 +466,7 @@ class Matrix:
             d.factor == AUTO_FACTOR
             and d.mode == MODELLED
             and cluster_kind(cfg.cluster.kind).launcher == "emulated"
-            and of_strategy(cfg.strategy, cfg.cluster.gpus).num_hosts > 1
+            and links_of(cfg)[0] > 1
         )
 
     def link_check(self, run: Run) -> list[str]:
