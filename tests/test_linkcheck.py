@@ -21,9 +21,13 @@ from ralp_pipe.runtime.linkcheck import FactorChoice, LinkMeasurement, accurate_
 
 
 def _check_records(choice: FactorChoice) -> None:
-    """Factors tried in ascending order up to the chosen one, which alone meets the threshold."""
+    """Factors tried in ascending order up to the chosen one, which alone meets the threshold, each read at most
+    ATTEMPTS times, again only after a near miss."""
     factors = [m.factor for m in choice.measurements]
     assert factors == sorted(factors) and factors[-1] == choice.factor
+    assert max(factors.count(f) for f in factors) <= linkcheck.ATTEMPTS
+    for before, after in zip(choice.measurements, choice.measurements[1:]):
+        assert before.factor < after.factor or before.worst >= choice.threshold - linkcheck.NEAR_MISS
     assert all(m.worst < choice.threshold for m in choice.measurements[:-1])
     assert choice.measurements[-1].worst >= choice.threshold
     for m in choice.measurements:
@@ -47,7 +51,7 @@ def _check_records(choice: FactorChoice) -> None:
 @pytest.mark.netns
 def test_a_low_rate_is_accurate_undilated() -> None:
     # One 0.5 s window on a shared machine can dip below the threshold (a neighbour's burst stalls a stream
-    # for tens of ms), and the check then rightly moves on to D = 2; the link itself must deliver undilated
+    # for tens of ms), and the check, after reading a near miss again, rightly moves on to D = 2; the link itself must deliver undilated
     # in at least one of three checks.
     choices = [accurate_factor(4, "200mbit")]
     while choices[-1].factor != 1 and len(choices) < 3:
@@ -55,9 +59,9 @@ def test_a_low_rate_is_accurate_undilated() -> None:
     choice = choices[-1]
     for tried in choices:
         _check_records(tried)
-    assert choice.factor == 1 and len(choice.measurements) == 1, [c.to_dict() for c in choices]
+    assert {m.factor for m in choice.measurements} == {1}, [c.to_dict() for c in choices]
     # The interface counts TCP payload plus one header per offloaded packet: ~0.96 of what tbf released.
-    only = choice.measurements[0]
+    only = choice.measurements[-1]
     assert 0.85 < only.wire_upload < 1.1 and 0.85 < only.wire_download < 1.1, only
     assert 0.85 < only.ring_wire_upload < 1.1 and 0.85 < only.ring_wire_download < 1.1, only
 
@@ -106,7 +110,7 @@ def _measured(factor: float, ps: float, ring: float, hosts: int = 3) -> LinkMeas
 @pytest.mark.parametrize(
     ("figures", "chosen"),
     [
-        ({1: (0.99, 0.80), 2: (0.99, 0.90), 4: (0.99, 0.97)}, 4),  # the parameter server's load alone would take D = 1
+        ({1: (0.99, 0.80), 2: (0.99, 0.84), 4: (0.99, 0.97)}, 4),  # the parameter server's load alone would take D = 1
         ({1: (0.80, 0.99), 2: (0.96, 0.99)}, 2),  # the ring alone would take D = 1
         ({1: (0.96, 0.96)}, 1),
     ],
@@ -126,6 +130,40 @@ def test_a_factor_is_chosen_only_where_both_loads_are_accurate(
     assert last["worst"] == min(figures[int(chosen)])
     assert last["ring_downloads"] == list(choice.measurements[-1].ring_downloads)
     assert dataclasses.asdict(choice.measurements[-1]).keys() <= last.keys()
+
+
+@pytest.mark.parametrize(
+    ("readings", "chosen", "tried"),
+    [
+        ({1: [0.93, 0.96]}, 1, [1, 1]),  # a near miss read again passes
+        ({1: [0.93, 0.92, 0.94], 2: [0.97]}, 2, [1, 1, 1, 2]),  # three near misses: the next factor
+        ({1: [0.60], 2: [0.97]}, 2, [1, 2]),  # the cores bind: not read again
+        ({1: [0.93, 0.70], 2: [0.97]}, 2, [1, 1, 2]),  # a second reading well short ends the attempts
+    ],
+)
+def test_a_near_miss_is_read_again_before_the_factor_is_raised(
+    monkeypatch: pytest.MonkeyPatch, readings: dict[int, list[float]], chosen: float, tried: list[int]
+) -> None:
+    left = {factor: iter(figures) for factor, figures in readings.items()}
+    monkeypatch.setattr(
+        linkcheck,
+        "measure_link",
+        lambda hosts, rate, burst, factor, seconds: _measured(factor, next(left[int(factor)]), 1.0),
+    )
+    choice = accurate_factor(3, "10gbit")
+    assert choice.factor == chosen
+    assert [m.factor for m in choice.measurements] == tried
+    assert [m.worst for m in choice.measurements] == [f for factor in sorted(readings) for f in readings[factor]][
+        : len(tried)
+    ]
+
+
+def test_a_check_whose_every_reading_falls_short_names_each_factor_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, 0.9, 1.0)
+    )
+    with pytest.raises(ConfigError, match=r"at best 0\.90 .* below 0\.95 at every D tried \(1, 2\);"):
+        accurate_factor(3, "10gbit", candidates=(1, 2))
 
 
 def _ring(efficiency: float, pattern: str = "ring") -> BackendMeasurement:
