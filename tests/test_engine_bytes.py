@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ralp_pipe.config.schema import StrategyConfig
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models, volume
 from ralp_pipe.engine.comm import Comm
@@ -92,7 +93,7 @@ def test_counted_bytes_per_step_equal_the_analytic_volume(case: tuple, counted: 
 def test_ps_workers_send_each_server_its_shard(counted: list) -> None:
     case = ("ps", 2, 2, None)
     params = [p.numel() for p in torch.nn.Sequential(*(u.module for u in _units())).parameters()]
-    buckets = plan_buckets(params, [2, 3], bucket_elements(4.0, 4))  # the default 4 MB buckets of float32
+    buckets = plan_buckets(params, [2, 3], bucket_elements(StrategyConfig().bucket_mb, 4))  # the default, float32
     shard = [4 * sum(len(b) for b in buckets if b.server == server) for server in (2, 3)]
     assert sum(shard) == 4 * sum(params)  # every parameter travels, once
     assert min(shard) > 0

@@ -69,7 +69,7 @@ def _case(
 
 # Pipelined push/pull: sequential, one bucket per parameter (0 MB), buckets of a few
 # parameters (0.002 MB = 500 floats: the tiny stack's tensors are 100s to 1000s of elements),
-# the default 4 MB (one bucket for the tiny stack), over 1, 2 and 3 servers.
+# 4 MB (one bucket for the tiny stack), over 1, 2 and 3 servers.
 NO_BN_CASES = [
     _case(s, g, p, TINY, overlap, mb)
     for s, g, p, overlap, mb in [

@@ -438,13 +438,13 @@ def test_a_parameter_server_holds_only_the_gradients_its_credit_lets_fly(
     monkeypatch: pytest.MonkeyPatch, credit: int, fits: bool
 ) -> None:
     """VGG-11 on 21841 classes, `ps` at N=8, modelled: 9 ranks of 0.87 GB of parameters in 25.3 GB. With a credit
-    of 4 buckets the PS holds 8 workers' gradients of 4 buckets (0.13 GB); with no cap, of all of them (7 GB)."""
+    of 4 buckets (of 4 MB) the PS holds 8 workers' gradients of 4 buckets (0.13 GB); with no cap, of all (7 GB)."""
     monkeypatch.setattr(hardware, "usable_cores", lambda: 2)
     monkeypatch.setattr(hardware, "usable_memory", lambda: (25_300_000_000, "this machine's"))
     cfg = load(
         ["cluster=emulated", "model=vgg11", "dataset=synthetic22k", "strategy=ps", "cluster.gpus=8"]
         + ["train.batch_size=32", "train.image_size=224", "dilation.factor=8", "dilation.mode=modelled"]
-        + [f"strategy.credit={credit}"]
+        + [f"strategy.credit={credit}", "strategy.bucket_mb=4"]
     )
     topo, units = of_strategy(cfg.strategy, cfg.cluster.gpus), train.meta_units(cfg)
     needs = train.rank_memory(cfg, topo, units, activations=0)
