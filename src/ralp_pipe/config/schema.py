@@ -93,7 +93,9 @@ class StrategyConfig:
     split: int | None = None
     plan: str | None = None
     overlap: bool = True  # pipelined push/pull (Distributed TensorFlow, BytePS); false: the sequential ablation
-    bucket_mb: float = 1.0  # push/pull bucket size (BytePS partitions 4 MB; 1 MB is faster here, README); 0: one per parameter
+    bucket_mb: float = (
+        1.0  # push/pull bucket size (BytePS partitions 4 MB; 1 MB is faster here, README); 0: one per parameter
+    )
     credit: int = (
         4  # buckets per server a worker may have pushed and not yet pulled back (BytePS scheduling credit); 0: no cap
     )
