@@ -314,3 +314,18 @@ def test_any_other_os_error_of_a_stage_keeps_its_traceback(tmp_path: Path, monke
     monkeypatch.setitem(cli.STAGES, "plan", ("denied_stage", "test stage"))
     with pytest.raises(PermissionError):
         cli.main(["plan"])
+
+
+def test_a_stop_that_code_caught_and_dropped_still_stops_the_stage() -> None:
+    """A bare ``except:`` in some package's import code can drop the handler's exception: the CLI raises it
+    again before the stage runs. The next command starts with none pending."""
+    with cli._interrupts_raised():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except BaseException:
+            pass  # what a careless import does
+        with pytest.raises(cli._Signalled) as stopped:
+            cli._raise_if_swallowed()
+        assert stopped.value.signum == signal.SIGINT
+    with cli._interrupts_raised():
+        cli._raise_if_swallowed()

@@ -27,6 +27,9 @@ LOCAL_RANKS = {"train": "ralp_pipe.engine.rank"}
 REDELIVER_S = 0.01  # delay before a swallowed SIGINT/SIGTERM is sent again
 
 
+_RECEIVED: list[int] = []  # the stops the handler raised during the current command (_raise_if_swallowed)
+
+
 class _Signalled(BaseException):
     """A SIGINT/SIGTERM: a BaseException like KeyboardInterrupt, so `except Exception` (torch's imports) lets it by."""
 
@@ -66,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ralp_pipe.config import refuse_repeated  # here, not at the top: `--help` stays fast
 
             refuse_repeated(args.overrides)
-            return int(importlib.import_module(STAGES[args.stage][0]).main(args) or 0)
+            module = importlib.import_module(STAGES[args.stage][0])
+            _raise_if_swallowed()
+            return int(module.main(args) or 0)
         except KeyboardInterrupt:
             return _report(stage, Interrupted(signal.SIGINT))
         except _Signalled as stopped:
@@ -101,6 +106,7 @@ def _interrupts_raised() -> Iterator[None]:
     swallowed signal again to this process's main thread, once the hook has returned.
     """
     signums = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+    _RECEIVED.clear()
     previous = {s: signal.signal(s, _raise_interrupted) for s in signums}
     previous_hook = sys.unraisablehook
     sys.unraisablehook = functools.partial(_redeliver, previous_hook)
@@ -119,7 +125,15 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
             _send_again(signum)
             return
         frame = frame.f_back
+    _RECEIVED.append(signum)
     raise _Signalled(signum)
+
+
+def _raise_if_swallowed() -> None:
+    """Raise a stop that :func:`_raise_interrupted` raised but code caught and dropped (a bare ``except:`` in
+    some package's import code, say), so the stage stops instead of running on."""
+    if _RECEIVED:
+        raise _Signalled(_RECEIVED[0])
 
 
 def _redeliver(previous_hook: Callable[[Any], object], unraisable: Any) -> None:
