@@ -209,6 +209,32 @@ def test_pipelined_ralp_n_sends_each_direction_at_its_own_rate() -> None:
     assert pred.step_time_s == pytest.approx(0.0422 + 0.0417 + 0.010848)
 
 
+@pytest.mark.parametrize(
+    ("update_s_per_byte", "exposed_s"),
+    [
+        # SGD 5e-6 s/byte: u1's update 0.015 s outlasts the way down (0.0034) by 0.0116, the lower part's reduce
+        # and SGD 1000 x (2e-7 + 5e-6) = 0.0052: 0.0168 s in all, hidden by u0's backward (0.028 s)
+        (5e-6, 0.0),
+        # SGD 1e-5 s/byte: 0.03 - 0.0034 = 0.0266 late, + 1000 x (2e-7 + 1e-5) = 0.0102 -> 0.0368 s, of which
+        # backward hides 0.028: 0.0088 s exposed
+        (1e-5, 0.0088),
+    ],
+)
+def test_pipelined_ralp_n_hides_the_upper_update_behind_the_workers_backward(
+    update_s_per_byte: float, exposed_s: float
+) -> None:
+    """ralp_n split 1, one 1000-byte bucket: the PS device serves the lower part once u1 is updated; pushes
+    arrive meanwhile, and the workers' backward hides that delay as far as it lasts."""
+    costs = ComputeCosts(COSTS.units, update_s_per_byte=update_s_per_byte, aggregate_s_per_byte=2e-7)
+    bytes_ = volume(gradients=2000, parameters=2000, activations=2400, activation_gradients=2400, labels=48)
+    pred = predict("ralp_n", W, 2, bytes_, Pricing(costs, B, LINK, pipelining=Pipelining(1000)), split=1)
+    # server: u1 at batch 6 0.0405, what backward does not hide, and the one (last) bucket's reduce and SGD
+    lower_server = 1000 * (2e-7 + update_s_per_byte)
+    assert pred.server_s == pytest.approx(0.0405 + exposed_s + lower_server)
+    # comm as in the test above: up 0.003448, down 0.0034, the last bucket's pull to both workers 0.004
+    assert pred.comm_s == pytest.approx(0.010848)
+
+
 @pytest.mark.parametrize("split", [None, 0, 2])
 def test_ralp_n_without_a_split_inside_the_model_is_refused(split: int | None) -> None:
     """Two units leave exactly one split point: 1."""

@@ -45,7 +45,10 @@ Phases of one step:
   device as one PS of the lower parameters: push and pull in the two directions at once,
   hidden by the workers' lower backward as far as it lasts, the last bucket's pull the tail),
   after the activations' way up and their gradients' way down, which the PS device's
-  computation separates.
+  computation separates. The PS device serves the lower part once it has updated the upper
+  one: what of that update outlasts the activation gradients' way down delays its reduces and
+  pulls (not the pushes, which it receives meanwhile), and the workers' backward hides that
+  delay as far as it lasts.
 
 Gradient aggregation and SGD are priced per parameter byte as the profile timed them on the
 servers' own code (:class:`ralp_pipe.engine.strategies.base.FlatSgd`).
@@ -354,29 +357,39 @@ def _layer_placing_step(
     if pricing.pipelining is None:
         return compute, upper_s + upper_update + lower_server, volume["total"] / link.bytes_per_s + 4 * link.latency_s
     # full duplex, pipelined: activations and labels up; activation gradients down while the PS device
-    # updates the upper part; then the lower part's push (up) and pull (down) as a pipelined `ps` step
+    # updates the upper part; then the lower part's push (up) and pull (down) as a pipelined `ps` step,
+    # whose serving starts once the upper update is done
     up_s = (volume.get("activations", 0) + volume.get("labels", 0)) / link.bytes_per_s + link.latency_s
     down_s = volume.get("activation_gradients", 0) / link.bytes_per_s + link.latency_s
     push_s = volume.get("gradients", 0) / link.bytes_per_s
-    piped_server, piped_comm = _pipelined_ps(pricing, backward_s, lower_server, push_s, workers, lower_param)
-    server = upper_s + max(0.0, upper_update - down_s) + piped_server
-    return compute, server, up_s + down_s + piped_comm
+    piped_server, piped_comm = _pipelined_ps(
+        pricing, backward_s, lower_server, push_s, workers, lower_param, busy_s=max(0.0, upper_update - down_s)
+    )
+    return compute, upper_s + piped_server, up_s + down_s + piped_comm
 
 
 def _pipelined_ps(
-    pricing: Pricing, backward_s: float, server_s: float, direction_s: float, workers: int, shard_bytes: float
+    pricing: Pricing,
+    backward_s: float,
+    server_s: float,
+    direction_s: float,
+    workers: int,
+    shard_bytes: float,
+    busy_s: float = 0.0,
 ) -> tuple[float, float]:
     """(server, comm) seconds a pipelined PS step adds to the workers' forward+backward.
 
     The PS is busy for the slower of one direction of the busiest link (`direction_s`) and its
-    own reduce and update (`server_s`); backward hides up to its own length of that; then the
-    last bucket is updated and pulled by the `workers` remote workers over the PS link, behind
-    two latencies. `shard_bytes`: the parameter bytes each PS holds.
+    own reduce and update (`server_s`), after `busy_s` of other work from the start of backward
+    (RALP's upper update: pushes arrive meanwhile, but nothing is reduced or pulled); backward
+    hides up to its own length of that; then the last bucket is updated and pulled by the
+    `workers` remote workers over the PS link, behind two latencies. `shard_bytes`: the
+    parameter bytes each PS holds.
     """
     assert pricing.pipelining is not None
     bucket_bytes = pricing.pipelining.bucket_bytes
     last = min(bucket_bytes, shard_bytes) / shard_bytes if shard_bytes else 0.0
-    exposed = max(0.0, max(direction_s, server_s) - backward_s)
+    exposed = max(0.0, busy_s + max(direction_s, server_s) - backward_s)
     tail_comm = workers * min(bucket_bytes, shard_bytes) / pricing.link.bytes_per_s + 2 * pricing.link.latency_s
     if server_s > direction_s:
         return exposed + last * server_s, tail_comm
