@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, load
-from ralp_pipe.config.schema import MIN_IMAGE_SIZE
+from ralp_pipe.config.schema import MIN_IMAGE_SIZE, StrategyConfig
 
 GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
 OPTIONS = [(group, option.stem) for group in GROUPS for option in sorted((CONFIG_DIR / group).glob("*.yaml"))]
@@ -39,6 +39,15 @@ def test_each_option_composes_and_selects_itself(group: str, option: str, tmp_pa
 
 
 @pytest.mark.slow  # composes every dataset x model x network of the paper experiment (~6 s)
+@pytest.mark.parametrize("strategy", [o for g, o in OPTIONS if g == "strategy"])
+def test_every_strategy_takes_the_schemas_transfer_defaults_and_their_overrides(strategy: str) -> None:
+    """bucket_mb and credit come from one shared file, equal to the schema's defaults, and override per run."""
+    cfg = load([f"strategy={strategy}"])
+    assert (cfg.strategy.bucket_mb, cfg.strategy.credit) == (StrategyConfig.bucket_mb, StrategyConfig.credit)
+    cfg = load([f"strategy={strategy}", "strategy.bucket_mb=4", "strategy.credit=2"])
+    assert (cfg.strategy.name, cfg.strategy.bucket_mb, cfg.strategy.credit) == (strategy, 4.0, 2)
+
+
 def test_the_paper_experiment_composes_with_every_dataset_model_and_network(tmp_path: Path) -> None:
     base = load(["experiment=paper", "dataset=imagenet1k", f"dataset.source={tmp_path}"])
     e = base.experiment

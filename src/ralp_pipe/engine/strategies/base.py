@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ralp_pipe.config.schema import StrategyConfig
 from ralp_pipe.contract.topology import Topology, assign_to_ps
 from ralp_pipe.engine.comm import SETUP, Comm, Handle
 from ralp_pipe.engine.dilation import Pacer, paced
@@ -43,8 +44,8 @@ class StepSetup:
     image_size: int
     amp: bool = False
     overlap: bool = True
-    bucket_mb: float = 1.0
-    credit: int = 4
+    bucket_mb: float = StrategyConfig.bucket_mb
+    credit: int = StrategyConfig.credit
     pacer: Pacer | None = None  # time-dilated emulation (engine/dilation.py); None: no padding
     # the batch per worker and crop RALP's messages carry where a dilated run computes on less (None: the above)
     message_batch: int | None = None
