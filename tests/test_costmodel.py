@@ -235,6 +235,25 @@ def test_pipelined_ralp_n_hides_the_upper_update_behind_the_workers_backward(
     assert pred.comm_s == pytest.approx(0.010848)
 
 
+def test_an_exposed_upper_update_on_a_link_bound_ps_device_counts_as_server_time() -> None:
+    """ralp_n split 1 on a 5e4 bytes/s link with SGD 3e-5 s/byte: the PS device is link-bound, and its upper
+    update outlasts the workers' whole backward; that excess is server time, the exposed pushes network time."""
+    costs = ComputeCosts(COSTS.units, update_s_per_byte=3e-5, aggregate_s_per_byte=2e-7)
+    slow = Link(bytes_per_s=5e4, latency_s=1e-3)
+    bytes_ = volume(gradients=2000, parameters=2000, activations=2400, activation_gradients=2400, labels=48)
+    pred = predict("ralp_n", W, 2, bytes_, Pricing(costs, B, slow, pipelining=Pipelining(1000)), split=1)
+    # u1's update 3000 x 3e-5 = 0.09 outlasts the way down (2400 / 5e4 + 1 ms = 0.049) by 0.041; then the
+    # push 2000 / 5e4 = 0.04 outlasts the lower part's reduce and SGD 1000 x (2e-7 + 3e-5) = 0.0302. Of those
+    # 0.081 s, u0's backward hides 0.028: the last 0.04 are the push, the 0.013 before them the update
+    lower_server = 1000 * (2e-7 + 3e-5)
+    assert pred.server_s == pytest.approx(0.0405 + 0.013 + lower_server)
+    # comm: up 2448 / 5e4 + 1 ms = 0.04996, down 0.049, the exposed push 0.04, the last bucket's pull to both
+    # workers 2 x 1000 / 5e4 + 2 ms = 0.042
+    assert pred.comm_s == pytest.approx(0.04996 + 0.049 + 0.04 + 0.042)
+    # the step is where it was when the whole 0.053 s counted as network time
+    assert pred.step_time_s == pytest.approx(0.0422 + 0.0405 + lower_server + 0.053 + 0.04996 + 0.049 + 0.042)
+
+
 @pytest.mark.parametrize("split", [None, 0, 2])
 def test_ralp_n_without_a_split_inside_the_model_is_refused(split: int | None) -> None:
     """Two units leave exactly one split point: 1."""

@@ -384,16 +384,19 @@ def _pipelined_ps(
     (RALP's upper update: pushes arrive meanwhile, but nothing is reduced or pulled); backward
     hides up to its own length of that; then the last bucket is updated and pulled by the
     `workers` remote workers over the PS link, behind two latencies. `shard_bytes`: the
-    parameter bytes each PS holds.
+    parameter bytes each PS holds. What backward does not hide is the end of that timeline: server
+    time where it reaches into `busy_s` or the PS is compute-bound, network time otherwise.
     """
     assert pricing.pipelining is not None
     bucket_bytes = pricing.pipelining.bucket_bytes
     last = min(bucket_bytes, shard_bytes) / shard_bytes if shard_bytes else 0.0
-    exposed = max(0.0, busy_s + max(direction_s, server_s) - backward_s)
+    serving_s = max(direction_s, server_s)
+    exposed = max(0.0, busy_s + serving_s - backward_s)
+    busy_exposed = max(0.0, exposed - serving_s)
     tail_comm = workers * min(bucket_bytes, shard_bytes) / pricing.link.bytes_per_s + 2 * pricing.link.latency_s
     if server_s > direction_s:
         return exposed + last * server_s, tail_comm
-    return last * server_s, exposed + tail_comm
+    return busy_exposed + last * server_s, exposed - busy_exposed + tail_comm
 
 
 def effective_link(
