@@ -210,6 +210,9 @@ def test_the_headline_draws_ralp_speedups_against_the_link_rate_with_the_predict
                 for net in ("100mbit", "1gbit")
             ]
             assert list(line.get_ydata()) == pytest.approx(want)
+        # ratios on a log axis; the link rates themselves are the x ticks
+        assert axis.get_yscale() == "log" and axis.get_xscale() == "log"
+        assert [tick.get_text() for tick in axis.get_xticklabels()] == ["0.1", "1"]
         # which point is which: RALP-N filled circles, RALP-H open squares, both named in the legend
         points = {c.lines[0].get_marker(): c.lines[0].get_markerfacecolor() for c in measured}
         assert set(points) == {"o", "s"} and points["s"] == "none"

@@ -310,7 +310,8 @@ HEADLINE_STYLES: dict[str, tuple[str, LineStyleType, MarkerType, bool]] = {
 def speedup_vs_link(tables: Tables, path: Path) -> None:
     """The reproduction's headline: the RALP strategies' speedup over ps (left) and allreduce (right) against the
     link rate, at each model x dataset's largest N; measured points with 95% whiskers, the planner's prediction for
-    the same devices and link as a line."""
+    the same devices and link as a line. Both axes are logarithmic: speedups of the paper's matrix span 0.3x-20x,
+    and a ratio and its inverse then lie equally far from 1."""
     runs = tables.runs.assign(link=_target_gbit(tables.runs))
     ralp = runs[runs["strategy"].isin(["ralp_h", "ralp_n"]) & runs["link"].notna()]
     largest = ralp.groupby(["model", "dataset"])["gpus"].transform("max")
@@ -323,6 +324,7 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
             _empty(axis, "one link rate in this experiment: the headline needs several (experiment=paper-dilated)")
             continue
         base = runs[runs["strategy"] == baseline].set_index(["model", "dataset", "gpus", "network"])
+        shown: list[np.ndarray] = [np.array([1.0])]
         for index, ((model, dataset, gpus), group) in enumerate(groups):
             for strategy, line in group.groupby("strategy", sort=True):
                 line = line.sort_values("link")
@@ -340,19 +342,27 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
                     label=f"{model}/{dataset} N={gpus} {strategy} predicted",
                 )
                 column = f"speedup_vs_{baseline}"
+                whiskers = _errors(line, column)
+                measured = line[column].to_numpy(dtype=float)
+                shown += [predicted, measured - whiskers[0], measured + whiskers[1]]
                 axis.errorbar(
                     line["link"],
-                    line[column],
-                    yerr=_errors(line, column),
+                    measured,
+                    yerr=whiskers,
                     fmt=marker,
                     capsize=3,
                     color=colour,
                     markerfacecolor=colour if filled else "none",
                 )
         axis.axhline(1.0, color="black", linewidth=0.8)
+        rates = np.sort(ralp["link"].unique())
         axis.set_xscale("log")
+        axis.set_xticks(rates, labels=[f"{rate:g}" for rate in rates])
+        axis.xaxis.set_minor_locator(ticker.NullLocator())
+        values = np.concatenate(shown)
+        values = values[np.isfinite(values) & (values > 0)]
+        _log_scale(axis, "y", values.min() / 1.3, values.max() * 1.3)
         axis.set(xlabel="link rate (Gbit/s; dilated: the target's)", ylabel=f"speedup over {baseline}")
-        axis.set_ylim(bottom=0.0)
         # one entry per model x dataset (its colour), one per strategy (line style and marker)
         handles = [
             Line2D([], [], color=colours[i % len(colours)], label=f"{m}/{d} N={n}")
