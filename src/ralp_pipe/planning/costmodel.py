@@ -48,7 +48,7 @@ Phases of one step:
   computation separates. The PS device serves the lower part once it has updated the upper
   one: what of that update outlasts the activation gradients' way down delays its reduces and
   pulls (not the pushes, which it receives meanwhile), and the workers' backward hides that
-  delay as far as it lasts.
+  delay as far as it lasts; what it does not hide is the PS device's (server) time.
 
 Gradient aggregation and SGD are priced per parameter byte as the profile timed them on the
 servers' own code (:class:`ralp_pipe.engine.strategies.base.FlatSgd`).
