@@ -7,7 +7,9 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import torch
@@ -23,6 +25,7 @@ from ralp_pipe.engine.dilation import OVERRUN_TOLERANCE_S, PS_DEVICE_BATCH, WORK
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import Piece, assemble
 from ralp_pipe.errors import BundleRefused
+from ralp_pipe.results import plots
 from ralp_pipe.results.aggregate import build_tables, load_records
 from ralp_pipe.results.verify import check_record
 from support.spawn import spawn_function
@@ -394,6 +397,35 @@ def test_speedups_compare_target_equivalent_figures_when_auto_chose_another_fact
     assert rows.loc["ralp_n", "speedup_vs_allreduce"] == pytest.approx(measured * 4.0 / 16.0)
     for run in load_records(runs, [tmp_path / "plans"]):
         check_record(run)
+
+
+def test_throughput_and_scaling_plots_draw_target_equivalent_figures_across_factors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a factor per run, measured images/sec lie on D different scales: the throughput and scaling plots
+    draw the target-equivalent figures (and say so), as the speedups compare them."""
+    runs = write_results(tmp_path, models=("vgg11",), strategies=("ps",), gpus=(2, 4), repeats=2)
+    runs += write_results(tmp_path, models=("vgg11",), strategies=("allreduce",), gpus=(1,), repeats=2)
+    factors = {1: 2.0, 2: 4.0, 4: 16.0}  # by N
+    for run in runs:
+        _dilate(run, factors[int(run.parent.parent.name.split("-")[0][1:])], overruns=0)
+    tables = build_tables(load_records(runs, [tmp_path / "plans"]))
+    rows = tables.runs.set_index(["strategy", "gpus"])
+    figures: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plots.throughput_vs_n(tables, Path("unused.png"))
+    plots.scaling_efficiency(tables, Path("unused.png"))
+    throughput, efficiency = (figure.axes[0] for figure in figures)
+    [ps] = [c.lines[0] for c in throughput.containers if c.get_label() == "ps @ 1gbit"]
+    target = [rows.loc[("ps", n), "target_images_per_sec"] for n in (2, 4)]
+    assert list(ps.get_ydata()) == pytest.approx(target)
+    assert "dilated: target-equivalent" in throughput.get_ylabel()
+    reference = rows.loc[("allreduce", 1), "target_images_per_sec"]
+    [ideal] = [line for line in throughput.lines if line.get_label() == "ideal: N x single device"]
+    assert list(ideal.get_ydata()) == pytest.approx([reference, 4 * reference])
+    [scaled] = [c.lines[0] for c in efficiency.containers if c.get_label() == "ps @ 1gbit"]
+    assert list(scaled.get_ydata()) == pytest.approx([t / (n * reference) for t, n in zip(target, (2, 4))])
+    plt.close("all")
 
 
 def test_undilated_tables_have_no_target_figures(tmp_path: Path) -> None:

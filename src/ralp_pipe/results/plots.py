@@ -42,6 +42,7 @@ CATEGORY_LABELS = {
 PART_LABELS = {"compute_s": "compute", "comm_wait_s": "communication wait", "data_wait_s": "data wait"}
 COLOURS = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))  # type: ignore[attr-defined]  # a ListedColormap
 NO_REFERENCE = "no single-device reference run (allreduce at N=1) in this experiment"
+DILATED = "; dilated: target-equivalent"  # how an axis of compared images/sec says so
 
 
 def _grid(count: int, width: float = 4.5, height: float = 3.5, most_cols: int = 3) -> tuple[Any, list[Any]]:
@@ -100,6 +101,13 @@ def _panels(frame: pd.DataFrame, keys: list[str]) -> list[tuple[tuple[Any, ...],
     return [(key if isinstance(key, tuple) else (key,), group) for key, group in frame.groupby(keys, sort=True)]
 
 
+def _compared(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with images/sec and its interval as compared (:func:`comparable`): target-equivalent where dilated, so
+    configurations that ran at different factors (``dilation.factor=auto``) lie on one scale."""
+    compared = comparable(runs)
+    return runs.assign(**{column: compared[column] for column in compared.columns})
+
+
 def reference_rate(runs: pd.DataFrame) -> pd.Series:
     """Images/sec of the single-device reference per (model, dataset), the mean over its networks."""
     strategy, gpus = REFERENCE
@@ -119,7 +127,8 @@ def _lines(group: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 def throughput_vs_n(tables: Tables, path: Path) -> None:
     """Images/sec against N with intervals, one panel per model x dataset, and the ideal linear scaling."""
-    runs, reference = tables.runs, reference_rate(tables.runs)
+    runs = _compared(tables.runs)
+    reference = reference_rate(runs)
     panels = _panels(runs, ["model", "dataset"])
     fig, axes = _grid(len(panels))
     for axis, ((model, dataset), group) in zip(axes, panels):
@@ -139,7 +148,9 @@ def throughput_vs_n(tables: Tables, path: Path) -> None:
             axis.lines[-1].set_label("ideal: N x single device")
         else:
             axis.text(0.02, 0.98, NO_REFERENCE, transform=axis.transAxes, va="top", fontsize="x-small", wrap=True)
-        axis.set(title=f"{model} / {dataset}", xlabel="N (GPUs)", ylabel="images/sec (all workers)", ylim=(0, None))
+        axis.set(
+            title=f"{model} / {dataset}", xlabel="N (GPUs)", ylabel=f"images/sec (all workers{DILATED})", ylim=(0, None)
+        )
         axis.set_xticks(ns)
         axis.legend(fontsize="x-small")
     _save(fig, path)
@@ -147,7 +158,8 @@ def throughput_vs_n(tables: Tables, path: Path) -> None:
 
 def scaling_efficiency(tables: Tables, path: Path) -> None:
     """Images/sec / (N x single-device images/sec) against N, one panel per model x dataset."""
-    runs, reference = tables.runs, reference_rate(tables.runs)
+    runs = _compared(tables.runs)
+    reference = reference_rate(runs)
     panels = _panels(runs, ["model", "dataset"])
     fig, axes = _grid(len(panels))
     for axis, ((model, dataset), group) in zip(axes, panels):
@@ -256,8 +268,7 @@ def speedup(tables: Tables, path: Path) -> None:
 
 def predicted_vs_measured(tables: Tables, path: Path) -> None:
     """Planner's predicted images/sec against the measured (with its interval), log-log with y = x and ±20%."""
-    runs = tables.runs.copy()
-    runs[["images_per_sec", "images_per_sec_ci_low", "images_per_sec_ci_high"]] = comparable(runs)
+    runs = _compared(tables.runs)
     fig, axis = plt.subplots(figsize=(5.5, 5))
     known = runs.dropna(subset=["predicted_images_per_sec"])
     known = known[(known["images_per_sec"] > 0) & (known["predicted_images_per_sec"] > 0)]
@@ -284,7 +295,7 @@ def predicted_vs_measured(tables: Tables, path: Path) -> None:
     _log_scale(axis, "x", low, high)
     _log_scale(axis, "y", low, high)
     axis.set(
-        xlabel="measured images/sec (95% interval; dilated: target-equivalent)",
+        xlabel=f"measured images/sec (95% interval{DILATED})",
         ylabel="predicted images/sec",
         title="planner prediction (dashed: ±20%)",
     )
