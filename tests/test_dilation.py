@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
+from matplotlib.container import BarContainer
 from torch import nn
 
 from ralp_pipe.config import ConfigError, load
@@ -399,11 +401,11 @@ def test_speedups_compare_target_equivalent_figures_when_auto_chose_another_fact
         check_record(run)
 
 
-def test_throughput_and_scaling_plots_draw_target_equivalent_figures_across_factors(
+def test_throughput_scaling_and_breakdown_draw_target_equivalent_figures_across_factors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With a factor per run, measured images/sec lie on D different scales: the throughput and scaling plots
-    draw the target-equivalent figures (and say so), as the speedups compare them."""
+    """With a factor per run, measured images/sec and seconds lie on D different scales: the throughput, scaling
+    and breakdown plots draw the target-equivalent figures (and say so), as the speedups compare them."""
     runs = write_results(tmp_path, models=("vgg11",), strategies=("ps",), gpus=(2, 4), repeats=2)
     runs += write_results(tmp_path, models=("vgg11",), strategies=("allreduce",), gpus=(1,), repeats=2)
     factors = {1: 2.0, 2: 4.0, 4: 16.0}  # by N
@@ -425,6 +427,19 @@ def test_throughput_and_scaling_plots_draw_target_equivalent_figures_across_fact
     assert list(ideal.get_ydata()) == pytest.approx([reference, 4 * reference])
     [scaled] = [c.lines[0] for c in efficiency.containers if c.get_label() == "ps @ 1gbit"]
     assert list(scaled.get_ydata()) == pytest.approx([t / (n * reference) for t, n in zip(target, (2, 4))])
+    # the breakdown: each run's seconds / its D, then the mean over repeats; N=1, 2, 4 in one panel
+    runs_by_n = tables.breakdown.assign(
+        target_step=tables.breakdown["step_time_s"] / tables.breakdown["dilation_factor"]
+    )
+    want = runs_by_n.groupby("gpus")["target_step"].mean()
+    plots.breakdown(tables, Path("unused.png"))
+    [panel] = figures[-1].axes
+    stacks = [
+        c for c in panel.containers if isinstance(c, BarContainer) and c.get_label() in plots.PART_LABELS.values()
+    ]
+    assert list(np.sum([[bar.get_height() for bar in c] for c in stacks], axis=0)) == pytest.approx(list(want))
+    assert "dilated: target-equivalent" in panel.get_ylabel()
+    assert "Time-dilated runs: the target's seconds, as measured / D." in tables.summary
     plt.close("all")
 
 

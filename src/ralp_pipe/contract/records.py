@@ -12,6 +12,7 @@ unit tables, plan entries) stay plain dicts.
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_right
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -147,6 +148,11 @@ class RunMetrics(Record):
     def cluster_kind(self) -> str | None:
         """The cluster kind the run ran on (``cluster.kind``; records without it: None)."""
         return self._setting("cluster", "kind", None)
+
+    @property
+    def dilation_factor(self) -> float:
+        """The run's dilation factor D (its seconds are D times the target's); NaN for an undilated run."""
+        return float((self.dilation or {}).get("factor") or math.nan)
 
     @property
     def repeat(self) -> int:

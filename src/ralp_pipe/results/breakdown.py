@@ -11,7 +11,9 @@ what each column times):
   RALP's PS device), null for ``allreduce``. A server works while the workers wait, so its time is
   shown beside the workers' step, not added to it;
 - ``overruns``: in a time-dilated run, the padded units of all ranks that outlasted their padded time in
-  the measured steps (:mod:`ralp_pipe.engine.dilation`; there a step's compute includes the padding).
+  the measured steps (:mod:`ralp_pipe.engine.dilation`; there a step's compute includes the padding);
+- ``dilation_factor``: that run's factor D (null where undilated). Its seconds are as measured, D times the
+  target's: :func:`target_seconds` divides them by D, so runs at different factors compare.
 
 Steps recorded before the data wait was timed on its own have no ``data_wait_s`` column: their
 data wait is null and their compute includes it. The summary's section averages the repeats of
@@ -35,6 +37,7 @@ KEYS = ["model", "dataset", "gpus", "network", "strategy", "repeat", "run"]  # s
 PARTS = ["compute_s", "comm_wait_s", "data_wait_s"]  # a worker's step, in the order the plot stacks them
 SERVER = ["ps_compute_s", "ps_comm_wait_s"]
 FIGURES = ["step_time_s", *PARTS, "comm_share", *SERVER]
+DILATED_SECONDS = " Time-dilated runs: the target's seconds, as measured / D."
 REQUIRED = ("role", "phase", "step_time_s", "compute_s", "comm_wait_s")  # in every steps.parquet
 
 
@@ -60,13 +63,21 @@ def run_breakdown(record: RunMetrics, steps: pd.DataFrame) -> dict[str, Any]:
     row["comm_share"] = row["comm_wait_s"] / row["step_time_s"] if row["step_time_s"] > 0 else math.nan
     row["ps_compute_s"], row["ps_comm_wait_s"] = _mean(servers, "compute_s"), _mean(servers, "comm_wait_s")
     row["overruns"] = measured_overruns(measured.to_dict("records"))
+    row["dilation_factor"] = record.dilation_factor
     return row
 
 
 def breakdown_table(runs: Iterable[tuple[RunMetrics, pd.DataFrame]]) -> pd.DataFrame:
     """breakdown.parquet: one row per run from its (record, steps.parquet), in the order given."""
     rows = [run_breakdown(record, steps) for record, steps in runs]
-    return pd.DataFrame(rows, columns=[*KEYS, *FIGURES, "overruns"])
+    return pd.DataFrame(rows, columns=[*KEYS, *FIGURES, "overruns", "dilation_factor"])
+
+
+def target_seconds(breakdown: pd.DataFrame) -> pd.DataFrame:
+    """`breakdown` with every dilated run's seconds divided by its factor: the target's (undilated rows as they are)."""
+    factor = breakdown["dilation_factor"].fillna(1.0)
+    seconds = [column for column in FIGURES if column.endswith("_s")]
+    return breakdown.assign(**{column: breakdown[column] / factor for column in seconds})
 
 
 def by_configuration(breakdown: pd.DataFrame) -> pd.DataFrame:
@@ -78,7 +89,7 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
     """The summary's time-breakdown section with the share of a `ps` step that is communication ('' if no runs)."""
     if breakdown.empty:
         return ""
-    mean = by_configuration(breakdown)
+    mean = by_configuration(target_seconds(breakdown))
     header = ["model", "dataset", "N", "network", "strategy", "step (s)", "compute (s)", "comm wait (s)"]
     header += ["data wait (s)", "comm share", "PS compute (s)", "PS comm wait (s)"]
     rows = [
@@ -92,7 +103,8 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
         "",
         "Per configuration, over the measured steps and the repeats: a worker's step time and its parts "
         "(compute, waiting on transfers, waiting for the next batch), and the server ranks' own compute "
-        "and wait (ps processes or RALP's PS device; they work while the workers wait).",
+        "and wait (ps processes or RALP's PS device; they work while the workers wait)."
+        + (DILATED_SECONDS if breakdown["dilation_factor"].notna().any() else ""),
         "",
         table(header, rows),
         "",

@@ -29,7 +29,7 @@ from ralp_pipe.atomic import Writer, atomic_path, write_together  # noqa: E402
 from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
 from ralp_pipe.config.units import rate_bits_per_s  # noqa: E402
 from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
-from ralp_pipe.results.breakdown import PARTS, by_configuration  # noqa: E402
+from ralp_pipe.results.breakdown import PARTS, by_configuration, target_seconds  # noqa: E402
 from ralp_pipe.results.tables import Tables, comparable  # noqa: E402
 
 CATEGORY_LABELS = {
@@ -398,7 +398,7 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
 
 def breakdown(tables: Tables, path: Path) -> None:
     """A worker's step stacked into compute, communication wait and data wait, beside the servers' compute."""
-    frame = by_configuration(tables.breakdown)
+    frame = by_configuration(target_seconds(tables.breakdown))
     panels = _panels(frame, ["model", "dataset", "network"])
     bars = max((len(group) for _, group in panels), default=1)
     fig, axes = _grid(len(panels), width=max(6.0, 0.8 * bars), height=4.0, most_cols=1)
@@ -426,7 +426,7 @@ def breakdown(tables: Tables, path: Path) -> None:
         axis.set_xticks(positions, [f"{s}\nN={n}" for s, n in zip(group["strategy"], group["gpus"])])
         axis.tick_params(axis="x", labelsize="x-small")
         highest = np.nanmax(np.append(bottom, server))
-        axis.set(title=f"{model} / {dataset}, {network}", ylabel="seconds per step (mean)")
+        axis.set(title=f"{model} / {dataset}, {network}", ylabel=f"seconds per step (mean{DILATED})")
         axis.set_ylim(0.0, 1.12 * highest if highest > 0 else 1.0)  # room for the shares above the stacks
         axis.legend(
             fontsize="x-small",

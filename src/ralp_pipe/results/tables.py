@@ -139,7 +139,7 @@ def dilation_columns(record: RunMetrics) -> dict[str, Any]:
     d = record.dilation or {}
     target = record.target_images_per_sec
     return {
-        "dilation_factor": float(d.get("factor") or math.nan),
+        "dilation_factor": record.dilation_factor,
         "dilation_mode": d.get("mode"),
         "target_device": d.get("target_device"),
         "target_link_rate": d.get("target_link_rate"),
