@@ -42,7 +42,7 @@ CATEGORY_LABELS = {
 PART_LABELS = {"compute_s": "compute", "comm_wait_s": "communication wait", "data_wait_s": "data wait"}
 COLOURS = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))  # type: ignore[attr-defined]  # a ListedColormap
 NO_REFERENCE = "no single-device reference run (allreduce at N=1) in this experiment"
-DILATED = "; dilated: target-equivalent"  # how an axis of compared images/sec says so
+TARGET_IMAGES = "target-equivalent images/sec (measured x D)"
 
 
 def _grid(count: int, width: float = 4.5, height: float = 3.5, most_cols: int = 3) -> tuple[Any, list[Any]]:
@@ -56,7 +56,8 @@ def _grid(count: int, width: float = 4.5, height: float = 3.5, most_cols: int = 
 
 
 def _save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
+    # leave the figure's title, where it has one, half an inch
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.5 / fig.get_figheight()) if fig.get_suptitle() else None)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -108,6 +109,12 @@ def _compared(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.assign(**{column: compared[column] for column in compared.columns})
 
 
+def _say_dilated(fig: Any, frame: pd.DataFrame, figures: str) -> None:
+    """Title `fig` with what its time-dilated `figures` are, where `frame` has a dilated run."""
+    if frame["dilation_factor"].notna().any():
+        fig.suptitle(f"time-dilated runs: {figures}", fontsize="medium")
+
+
 def reference_rate(runs: pd.DataFrame) -> pd.Series:
     """Images/sec of the single-device reference per (model, dataset), the mean over its networks."""
     strategy, gpus = REFERENCE
@@ -126,12 +133,12 @@ def _lines(group: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 
 def throughput_vs_n(tables: Tables, path: Path) -> None:
-    """Images/sec against N with intervals, one panel per model x dataset, and the ideal linear scaling."""
+    """Images/sec against N with intervals, one panel per model x dataset x network, and the ideal linear scaling."""
     runs = _compared(tables.runs)
     reference = reference_rate(runs)
-    panels = _panels(runs, ["model", "dataset"])
+    panels = _panels(runs, ["model", "dataset", "network"])
     fig, axes = _grid(len(panels))
-    for axis, ((model, dataset), group) in zip(axes, panels):
+    for axis, ((model, dataset, network), group) in zip(axes, panels):
         for strategy, network, line in _lines(group):
             axis.errorbar(
                 line["gpus"],
@@ -148,23 +155,29 @@ def throughput_vs_n(tables: Tables, path: Path) -> None:
             axis.lines[-1].set_label("ideal: N x single device")
         else:
             axis.text(0.02, 0.98, NO_REFERENCE, transform=axis.transAxes, va="top", fontsize="x-small", wrap=True)
+        # the ideal line may leave the panel: the measured points set its height
+        top = np.nanmax(group[["images_per_sec", "images_per_sec_ci_high"]].to_numpy(dtype=float))
         axis.set(
-            title=f"{model} / {dataset}", xlabel="N (GPUs)", ylabel=f"images/sec (all workers{DILATED})", ylim=(0, None)
+            title=f"{model} / {dataset}, {network}",
+            xlabel="N (GPUs)",
+            ylabel="images/sec (all workers)",
+            ylim=(0, 1.15 * top if top > 0 else None),
         )
         axis.set_xticks(ns)
         axis.legend(fontsize="x-small")
+    _say_dilated(fig, runs, TARGET_IMAGES)
     _save(fig, path)
 
 
 def scaling_efficiency(tables: Tables, path: Path) -> None:
-    """Images/sec / (N x single-device images/sec) against N, one panel per model x dataset."""
+    """Images/sec / (N x single-device images/sec) against N, one panel per model x dataset x network."""
     runs = _compared(tables.runs)
     reference = reference_rate(runs)
-    panels = _panels(runs, ["model", "dataset"])
+    panels = _panels(runs, ["model", "dataset", "network"])
     fig, axes = _grid(len(panels))
-    for axis, ((model, dataset), group) in zip(axes, panels):
+    for axis, ((model, dataset, network), group) in zip(axes, panels):
         if (model, dataset) not in reference.index:
-            _empty(axis, f"{model} / {dataset}: {NO_REFERENCE}")
+            _empty(axis, f"{model} / {dataset}, {network}: {NO_REFERENCE}")
             continue
         ideal = group["gpus"].to_numpy(dtype=float) * reference[(model, dataset)]
         scaled = group.assign(
@@ -182,9 +195,12 @@ def scaling_efficiency(tables: Tables, path: Path) -> None:
                 **_style(strategy),
             )
         axis.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
-        axis.set(title=f"{model} / {dataset}", xlabel="N (GPUs)", ylabel="scaling efficiency", ylim=(0, None))
+        axis.set(
+            title=f"{model} / {dataset}, {network}", xlabel="N (GPUs)", ylabel="scaling efficiency", ylim=(0, None)
+        )
         axis.set_xticks(sorted(group["gpus"].unique()))
         axis.legend(fontsize="x-small")
+    _say_dilated(fig, runs, TARGET_IMAGES)
     _save(fig, path)
 
 
@@ -295,7 +311,7 @@ def predicted_vs_measured(tables: Tables, path: Path) -> None:
     _log_scale(axis, "x", low, high)
     _log_scale(axis, "y", low, high)
     axis.set(
-        xlabel=f"measured images/sec (95% interval{DILATED})",
+        xlabel="measured images/sec (95% interval; dilated: target-equivalent)",
         ylabel="predicted images/sec",
         title="planner prediction (dashed: ±20%)",
     )
@@ -426,7 +442,7 @@ def breakdown(tables: Tables, path: Path) -> None:
         axis.set_xticks(positions, [f"{s}\nN={n}" for s, n in zip(group["strategy"], group["gpus"])])
         axis.tick_params(axis="x", labelsize="x-small")
         highest = np.nanmax(np.append(bottom, server))
-        axis.set(title=f"{model} / {dataset}, {network}", ylabel=f"seconds per step (mean{DILATED})")
+        axis.set(title=f"{model} / {dataset}, {network}", ylabel="seconds per step (mean)")
         axis.set_ylim(0.0, 1.12 * highest if highest > 0 else 1.0)  # room for the shares above the stacks
         axis.legend(
             fontsize="x-small",
@@ -435,6 +451,7 @@ def breakdown(tables: Tables, path: Path) -> None:
             loc="upper left",
             bbox_to_anchor=(1.0, 1.0),
         )
+    _say_dilated(fig, tables.breakdown, "the target's seconds (measured / D)")
     _save(fig, path)
 
 
