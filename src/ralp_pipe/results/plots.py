@@ -56,8 +56,8 @@ def _grid(count: int, width: float = 4.5, height: float = 3.5, most_cols: int = 
 
 
 def _save(fig: Any, path: Path) -> None:
-    # leave the figure's title, where it has one, half an inch
-    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.5 / fig.get_figheight()) if fig.get_suptitle() else None)
+    # leave the figure's title, where it has one, 0.3 inch
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.3 / fig.get_figheight()) if fig.get_suptitle() else None)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -112,7 +112,8 @@ def _compared(runs: pd.DataFrame) -> pd.DataFrame:
 def _say_dilated(fig: Any, frame: pd.DataFrame, figures: str) -> None:
     """Title `fig` with what its time-dilated `figures` are, where `frame` has a dilated run."""
     if frame["dilation_factor"].notna().any():
-        fig.suptitle(f"time-dilated runs: {figures}", fontsize="medium")
+        # a tenth of an inch from the top whatever the figure's height (the default sits 2% down)
+        fig.suptitle(f"time-dilated runs: {figures}", fontsize="medium", y=1.0 - 0.1 / fig.get_figheight(), va="top")
 
 
 def reference_rate(runs: pd.DataFrame) -> pd.Series:
