@@ -140,7 +140,7 @@ def throughput_vs_n(tables: Tables, path: Path) -> None:
     panels = _panels(runs, ["model", "dataset", "network"])
     fig, axes = _grid(len(panels))
     for axis, ((model, dataset, network), group) in zip(axes, panels):
-        for strategy, network, line in _lines(group):
+        for strategy, _, line in _lines(group):  # one network per panel
             axis.errorbar(
                 line["gpus"],
                 line["images_per_sec"],
@@ -186,7 +186,7 @@ def scaling_efficiency(tables: Tables, path: Path) -> None:
             efficiency_ci_low=group["images_per_sec_ci_low"] / ideal,
             efficiency_ci_high=group["images_per_sec_ci_high"] / ideal,
         )
-        for strategy, network, line in _lines(scaled):
+        for strategy, _, line in _lines(scaled):
             axis.errorbar(
                 line["gpus"],
                 line["efficiency"],
