@@ -216,12 +216,20 @@ def test_the_headline_draws_ralp_speedups_against_the_link_rate_with_the_predict
         # which point is which: RALP-N filled circles, RALP-H open squares, both named in the legend
         points = {c.lines[0].get_marker(): c.lines[0].get_markerfacecolor() for c in measured}
         assert set(points) == {"o", "s"} and points["s"] == "none"
-        legend = [text.get_text() for text in axis.get_legend().get_texts()]
-        assert legend == [
-            "vgg11/synthetic1k N=4",
-            "RALP-N: predicted (line), measured (point)",
-            "RALP-H: predicted (line), measured (point)",
-        ]
+    # one legend, beside the panels: it covers no line or point of either
+    left, right = figure.axes
+    assert left.get_legend() is None
+    legend = right.get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == [
+        "vgg11/synthetic1k N=4",
+        "RALP-N: predicted (line), measured (point)",
+        "RALP-H: predicted (line), measured (point)",
+    ]
+    plots._lay_out(figure)
+    figure.canvas.draw()
+    box = legend.get_window_extent()
+    assert not any(box.overlaps(axis.get_window_extent()) for axis in figure.axes)
+    assert box.x1 <= figure.bbox.x1  # and inside the figure
     one = write_results(tmp_path / "one", models=("vgg11",), gpus=(4,), repeats=1)
     single = drawn(monkeypatch, plots.speedup_vs_link, build_tables(load_records(one, [tmp_path / "one" / "plans"])))
     assert "one link rate" in single.axes[0].texts[0].get_text()

@@ -55,9 +55,13 @@ def _grid(count: int, width: float = 4.5, height: float = 3.5, most_cols: int = 
     return fig, flat[:count]
 
 
-def _save(fig: Any, path: Path) -> None:
-    # leave the figure's title, where it has one, 0.3 inch
+def _lay_out(fig: Any) -> None:
+    """Panels, labels and legends packed into the figure, 0.3 inch left for its title where it has one."""
     fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.3 / fig.get_figheight()) if fig.get_suptitle() else None)
+
+
+def _save(fig: Any, path: Path) -> None:
+    _lay_out(fig)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -344,13 +348,15 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
     ralp = runs[runs["strategy"].isin(["ralp_h", "ralp_n"]) & runs["link"].notna()]
     largest = ralp.groupby(["model", "dataset"])["gpus"].transform("max")
     ralp = ralp[ralp["gpus"] == largest]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5))
     colours = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
     groups = list(ralp.groupby(["model", "dataset", "gpus"], sort=True))
-    for axis, baseline in zip(axes, ("ps", "allreduce")):
-        if ralp["link"].nunique() < 2:
+    if ralp["link"].nunique() < 2:
+        for axis in axes:
             _empty(axis, "one link rate in this experiment: the headline needs several (experiment=paper-dilated)")
-            continue
+        _save(fig, path)
+        return
+    for axis, baseline in zip(axes, ("ps", "allreduce")):
         base = runs[runs["strategy"] == baseline].set_index(["model", "dataset", "gpus", "network"])
         shown: list[np.ndarray] = [np.array([1.0])]
         for index, ((model, dataset, gpus), group) in enumerate(groups):
@@ -391,24 +397,25 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
         values = values[np.isfinite(values) & (values > 0)]
         _log_scale(axis, "y", values.min() / 1.3, values.max() * 1.3)
         axis.set(xlabel="link rate (Gbit/s; dilated: the target's)", ylabel=f"speedup over {baseline}")
-        # one entry per model x dataset (its colour), one per strategy (line style and marker)
-        handles = [
-            Line2D([], [], color=colours[i % len(colours)], label=f"{m}/{d} N={n}")
-            for i, ((m, d, n), _) in enumerate(groups)
-        ]
-        handles += [
-            Line2D(
-                [],
-                [],
-                color="grey",
-                linestyle=linestyle,
-                marker=marker,
-                markerfacecolor="grey" if filled else "none",
-                label=f"{name}: predicted (line), measured (point)",
-            )
-            for name, linestyle, marker, filled in HEADLINE_STYLES.values()
-        ]
-        axis.legend(handles=handles, fontsize="xx-small")
+    # one legend for both panels, beside them (inside, it hid the lines near 1x): one entry per model x dataset
+    # (its colour), one per strategy (line style and marker)
+    handles = [
+        Line2D([], [], color=colours[i % len(colours)], label=f"{m}/{d} N={n}")
+        for i, ((m, d, n), _) in enumerate(groups)
+    ]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="grey",
+            linestyle=linestyle,
+            marker=marker,
+            markerfacecolor="grey" if filled else "none",
+            label=f"{name}: predicted (line), measured (point)",
+        )
+        for name, linestyle, marker, filled in HEADLINE_STYLES.values()
+    ]
+    axes[-1].legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle("RALP speedup vs link rate: points measured (95% interval), lines the planner's prediction")
     _save(fig, path)
 
