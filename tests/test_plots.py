@@ -233,3 +233,4 @@ def test_the_headline_draws_ralp_speedups_against_the_link_rate_with_the_predict
     one = write_results(tmp_path / "one", models=("vgg11",), gpus=(4,), repeats=1)
     single = drawn(monkeypatch, plots.speedup_vs_link, build_tables(load_records(one, [tmp_path / "one" / "plans"])))
     assert "one link rate" in single.axes[0].texts[0].get_text()
+    assert single.get_suptitle().startswith("RALP speedup vs link rate")  # titled like the full headline

@@ -351,6 +351,7 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5))
     colours = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
     groups = list(ralp.groupby(["model", "dataset", "gpus"], sort=True))
+    fig.suptitle("RALP speedup vs link rate: points measured (95% interval), lines the planner's prediction")
     if ralp["link"].nunique() < 2:
         for axis in axes:
             _empty(axis, "one link rate in this experiment: the headline needs several (experiment=paper-dilated)")
@@ -416,7 +417,6 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
         for name, linestyle, marker, filled in HEADLINE_STYLES.values()
     ]
     axes[-1].legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle("RALP speedup vs link rate: points measured (95% interval), lines the planner's prediction")
     _save(fig, path)
 
 
