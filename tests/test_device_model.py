@@ -160,3 +160,13 @@ def test_shipped_entries_are_what_the_calibration_fits() -> None:
     checks = calibration.held_out(entries)
     assert len(checks) == len(calibration.PUBLISHED)
     assert calibration.median_abs_error(checks) <= 0.15
+
+
+def test_inception_v3_at_299_px_is_priced_with_its_published_multiply_adds() -> None:
+    units, traces = devicemodel.trace_model("inception_v3", 1000, 299, 2)
+    assert [u.name for u in units][-2:] == ["flatten", "fc"]
+    multiply_adds = sum(t.fwd.total_flops for t in traces) / 2 / 2
+    assert multiply_adds == pytest.approx(5.71e9, rel=0.01)  # torchvision's 5.71 GFLOPS (multiply-adds) at 299 px
+    first, *rest = traces  # the input needs no gradient: the first unit's backward computes the weights' only
+    assert first.bwd.total_flops == pytest.approx(first.fwd.total_flops)
+    assert all(t.bwd.total_flops == pytest.approx(2 * t.fwd.total_flops) for t in rest if t.fwd.total_flops)

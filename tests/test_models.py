@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchvision import models as tvm
 
-from ralp_pipe.config import MODELS
+from ralp_pipe.config import MODELS, ConfigError, load
 from ralp_pipe.engine import models
 
 # Published torchvision parameter counts (1000 classes).
@@ -17,7 +17,10 @@ KNOWN = {
     "resnet18": 11_689_512,
     "resnet50": 25_557_032,
     "resnet152": 60_192_808,
+    "inception_v3": 27_161_264 - 3_326_696,  # torchvision's count less the auxiliary classifier's
 }
+# what torchvision's factory needs to build the model our units are made of
+FACTORY_KWARGS = {"inception_v3": {"aux_logits": False, "init_weights": False}}
 
 
 # building a VGG or ResNet-152 twice (ours and torchvision's, 60-140 M parameters each) takes 2-6 s
@@ -32,7 +35,9 @@ def test_units_hold_exactly_the_torchvision_parameters(name: str) -> None:
     assert {id(p) for p in unit_params} == {id(p) for p in model.parameters()}
     total = sum(models.parameter_count(u.module) for u in units)
     assert (
-        total == models.parameter_count(model) == sum(p.numel() for p in getattr(tvm, name)(weights=None).parameters())
+        total
+        == models.parameter_count(model)
+        == sum(p.numel() for p in getattr(tvm, name)(weights=None, **FACTORY_KWARGS.get(name, {})).parameters())
     )
     if name in KNOWN:
         assert total == KNOWN[name]
@@ -51,6 +56,7 @@ def test_imagenet22k_head_changes_only_the_last_layer() -> None:
         pytest.param("vgg11_bn", 32, marks=pytest.mark.slow),
         pytest.param("resnet50", 32, marks=pytest.mark.slow),
         ("resnet18", 40),
+        ("inception_v3", 75),
     ],
 )
 def test_sequential_of_units_computes_the_model(name: str, size: int) -> None:
@@ -64,7 +70,7 @@ def test_sequential_of_units_computes_the_model(name: str, size: int) -> None:
 
 
 # building VGG-11 twice takes seconds
-@pytest.mark.parametrize("name", [pytest.param("vgg11", marks=pytest.mark.slow), "resnet50", "alexnet"])
+@pytest.mark.parametrize("name", [pytest.param("vgg11", marks=pytest.mark.slow), "resnet50", "alexnet", "inception_v3"])
 def test_default_split_puts_every_dense_unit_on_the_ps_device(name: str) -> None:
     units = models.placement_units(models.build(name, 10))
     k = models.default_split(units)
@@ -93,3 +99,9 @@ def test_activation_bytes_are_the_unit_outputs_of_a_real_batch() -> None:
     meta = models.model_units("resnet18", 10, 0.0, "meta")
     assert models.activation_bytes(meta, 40, 3) == produced
     assert models.activation_bytes(meta, 40, 3, value_bytes=2) == produced // 2
+
+
+def test_inception_v3_refuses_an_image_its_stem_would_shrink_to_nothing() -> None:
+    with pytest.raises(ConfigError, match="train.image_size=64 must be at least 75"):
+        load(["model=inception_v3", "train.image_size=64"])
+    assert load(["model=inception_v3", "train.image_size=75"]).model.dropout == 0.5

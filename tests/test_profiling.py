@@ -144,3 +144,11 @@ def test_profile_cli_writes_one_json_with_hardware_and_the_emulated_link(tmp_pat
     assert doc["hardware"]["torch_threads"] == hardware.threads_per_rank(3)  # ps at N=2: 2 workers + 1 PS
     assert doc["hardware"]["malloc_keeps_freed"]  # compute timed with the allocator training ranks use
     assert [p.name for p in out.parent.iterdir()] == ["resnet18.json"]
+
+
+def test_inception_v3_is_profiled_at_its_smallest_image() -> None:
+    profile = profile_model(models.build("inception_v3", 10), 75, [2], CPU, Timing(warmup=0, repeats=1))
+    rows = {u["name"]: u for u in profile["units"]}
+    assert list(rows)[-4:] == ["avgpool", "dropout", "flatten", "fc"]
+    assert rows["Mixed_7c"]["activation_shape"] == [2048, 1, 1] and rows["fc"]["is_dense"]
+    assert all(r["by_batch"]["2"]["fwd_s"] > 0 for r in profile["units"])

@@ -27,6 +27,7 @@ MODELS = (
     "resnet50",
     "resnet101",
     "resnet152",
+    "inception_v3",
 )
 STRATEGIES = tuple(STRATEGY_KINDS)  # the built-in strategies in table order (what each is: config/strategies.py)
 REFERENCE = ("allreduce", 1)  # (strategy, N) of the single-device reference run: no communication
@@ -40,7 +41,7 @@ AUTO_FACTOR = "auto"  # dilation.factor measured before the run (engine/dilation
 REAL, MODELLED = "real", "modelled"  # dilation.mode: real compute padded, or the target's time alone
 DILATION_MODES = (REAL, MODELLED)
 PROFILE_TARGET_SUFFIX = ".json"  # a dilation.target ending so is a profile file, anything else a config/device entry
-MIN_IMAGE_SIZE = {"alexnet": 64}  # smallest input whose feature maps do not vanish
+MIN_IMAGE_SIZE = {"alexnet": 64, "inception_v3": 75}  # smallest input whose feature maps do not vanish
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 

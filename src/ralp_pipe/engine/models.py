@@ -1,8 +1,8 @@
 """torchvision CNNs as ordered lists of placement units, and the split into lower/upper parts.
 
 A placement unit is the smallest group of layers the planner may place on one side of the
-split: a conv (+BN) + ReLU, a pooling layer, a residual block, a flatten, a linear layer with
-its activation and dropout. The units reuse torchvision's own modules, so parameter counts
+split: a conv (+BN) + ReLU, a pooling layer, a residual or Inception block, a flatten, a linear
+layer with its activation and dropout. The units reuse torchvision's own modules, so parameter counts
 are torchvision's exactly, and ``nn.Sequential(*units)`` computes what the original model does.
 """
 
@@ -17,6 +17,29 @@ from torch import nn
 from torchvision import models as tvm
 
 from ralp_pipe.config import MODELS, ConfigError
+
+# Inception-v3's modules in the order its forward runs them, up to the pooled features
+INCEPTION_BLOCKS = (
+    "Conv2d_1a_3x3",
+    "Conv2d_2a_3x3",
+    "Conv2d_2b_3x3",
+    "maxpool1",
+    "Conv2d_3b_1x1",
+    "Conv2d_4a_3x3",
+    "maxpool2",
+    "Mixed_5b",
+    "Mixed_5c",
+    "Mixed_5d",
+    "Mixed_6a",
+    "Mixed_6b",
+    "Mixed_6c",
+    "Mixed_6d",
+    "Mixed_6e",
+    "Mixed_7a",
+    "Mixed_7b",
+    "Mixed_7c",
+    "avgpool",
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +62,8 @@ def build(name: str, num_classes: int, dropout: float = 0.5) -> nn.Module:
     factory = getattr(tvm, name)
     if name.startswith(("vgg", "alexnet")):
         return factory(weights=None, num_classes=num_classes, dropout=dropout)
+    if name == "inception_v3":  # the main head only: the auxiliary classifier is no placement unit
+        return factory(weights=None, num_classes=num_classes, dropout=dropout, aux_logits=False, init_weights=True)
     return factory(weights=None, num_classes=num_classes)
 
 
@@ -90,6 +115,15 @@ def placement_units(model: nn.Module) -> list[Unit]:
             Unit("stem", stem),
             *blocks,
             Unit("avgpool", model.avgpool),
+            Unit("flatten", nn.Flatten(1)),
+            Unit("fc", model.fc),
+        ]
+    if isinstance(model, tvm.Inception3):
+        if model.AuxLogits is not None or model.transform_input:
+            raise TypeError("placement units of Inception-v3 need aux_logits=False and transform_input=False")
+        return [
+            *(Unit(name, getattr(model, name)) for name in INCEPTION_BLOCKS),
+            Unit("dropout", model.dropout),
             Unit("flatten", nn.Flatten(1)),
             Unit("fc", model.fc),
         ]
