@@ -115,7 +115,7 @@ def test_unsafe_member_paths_are_refused_without_extracting(
 
 def test_tampered_concurrent_table_fails_recomputation(bundle: Path, tmp_path: Path) -> None:
     name = "smoke-0123/concurrent/w0/concurrent.json"
-    data = members(bundle)[name].replace(b'"slowdown": 2.0', b'"slowdown": 1.0')
+    data = members(bundle)[name].replace(b'"together_images_per_sec": 50.0', b'"together_images_per_sec": 100.0')
     forged = forge(bundle, tmp_path / "forged.tar.gz", {name: data})
     with pytest.raises(BundleRefused, match="concurrent.parquet differs"):
         verify_bundle(forged)

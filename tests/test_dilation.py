@@ -349,18 +349,21 @@ def _dilate(run: Path, factor: float, overruns: int) -> None:
 RECORD = {"mode": "real", "target_device": "v100", "target_link_rate": "1gbit", "shaped_link_rate": "125000000bit"}
 
 
-def test_tables_carry_measured_and_target_equivalent_figures_and_flag_overruns(tmp_path: Path) -> None:
+def test_tables_carry_target_equivalent_then_measured_figures_and_flag_overruns(tmp_path: Path) -> None:
     runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=3)
     factor = 8.0
     for k, run in enumerate(runs):
         _dilate(run, factor, overruns=2 if k == 0 else 0)  # the first repeat of ps overran twice
+    measured = {str(run): json.loads((run / "metrics.json").read_text())["images_per_sec"] for run in runs}
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))
     repeats, rows = tables.repeats, tables.runs.set_index("strategy")
-    assert list(repeats["target_images_per_sec"]) == pytest.approx(list(repeats["images_per_sec"] * factor))
+    wall_clock = [measured[str(tmp_path / "runs" / run)] for run in repeats["run"]]
+    assert list(repeats["emulator_images_per_sec"]) == pytest.approx(wall_clock)
+    assert list(repeats["images_per_sec"]) == pytest.approx([factor * m for m in wall_clock])
     for strategy, row in rows.iterrows():
-        assert row.target_images_per_sec == pytest.approx(row.images_per_sec * factor)
-        assert row.target_images_per_sec_ci_low == pytest.approx(row.images_per_sec_ci_low * factor)
-        assert row.target_images_per_sec_ci_high == pytest.approx(row.images_per_sec_ci_high * factor)
+        assert row.images_per_sec == pytest.approx(row.emulator_images_per_sec * factor)
+        assert row.images_per_sec_ci_low == pytest.approx(row.emulator_images_per_sec_ci_low * factor)
+        assert row.images_per_sec_ci_high == pytest.approx(row.emulator_images_per_sec_ci_high * factor)
         assert (row.dilation_factor, row.dilation_mode, row.target_device, row.target_link_rate) == (
             factor,
             "real",
@@ -389,13 +392,14 @@ def test_speedups_compare_target_equivalent_figures_when_auto_chose_another_fact
     rows, speed = tables.runs.set_index("strategy"), tables.speedups.set_index("strategy")
     for strategy, row in rows.iterrows():
         for baseline in ("ps", "allreduce"):
-            target = row.target_images_per_sec / rows.loc[baseline, "target_images_per_sec"]
+            target = row.images_per_sec / rows.loc[baseline, "images_per_sec"]
             assert row[f"speedup_vs_{baseline}"] == pytest.approx(target), (strategy, baseline)
             assert speed.loc[strategy, f"{baseline}_images_per_sec"] == pytest.approx(
-                rows.loc[baseline, "target_images_per_sec"]
+                rows.loc[baseline, "images_per_sec"]
             )
-        assert speed.loc[strategy, "images_per_sec"] == pytest.approx(row.target_images_per_sec)
-    measured = rows.loc["ralp_n", "images_per_sec"] / rows.loc["allreduce", "images_per_sec"]
+        assert speed.loc[strategy, "images_per_sec"] == pytest.approx(row.emulator_images_per_sec * factors[strategy])
+        assert speed.loc[strategy, "emulator_images_per_sec"] == pytest.approx(row.emulator_images_per_sec)
+    measured = rows.loc["ralp_n", "emulator_images_per_sec"] / rows.loc["allreduce", "emulator_images_per_sec"]
     assert rows.loc["ralp_n", "speedup_vs_allreduce"] == pytest.approx(measured * 4.0 / 16.0)
     for run in load_records(runs, [tmp_path / "plans"]):
         check_record(run)
@@ -419,10 +423,10 @@ def test_throughput_scaling_and_breakdown_draw_target_equivalent_figures_across_
     plots.scaling_efficiency(tables, Path("unused.png"))
     throughput, efficiency = (figure.axes[0] for figure in figures)
     [ps] = [c.lines[0] for c in throughput.containers if c.get_label() == "ps @ 1gbit"]
-    target = [rows.loc[("ps", n), "target_images_per_sec"] for n in (2, 4)]
+    target = [rows.loc[("ps", n), "emulator_images_per_sec"] * factors[n] for n in (2, 4)]
     assert list(ps.get_ydata()) == pytest.approx(target)
     assert figures[0].get_suptitle() == f"time-dilated runs: {plots.TARGET_IMAGES}"
-    reference = rows.loc[("allreduce", 1), "target_images_per_sec"]
+    reference = rows.loc[("allreduce", 1), "emulator_images_per_sec"] * factors[1]
     [ideal] = [line for line in throughput.lines if line.get_label() == "ideal: N x single device"]
     assert list(ideal.get_ydata()) == pytest.approx([reference, 4 * reference])
     [scaled] = [c.lines[0] for c in efficiency.containers if c.get_label() == "ps @ 1gbit"]
@@ -443,10 +447,13 @@ def test_throughput_scaling_and_breakdown_draw_target_equivalent_figures_across_
     plt.close("all")
 
 
-def test_undilated_tables_have_no_target_figures(tmp_path: Path) -> None:
+def test_undilated_tables_show_the_measured_figures_as_the_target_s(tmp_path: Path) -> None:
+    """D = 1: the target's images/sec is the measured figure, the emulator's the same; no dilated column in summary.md."""
     tables = build_tables(load_records(write_results(tmp_path, models=("vgg11",), gpus=(2,)), [tmp_path / "plans"]))
-    assert tables.runs["target_images_per_sec"].isna().all() and (tables.runs["overruns"] == 0).all()
-    assert tables.runs["dilation_factor"].isna().all() and "dilated emulation" not in tables.summary
+    runs = tables.runs
+    assert list(runs["images_per_sec"]) == list(runs["emulator_images_per_sec"]) and (runs["overruns"] == 0).all()
+    assert runs["dilation_factor"].isna().all() and "dilated emulation" not in tables.summary
+    assert "target-equivalent" not in tables.summary and "wall clock" not in tables.summary
 
 
 def test_verify_refuses_a_target_figure_or_overruns_its_steps_do_not_give(tmp_path: Path) -> None:

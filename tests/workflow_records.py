@@ -203,8 +203,9 @@ def steps(doc: dict[str, Any]) -> pd.DataFrame:
     return frame
 
 
-def write_concurrent(root: Path, name: str = "w0") -> Path:
-    """A concurrent.json of two ps jobs sharing one link, in the concurrent stage's format."""
+def write_concurrent(root: Path, name: str = "w0", factor: float | None = None) -> Path:
+    """A concurrent.json of two ps jobs sharing one link, in the concurrent stage's format (time-dilated by `factor`:
+    the images/sec are the emulator's)."""
     doc = {
         "network": {"rate": "1gbit", "burst": "1mb"},
         "shared_host": 0,
@@ -216,6 +217,7 @@ def write_concurrent(root: Path, name: str = "w0") -> Path:
                 "alone_images_per_sec": 100.0,
                 "together_images_per_sec": 50.0 + 10 * i,
                 "slowdown": 100.0 / (50.0 + 10 * i),
+                "dilation_factor": factor,
             }
             for i, m in enumerate(("vgg11", "resnet18"))
         ],

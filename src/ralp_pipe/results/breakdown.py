@@ -118,4 +118,4 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
             f"({100 * ps.min():.0f}% to {100 * ps.max():.0f}% over {len(ps)} ps configurations).",
             "",
         ]
-    return "\n".join(parts)
+    return "\n".join(parts) + "\n"  # a blank line before the section that follows

@@ -3,7 +3,10 @@
 A and B are bundles (``.tar.gz`` written by `ralp-pipe bundle`), results folders (holding
 ``tables/runs.parquet``) or tables folders (holding ``runs.parquet``). Configurations are joined
 on model, dataset, N, network and strategy row (a ``-sequential`` row is its own configuration).
-Per configuration the change is B's mean images/sec over A's, minus 1, with a 95% delta-method
+Images/sec are the tables' first figure, the target's: target-equivalent where a configuration was
+time-dilated (the emulator's wall clock x D, which may differ between A and B), measured where not; a
+runs table written before that column order has its target-equivalent figures taken for its dilated rows
+(:func:`target_first`). Per configuration the change is B's mean images/sec over A's, minus 1, with a 95% delta-method
 interval over both sets of repeats (:func:`~ralp_pipe.results.intervals.ratio_interval`). A change
 is *beyond noise* when each mean lies outside the other's 95% t-interval, i.e. the difference is
 larger than the noise of A and larger than the noise of B; with a single repeat on either side
@@ -94,8 +97,25 @@ def read_runs(path: Path) -> pd.DataFrame:
             f"runs table of {name} lacks column {', '.join(missing)}: it predates repeats; "
             f"re-run `ralp-pipe aggregate` on its records"
         )
+    frame = target_first(frame)
     _check_values(frame, name)
     return frame
+
+
+def target_first(frame: pd.DataFrame) -> pd.DataFrame:
+    """A runs table with `images_per_sec` the target's: as it is where the table already leads with it (it has
+    `emulator_images_per_sec`); in an older table, whose `images_per_sec` was the emulator's wall clock, a dilated
+    row's `target_images_per_sec` and interval, its standard deviation scaled by D (one D per configuration)."""
+    if "emulator_images_per_sec" in frame.columns or "target_images_per_sec" not in frame.columns:
+        return frame
+    dilated = frame["dilation_factor"].notna()
+    target = {
+        "images_per_sec": frame["target_images_per_sec"],
+        "images_per_sec_ci_low": frame["target_images_per_sec_ci_low"],
+        "images_per_sec_ci_high": frame["target_images_per_sec_ci_high"],
+        "images_per_sec_std": frame["images_per_sec_std"] * frame["dilation_factor"],
+    }
+    return frame.assign(**{column: values.where(dilated, frame[column]) for column, values in target.items()})
 
 
 def _check_values(frame: pd.DataFrame, name: str) -> None:
@@ -221,8 +241,9 @@ def render(comparison: Comparison, a: str, b: str) -> str:
     summary = ", ".join(f"{int(n)} {name}" for name, n in counts.items())
     lines += [
         "",
-        f"{len(table)} configurations: {summary}. Intervals: 95% (t over repeats; the change by the delta method);"
-        " beyond noise = each mean outside the other's interval.",
+        f"{len(table)} configurations: {summary}. Images/sec: the target's (target-equivalent where dilated). "
+        "Intervals: 95% (t over repeats; the change by the delta method); beyond noise = each mean outside the "
+        "other's interval.",
     ]
     moved = int(table["split_change"].notna().sum()) if "split_change" in table.columns else 0
     if moved:

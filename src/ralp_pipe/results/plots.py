@@ -3,7 +3,9 @@
 One PNG per name of :data:`~ralp_pipe.contract.layout.PLOT_NAMES`, each captioned in the
 Snakemake report (workflow/report/plot_<name>.rst). Rows are configurations (means over
 repeats); whiskers are the tables' 95% intervals (``<column>_ci_low`` / ``<column>_ci_high``),
-absent where a configuration has one repeat. The single-device reference is the ``allreduce``
+absent where a configuration has one repeat. Images/sec are the tables' first figure, the target's:
+target-equivalent (the emulator's wall clock x D) where a run was time-dilated, so runs at different
+factors lie on one scale; the emulator's own figures are in the tables only. The single-device reference is the ``allreduce``
 run at N=1 (one worker, no communication): it draws the ideal linear-scaling line (N times its
 images/sec) and is the denominator of the scaling efficiency.
 """
@@ -30,7 +32,7 @@ from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
 from ralp_pipe.config.units import rate_bits_per_s  # noqa: E402
 from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration, target_seconds  # noqa: E402
-from ralp_pipe.results.tables import Tables, comparable  # noqa: E402
+from ralp_pipe.results.tables import Tables  # noqa: E402
 
 CATEGORY_LABELS = {
     "gb_gradients": "gradients",
@@ -106,11 +108,9 @@ def _panels(frame: pd.DataFrame, keys: list[str]) -> list[tuple[tuple[Any, ...],
     return [(key if isinstance(key, tuple) else (key,), group) for key, group in frame.groupby(keys, sort=True)]
 
 
-def _compared(runs: pd.DataFrame) -> pd.DataFrame:
-    """`runs` with images/sec and its interval as compared (:func:`comparable`): target-equivalent where dilated, so
-    configurations that ran at different factors (``dilation.factor=auto``) lie on one scale."""
-    compared = comparable(runs)
-    return runs.assign(**{column: compared[column] for column in compared.columns})
+def _images(runs: pd.DataFrame) -> str:
+    """What the throughput axes draw: target-equivalent images/sec where `runs` has a time-dilated configuration."""
+    return "target-equivalent images/sec" if runs["dilation_factor"].notna().any() else "images/sec"
 
 
 def _say_dilated(fig: Any, frame: pd.DataFrame, figures: str) -> None:
@@ -139,7 +139,7 @@ def _lines(group: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 def throughput_vs_n(tables: Tables, path: Path) -> None:
     """Images/sec against N with intervals, one panel per model x dataset x network, and the ideal linear scaling."""
-    runs = _compared(tables.runs)
+    runs = tables.runs  # images/sec the target's: runs at different factors (dilation.factor=auto) on one scale
     reference = reference_rate(runs)
     panels = _panels(runs, ["model", "dataset", "network"])
     fig, axes = _grid(len(panels))
@@ -165,7 +165,7 @@ def throughput_vs_n(tables: Tables, path: Path) -> None:
         axis.set(
             title=f"{model} / {dataset}, {network}",
             xlabel="N (GPUs)",
-            ylabel="images/sec (all workers)",
+            ylabel=f"{_images(runs)} (all workers)",
             ylim=(0, 1.15 * top if top > 0 else None),
         )
         axis.set_xticks(ns)
@@ -176,7 +176,7 @@ def throughput_vs_n(tables: Tables, path: Path) -> None:
 
 def scaling_efficiency(tables: Tables, path: Path) -> None:
     """Images/sec / (N x single-device images/sec) against N, one panel per model x dataset x network."""
-    runs = _compared(tables.runs)
+    runs = tables.runs  # images/sec the target's: runs at different factors (dilation.factor=auto) on one scale
     reference = reference_rate(runs)
     panels = _panels(runs, ["model", "dataset", "network"])
     fig, axes = _grid(len(panels))
@@ -289,7 +289,7 @@ def speedup(tables: Tables, path: Path) -> None:
 
 def predicted_vs_measured(tables: Tables, path: Path) -> None:
     """Planner's predicted images/sec against the measured (with its interval), log-log with y = x and ±20%."""
-    runs = _compared(tables.runs)
+    runs = tables.runs  # images/sec the target's: runs at different factors (dilation.factor=auto) on one scale
     fig, axis = plt.subplots(figsize=(5.5, 5))
     known = runs.dropna(subset=["predicted_images_per_sec"])
     known = known[(known["images_per_sec"] > 0) & (known["predicted_images_per_sec"] > 0)]
@@ -316,7 +316,7 @@ def predicted_vs_measured(tables: Tables, path: Path) -> None:
     _log_scale(axis, "x", low, high)
     _log_scale(axis, "y", low, high)
     axis.set(
-        xlabel="measured images/sec (95% interval; dilated: target-equivalent)",
+        xlabel=f"measured {_images(runs)} (95% interval)",
         ylabel="predicted images/sec",
         title="planner prediction (dashed: ±20%)",
     )

@@ -19,14 +19,17 @@ from ralp_pipe.results.tables import BASELINES
 # the columns that name a configuration, at the head of both tables of a network
 HEAD = ["model", "dataset", "classes", "N", "strategy", "devices", "global batch"]
 THROUGHPUT_HEAD = ["split", "repeats", "images/sec", "per device", "step p50 / p95 (s)", "vs ps", "vs allreduce"]
-TARGET_HEAD = ["target-equivalent images/sec"]  # where a run was time-dilated
+# where a run was time-dilated: the target's figures first, the emulator's wall-clock images/sec last
+DILATED_THROUGHPUT = {"images/sec": "target-equivalent images/sec"}
+EMULATOR_HEAD = "emulator images/sec (wall clock)"
 VOLUME_HEAD = ["GB/step", "wire GB/step", "predicted"]
 DILATED_NOTE = (
-    " Target-equivalent images/sec (time-dilated emulation, D = the dilation factor): the measured "
-    "images/sec x D, with its interval, where every unit was padded to D x the target device's time and "
-    "links ran at their rate / D; GB/step, splits and speedups are those of the target. A run whose "
-    "units outlasted their padded time has overruns, named in its cell: there the target's timing was "
-    "not reproduced."
+    " Time-dilated emulation (D = the dilation factor; every unit was padded to D x the target device's time "
+    "and links ran at their rate / D): images/sec is the target's, target-equivalent images/sec = the emulator's "
+    "wall-clock images/sec x D, with its interval, and step times are the target's seconds (measured / D); "
+    "speedups, GB/step, splits and predictions are those of the target. The emulator's own wall-clock images/sec "
+    "is the last column, naming what it emulates; a run whose units outlasted their padded time has overruns, "
+    "named there: the target's timing was not reproduced."
 )
 
 
@@ -67,7 +70,10 @@ def _network_section(network: str, by_net: pd.DataFrame, dilated: bool) -> list[
         "",
         "### Throughput (images/sec) and speedups",
         "",
-        table(HEAD + THROUGHPUT_HEAD + (TARGET_HEAD if dilated else []), [_throughput_row(r, dilated) for r in rows]),
+        table(
+            _header(HEAD + THROUGHPUT_HEAD, dilated, DILATED_THROUGHPUT, EMULATOR_HEAD),
+            [_throughput_row(r, dilated) for r in rows],
+        ),
         "",
         "### Transfer volume (GB/step) and predicted throughput (images/sec, error against the measurement)",
         "",
@@ -79,22 +85,30 @@ def _network_section(network: str, by_net: pd.DataFrame, dilated: bool) -> list[
     ]
 
 
+def _header(columns: list[str], dilated: bool, target: dict[str, str], emulator: str) -> list[str]:
+    """A table's `columns`; where runs were dilated, the target's figures named as such (`target`, by column) and
+    the emulator's wall-clock column last."""
+    return [target.get(name, name) for name in columns] + [emulator] if dilated else columns
+
+
 def _configuration_cells(r: Any) -> list[str]:
     return [r.model, r.dataset, str(r.classes), str(r.gpus), r.strategy, str(r.devices), str(r.global_batch)]
 
 
 def _throughput_row(r: Any, dilated: bool) -> list[str]:
-    """A configuration's split, repeats, images/sec (all and per device), step quantiles and speedups."""
+    """A configuration's split, repeats, the target's images/sec (all and per device), step quantiles (the target's
+    seconds) and speedups, then where dilated the emulator's wall-clock images/sec."""
     per_device = (r.images_per_sec_per_device_ci_low, r.images_per_sec_per_device_ci_high)
+    factor = 1.0 if math.isnan(r.dilation_factor) else r.dilation_factor
     return [
         *_configuration_cells(r),
         _split_cell(r),
         str(r.repeats),
         plus_minus(r.images_per_sec, r.images_per_sec_ci_low, r.images_per_sec_ci_high),
         plus_minus(r.images_per_sec_per_device, *per_device, 2),
-        f"{fmt(r.step_p50_s, 3)} / {fmt(r.step_p95_s, 3)}",
+        f"{fmt(r.step_p50_s / factor, 3)} / {fmt(r.step_p95_s / factor, 3)}",
         *(_speedup_cell(r, baseline) for baseline in BASELINES),
-        *([_target_cell(r)] if dilated else []),
+        *([_emulator_cell(r)] if dilated else []),
     ]
 
 
@@ -124,11 +138,13 @@ def _speedup_cell(row: Any, baseline: str) -> str:
     return plus_minus(getattr(row, name), getattr(row, f"{name}_ci_low"), getattr(row, f"{name}_ci_high"), 2, "x")
 
 
-def _target_cell(row: Any) -> str:
-    """A dilated configuration's target-equivalent images/sec, naming what it emulates; '-' where undilated."""
+def _emulator_cell(row: Any) -> str:
+    """A dilated configuration's wall-clock images/sec on the emulator, naming what it emulates; 'not dilated' where
+    the run was not (its images/sec is its own wall-clock figure)."""
     if math.isnan(row.dilation_factor):
-        return "-"
-    figure = plus_minus(row.target_images_per_sec, row.target_images_per_sec_ci_low, row.target_images_per_sec_ci_high)
+        return "not dilated"
+    ends = (row.emulator_images_per_sec_ci_low, row.emulator_images_per_sec_ci_high)
+    figure = plus_minus(row.emulator_images_per_sec, *ends)
     flag = f"; {row.overruns} overruns, up to {1e3 * row.late_s:.0f} ms late at a step's end" if row.overruns else ""
     return (
         f"{figure} (dilated emulation of {row.target_device} on {row.target_link_rate}, "
@@ -142,10 +158,23 @@ def _prediction_cell(row: Any) -> str:
     return "-" if math.isnan(predicted) else f"{fmt(predicted)} ({fmt(100 * row.prediction_error, 0, '%')})"
 
 
+CONCURRENT_HEAD = ["workload", "job", "overrides", "alone (img/s)", "together (img/s)", "slowdown"]
+DILATED_CONCURRENT = {
+    "alone (img/s)": "alone (target-equivalent img/s)",
+    "together (img/s)": "together (target-equivalent img/s)",
+}
+CONCURRENT_EMULATOR_HEAD = "emulator alone / together (img/s, wall clock)"
+CONCURRENT_DILATED_NOTE = (
+    "Time-dilated jobs: images/sec are the target's, target-equivalent = the emulator's wall-clock images/sec x D "
+    "(its own figures last); the slowdown is alone / together of the target's figures."
+)
+
+
 def concurrent_markdown(concurrent: pd.DataFrame) -> str:
-    """The summary's section on concurrent jobs ('' when there are none)."""
+    """The summary's section on concurrent jobs, the target's images/sec first ('' when there are none)."""
     if concurrent.empty:
         return ""
+    dilated = bool(concurrent["dilation_factor"].notna().any())
     rows = [
         [
             str(r.workload),
@@ -154,8 +183,18 @@ def concurrent_markdown(concurrent: pd.DataFrame) -> str:
             fmt(r.alone_images_per_sec),
             fmt(r.together_images_per_sec),
             fmt(r.slowdown, 2, "x"),
+            *([_concurrent_emulator_cell(r)] if dilated else []),
         ]
         for r in concurrent.itertuples()
     ]
-    header = ["workload", "job", "overrides", "alone (img/s)", "together (img/s)", "slowdown"]
-    return "\n".join(["## Concurrent workloads on one network", "", table(header, rows), ""])
+    header = _header(CONCURRENT_HEAD, dilated, DILATED_CONCURRENT, CONCURRENT_EMULATOR_HEAD)
+    note = [CONCURRENT_DILATED_NOTE, ""] if dilated else []
+    return "\n".join(["## Concurrent workloads on one network", "", *note, table(header, rows), ""])
+
+
+def _concurrent_emulator_cell(row: Any) -> str:
+    """A dilated job's wall-clock images/sec alone and together on the emulator with its D; 'not dilated' where not."""
+    if math.isnan(row.dilation_factor):
+        return "not dilated"
+    figures = f"{fmt(row.alone_emulator_images_per_sec)} / {fmt(row.together_emulator_images_per_sec)}"
+    return f"{figures} (D={row.dilation_factor:g})"

@@ -4,10 +4,14 @@ Each run's :class:`~ralp_pipe.contract.records.RunMetrics`, its steps.parquet an
 :class:`~ralp_pipe.contract.records.Plan` it was planned with (a :class:`RunInput`) give one row of
 ``repeats.parquet``; ``runs.parquet`` has one row per configuration (model, dataset, N, network,
 strategy), its figures the mean over the repeats with the standard deviation and a 95% t-interval of
-images/sec (:mod:`ralp_pipe.results.intervals`); speedups are ratios of means with delta-method
-intervals, of target-equivalent images/sec where a configuration was dilated (``dilation.factor=auto``
-may choose another D per strategy, so measured figures are not comparable), measured ones where not
-(:func:`comparable`). In both tables ``strategy`` is the row's name: the strategy, or
+images/sec (:mod:`ralp_pipe.results.intervals`); speedups are ratios of means with delta-method intervals.
+
+Every table's first throughput column, ``images_per_sec``, is the target's: for a time-dilated run
+(:mod:`ralp_pipe.engine.dilation`, factor D) its target-equivalent images/sec, the measured figure x D; for
+an undilated run (D = 1) the measured figure itself. The emulator's own wall-clock images/sec follows in
+``emulator_images_per_sec`` (:func:`throughput`). Speedups, predictions and plots compare the first:
+``dilation.factor=auto`` may choose another D per strategy, so wall-clock figures are not comparable.
+In both tables ``strategy`` is the row's name: the strategy, or
 ``<strategy>-sequential`` for the sequential ablation (``strategy.overlap=false``, column ``overlap``); speedups are over the
 pipelined ``ps`` and over ``allreduce`` of the same group. Missing values are nulls (NaN for numbers).
 """
@@ -24,8 +28,9 @@ import pandas as pd
 from ralp_pipe.config import STRATEGIES, ConfigError
 from ralp_pipe.contract.layout import BREAKDOWN_TABLE, CONCURRENT_TABLE, REPEATS_TABLE, RUNS_TABLE, SPEEDUPS_TABLE, arm
 from ralp_pipe.contract.records import Plan, RunMetrics
-from ralp_pipe.engine.metrics import link_rate
+from ralp_pipe.engine.metrics import link_rate, target_equivalent
 from ralp_pipe.engine.volume import CATEGORIES
+from ralp_pipe.errors import DataError
 from ralp_pipe.results.accuracy import relative_error
 from ralp_pipe.results.intervals import Estimate, mean_interval, ratio_interval
 
@@ -39,7 +44,10 @@ SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "d
           "backend", "loader", "profile_kind", "profile_device", "dilation_factor", "dilation_mode", "target_device",
           "target_link_rate"]  # fmt: skip
 MEANS = ["step_time_s", "step_p50_s", "step_p95_s", "wire_gb_total"]
+# a concurrent job's images/sec alone and together, the target's first (as in runs.parquet), and its slowdown
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
+CONCURRENT_COLUMNS += ["dilation_factor", "alone_emulator_images_per_sec", "together_emulator_images_per_sec"]
+RECORDED_TARGET = "target_images_per_sec"  # the record's field that tables show as images_per_sec
 STEP_QUANTILES = {"step_p50_s": 0.5, "step_p95_s": 0.95}  # of the per-step times within a run
 MEASURED, WORKER = "measure", "worker"  # steps.parquet's phase of measured steps and role of workers
 
@@ -103,7 +111,8 @@ def step_quantiles(steps: pd.DataFrame) -> dict[str, float]:
 def run_row(run: RunInput) -> dict[str, Any]:
     """One row of repeats.parquet from a run's record, steps and plan."""
     record, plan = run.record, run.plan
-    row = {key: getattr(record, key) for key in RunMetrics.columns()}
+    row = {key: getattr(record, key) for key in RunMetrics.columns() if key != RECORDED_TARGET}
+    row.update(throughput(record))  # images_per_sec keeps its place, the target's figure
     row["strategy"] = record.arm
     row["overlap"] = record.overlap
     row["repeat"] = record.repeat
@@ -111,7 +120,7 @@ def run_row(run: RunInput) -> dict[str, Any]:
     row["run"] = record.run
     row["devices"] = record.world_size or record.workers + record.num_ps
     row["link_gbit"], row["link_source"] = link_rate(record.rate, record.cluster_kind, plan)
-    row["images_per_sec_per_device"] = record.images_per_sec / row["devices"]
+    row["images_per_sec_per_device"] = row["images_per_sec"] / row["devices"]  # the target's, as images_per_sec
     row.update(step_quantiles(run.steps))
     for category in ("total", *CATEGORIES):
         row[f"gb_{category}"] = _gb(record.gb_per_step, category)
@@ -133,11 +142,18 @@ def run_row(run: RunInput) -> dict[str, Any]:
     return row
 
 
+def throughput(record: RunMetrics) -> dict[str, float]:
+    """A run's images/sec as the tables show it: the target's first (target-equivalent, measured x D, where dilated;
+    the measured figure where not, D = 1), then the emulator's wall-clock figure."""
+    target = record.target_images_per_sec
+    images_per_sec = record.images_per_sec if target is None else float(target)
+    return {"images_per_sec": images_per_sec, "emulator_images_per_sec": record.images_per_sec}
+
+
 def dilation_columns(record: RunMetrics) -> dict[str, Any]:
     """A run's time-dilated emulation (engine/dilation.py): factor, mode, target device and link rate, overruns,
-    stalls, lateness and its target-equivalent images/sec (measured x factor); nulls and 0s for an undilated run."""
+    stalls and lateness; nulls and 0s for an undilated run."""
     d = record.dilation or {}
-    target = record.target_images_per_sec
     return {
         "dilation_factor": record.dilation_factor,
         "dilation_mode": d.get("mode"),
@@ -146,7 +162,6 @@ def dilation_columns(record: RunMetrics) -> dict[str, Any]:
         "overruns": int(d.get("overruns", 0)),
         "stalls": int(d.get("stalls", 0)),  # units late only because this host ran another thread
         "late_s": float(d.get("late_s", 0.0)),  # lateness against the target left at a measured step's end
-        "target_images_per_sec": math.nan if target is None else float(target),
     }
 
 
@@ -161,7 +176,7 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` with nullable integer and string types where a column may be null (split, names of things)."""
     strings = ["split_unit", "link_source", "device", "backend", "loader", "profile_kind", "profile_device"]
     strings += ["dilation_mode", "target_device", "target_link_rate"]
-    floats = ["link_gbit", "dilation_factor", "target_images_per_sec"]
+    floats = ["link_gbit", "dilation_factor"]
     return frame.astype({"split": "Int64", **dict.fromkeys(floats, "float64"), **dict.fromkeys(strings, "string")})
 
 
@@ -192,19 +207,18 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
     row = {key: first[key] for key in CONFIGURATION + ["overlap", *SHARED, "split_unit"]}
     row["run"] = first["run"].rsplit("/", 1)[0]
     row["repeats"] = len(repeats)
-    throughput = _estimate(repeats["images_per_sec"])
+    target = _estimate(repeats["images_per_sec"])  # the target's (see the module docstring)
     row.update(
-        images_per_sec=throughput.mean,
-        images_per_sec_std=throughput.std,
-        images_per_sec_ci_low=throughput.low,
-        images_per_sec_ci_high=throughput.high,
+        images_per_sec=target.mean,
+        images_per_sec_std=target.std,
+        images_per_sec_ci_low=target.low,
+        images_per_sec_ci_high=target.high,
     )
-    # target-equivalent: each repeat's measured figure x its D (dilation.factor=auto may choose another per repeat)
-    target = _estimate(repeats["target_images_per_sec"]) if repeats["dilation_factor"].notna().all() else None
+    emulator = _estimate(repeats["emulator_images_per_sec"])
     row.update(
-        target_images_per_sec=math.nan if target is None else target.mean,
-        target_images_per_sec_ci_low=math.nan if target is None else target.low,
-        target_images_per_sec_ci_high=math.nan if target is None else target.high,
+        emulator_images_per_sec=emulator.mean,
+        emulator_images_per_sec_ci_low=emulator.low,
+        emulator_images_per_sec_ci_high=emulator.high,
         overruns=int(repeats["overruns"].sum()),
         stalls=int(repeats["stalls"].sum()),
         late_s=float(repeats["late_s"].max()),
@@ -226,7 +240,7 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     """runs.parquet: one row per configuration, with speedups over `ps` and `allreduce` in the same group."""
     groups = repeats.groupby(CONFIGURATION, sort=False, dropna=False)
     frame = _typed(order(pd.DataFrame([_configuration_row(group) for _, group in groups]), CONFIGURATION))
-    estimates = {key: _estimate(_target_where_dilated(group, "images_per_sec")) for key, group in groups}
+    estimates = {key: _estimate(group["images_per_sec"]) for key, group in groups}
     for baseline in BASELINES:
         ratios = []
         for key in frame[CONFIGURATION].itertuples(index=False, name=None):
@@ -240,50 +254,59 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
         frame[f"speedup_vs_{baseline}"] = [e.mean for e in ratios]
         frame[f"speedup_vs_{baseline}_ci_low"] = [e.low for e in ratios]
         frame[f"speedup_vs_{baseline}_ci_high"] = [e.high for e in ratios]
-    frame["prediction_error"] = relative_error(frame["predicted_images_per_sec"], comparable(frame)["images_per_sec"])
+    # a dilated configuration's plan priced the target's devices and link: its prediction is of the target's figure
+    frame["prediction_error"] = relative_error(frame["predicted_images_per_sec"], frame["images_per_sec"])
     return frame
 
 
-def _target_where_dilated(frame: pd.DataFrame, column: str) -> pd.Series:
-    """`column` of each row (a repeat or a configuration) as compared: its ``target_`` twin where dilated."""
-    return frame[f"target_{column}"].where(frame["dilation_factor"].notna(), frame[column])
-
-
-def comparable(runs: pd.DataFrame) -> pd.DataFrame:
-    """`images_per_sec` and its interval as the planner predicts them: target-equivalent where a configuration was
-    dilated (its plan priced the target's devices and link), measured where not."""
-    columns = ["images_per_sec", "images_per_sec_ci_low", "images_per_sec_ci_high"]
-    return pd.DataFrame({c: _target_where_dilated(runs, c) for c in columns}, index=runs.index)
-
-
 def speedups_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """speedups.parquet: throughput of each configuration next to each baseline's, their ratio and its interval
-    (images/sec as compared: target-equivalent where dilated, :func:`comparable`)."""
-    frame = runs[CONFIGURATION + ["repeats", "dilation_factor", "overruns", "late_s"]].copy()
-    frame.insert(len(CONFIGURATION) + 1, "images_per_sec", comparable(runs)["images_per_sec"])
+    """speedups.parquet: the target's images/sec of each configuration next to each baseline's, their ratio and its
+    interval, then the emulator's wall-clock images/sec."""
+    frame = runs[CONFIGURATION + ["repeats", "images_per_sec", "dilation_factor", "overruns", "late_s"]].copy()
     for baseline in BASELINES:
         ratio = runs[f"speedup_vs_{baseline}"]
         frame[f"{baseline}_images_per_sec"] = frame["images_per_sec"] / ratio
         frame[f"speedup_vs_{baseline}"] = ratio
         frame[f"speedup_vs_{baseline}_ci_low"] = runs[f"speedup_vs_{baseline}_ci_low"]
         frame[f"speedup_vs_{baseline}_ci_high"] = runs[f"speedup_vs_{baseline}_ci_high"]
+    frame["emulator_images_per_sec"] = runs["emulator_images_per_sec"]
     frame["interval_method"] = SPEEDUP_METHOD
     return frame.reset_index(drop=True)
 
 
+def _target_or_measured(images_per_sec: float, factor: float | None) -> float:
+    """Target-equivalent images/sec where dilated (measured x `factor`), the measured figure where not."""
+    target = target_equivalent(images_per_sec, factor)
+    return images_per_sec if target is None else target
+
+
+def concurrent_row(workload: str, job: dict[str, Any]) -> dict[str, Any]:
+    """One job of a concurrent workload (an entry of its concurrent.json): images/sec alone and together, the target's
+    (measured x D where the jobs were dilated, the measured figures where not), the slowdown alone / together of
+    those, then D and the emulator's wall-clock images/sec."""
+    if "dilation_factor" not in job:
+        raise DataError(
+            f"concurrent workload {workload}: job {job.get('job')} does not record its dilation factor (written "
+            f"before concurrent.json did): re-run `ralp-pipe concurrent` for it"
+        )
+    factor = None if job["dilation_factor"] is None else float(job["dilation_factor"])
+    emulator = {side: float(job[f"{side}_images_per_sec"]) for side in ("alone", "together")}
+    target = {side: _target_or_measured(measured, factor) for side, measured in emulator.items()}
+    return {
+        "workload": workload,
+        "job": int(job["job"]),
+        "overrides": " ".join(job["overrides"]),
+        "alone_images_per_sec": target["alone"],
+        "together_images_per_sec": target["together"],
+        "slowdown": target["alone"] / target["together"],
+        "dilation_factor": math.nan if factor is None else factor,
+        "alone_emulator_images_per_sec": emulator["alone"],
+        "together_emulator_images_per_sec": emulator["together"],
+    }
+
+
 def concurrent_table(workloads: Sequence[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
-    """concurrent.parquet: each job of each concurrent workload, alone and together, and its slowdown."""
-    rows = [
-        {
-            "workload": name,
-            "job": int(job["job"]),
-            "overrides": " ".join(job["overrides"]),
-            "alone_images_per_sec": float(job["alone_images_per_sec"]),
-            "together_images_per_sec": float(job["together_images_per_sec"]),
-            "slowdown": float(job["slowdown"]),
-        }
-        for name, doc in workloads
-        for job in doc["jobs"]
-    ]
-    frame = pd.DataFrame(rows, columns=CONCURRENT_COLUMNS)
+    """concurrent.parquet: each job of each concurrent workload (:func:`concurrent_row`)."""
+    rows = [concurrent_row(name, job) for name, doc in workloads for job in doc["jobs"]]
+    frame = pd.DataFrame(rows, columns=CONCURRENT_COLUMNS).astype({"dilation_factor": "float64"})
     return frame.sort_values(["workload", "job"]).reset_index(drop=True)

@@ -6,7 +6,8 @@ rank gets a host of its own. Each job runs as a ``ralp-pipe train`` child whose 
 joins the shared cluster: its command line names the hosts (``--shared-hosts``, from
 :meth:`ralp_pipe.runtime.emulated.EmulatedCluster.share`).
 First each job runs alone on the same layout, then all together; ``concurrent.json`` holds
-each job's images/sec alone and together and the slowdown (alone / together).
+each job's measured images/sec alone and together, the slowdown (alone / together) and its dilation
+factor D (null where undilated; the tables show target-equivalent figures, measured x D).
 
 CLI: ``ralp-pipe concurrent --out DIR --job "strategy=ps model=vgg11" --job "strategy=ps" [overrides]``
 (the trailing overrides apply to every job; ``cluster=emulated`` is implied).
@@ -73,8 +74,8 @@ def _run_jobs(cluster: EmulatedCluster, jobs: Sequence[tuple[Path, list[str], li
         raise RunFailure(f"concurrent training jobs failed (exit {codes}); see {', '.join(failed)}")
 
 
-def _throughput(out: Path) -> float:
-    return RunMetrics.read(out / METRICS_FILE).images_per_sec
+def _record(out: Path) -> RunMetrics:
+    return RunMetrics.read(out / METRICS_FILE)
 
 
 def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Path) -> dict[str, Any]:
@@ -99,15 +100,17 @@ def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Pa
         _run_jobs(cluster, [(out / f"job{i}" / "together", o, hosts[i]) for i, o in enumerate(overrides)], timeout_s)
     summary: dict[str, Any] = {"network": {"rate": rate, "burst": burst}, "shared_host": SHARED_HOST, "jobs": []}
     for i, job in enumerate(jobs):
-        alone, together = _throughput(out / f"job{i}" / "alone"), _throughput(out / f"job{i}" / "together")
+        alone, together = _record(out / f"job{i}" / "alone"), _record(out / f"job{i}" / "together")
         summary["jobs"].append(
             {
                 "job": i,
                 "overrides": list(job),
                 "hosts": hosts[i],
-                "alone_images_per_sec": alone,
-                "together_images_per_sec": together,
-                "slowdown": alone / together,
+                "alone_images_per_sec": alone.images_per_sec,
+                "together_images_per_sec": together.images_per_sec,
+                "slowdown": alone.images_per_sec / together.images_per_sec,
+                # D of both runs (its fixed dilation.factor; null: undilated): target-equivalent = images/sec x D
+                "dilation_factor": (alone.dilation or {}).get("factor"),
             }
         )
     write_json_atomic(out / CONCURRENT_FILE, summary)
