@@ -13,7 +13,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence, cast, get_args, get_origin, get_type_hints
 
@@ -22,6 +22,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ralp_pipe.config.clusters import cluster_kind
 from ralp_pipe.config.schema import (
+    ARCH_FIELDS,
+    ARCHES,
     AUTO_FACTOR,
     BACKENDS,
     CLUSTERS,
@@ -38,6 +40,7 @@ from ralp_pipe.config.schema import (
     ClusterConfig,
     Config,
     DatasetConfig,
+    DeviceConfig,
     ExperimentConfig,
     NetworkConfig,
     StrategyConfig,
@@ -68,7 +71,7 @@ def load(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Config
         data = OmegaConf.to_container(raw, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(_unresolved(exc, raw)) from exc
-    return from_dict(cast(dict[str, Any], data))
+    return from_dict(cast(dict[str, Any], data), config_dir)
 
 
 def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
@@ -179,8 +182,9 @@ def _unresolved(exc: OmegaConfBaseException, raw: Any) -> str:
     return f"{key}={node!r} cannot be resolved: {reason}; set what it refers to, or give the value itself"
 
 
-def from_dict(data: dict[str, Any]) -> Config:
-    """Build a validated :class:`Config` from plain data (for example a saved resolved config)."""
+def from_dict(data: dict[str, Any], config_dir: Path = CONFIG_DIR) -> Config:
+    """Build a validated :class:`Config` from plain data (for example a saved resolved config); the device's
+    null efficiencies take its architecture's (:func:`with_arch`)."""
     schema = OmegaConf.structured(Config)
     try:
         merged = OmegaConf.merge(schema, data)
@@ -195,8 +199,32 @@ def from_dict(data: dict[str, Any]) -> Config:
         must = f"{'it' if base == key else base} must be {_describe(_schema_type(key))}"
         raise ConfigError(f"{key}={getattr(exc, 'value', None)!r} is not allowed: {must}") from exc
     cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    cfg.device = with_arch(cfg.device, config_dir)
     validate(cfg)
     return cfg
+
+
+def with_arch(device: DeviceConfig, config_dir: Path = CONFIG_DIR) -> DeviceConfig:
+    """`device` with every null fitted field (:data:`ARCH_FIELDS`) taken from its architecture's
+    ``config/device/arch/<arch>.yaml``; the fields it sets itself stay."""
+    _choice("device.arch", device.arch, ARCHES)
+    missing = [name for name in ARCH_FIELDS if getattr(device, name) is None]
+    if not missing:
+        return device
+    path = config_dir / "device" / "arch" / f"{device.arch}.yaml"
+    try:
+        fitted = OmegaConf.to_container(OmegaConf.load(path))
+    except (OSError, OmegaConfBaseException) as exc:
+        raise ConfigError(f"device.arch={device.arch}: cannot read {path} ({_one_line(str(exc))})") from exc
+    absent = [name for name in missing if not isinstance(fitted, dict) or fitted.get(name) is None]
+    if absent:
+        raise ConfigError(
+            f"{path} gives no {', '.join(absent)}: run `python benchmarks/device_model.py --write`, or set "
+            f"{', '.join(f'device.{name}' for name in absent)}"
+        )
+    assert isinstance(fitted, dict)
+    values: dict[str, Any] = {name: float(fitted[name]) for name in missing}
+    return replace(device, **values)
 
 
 def _validate_dilation(cfg: Config) -> None:
@@ -416,8 +444,9 @@ def device_entries(config_dir: Path = CONFIG_DIR) -> list[str]:
 
 
 def _validate_device(cfg: Config) -> None:
-    """The target device's specs are positive, its efficiencies within what the model allows."""
-    v = cfg.device
+    """The target device's specs are positive, its efficiencies (its own or its arch's) within what the model
+    allows."""
+    v = with_arch(cfg.device)
     _safe_name("device.name", v.name)
     for key in ("peak_fp32_tflops", "memory_gbps", "memory_gb", "conv_efficiency", "conv3x3_efficiency"):
         _in_range(f"device.{key}", getattr(v, key), 0.0, math.inf, "(0, inf)", low_open=True)
@@ -426,7 +455,8 @@ def _validate_device(cfg: Config) -> None:
             _in_range(f"device.{key}", getattr(v, key), 0.0, math.inf, "(0, inf)", low_open=True)
     for key in ("matmul_efficiency", "memory_efficiency"):
         _in_range(f"device.{key}", getattr(v, key), 0.0, 1.0, "(0, 1]", low_open=True)
-    _in_range("device.launch_overhead_us", v.launch_overhead_us, 0.0, math.inf, "[0, inf)")
+    for key in ("launch_overhead_us",):
+        _in_range(f"device.{key}", getattr(v, key), 0.0, math.inf, "[0, inf)")
     _in_range(
         "device.reserved_gb", v.reserved_gb, 0.0, v.memory_gb, f"[0, device.memory_gb={v.memory_gb:g})", high_open=True
     )

@@ -36,6 +36,8 @@ LAYOUTS = ("folders", "tars", "synthetic")
 LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = tuple(CLUSTER_KINDS)
 DEVICES = ("auto", "cpu", "cuda")
+ARCHES = ("kepler", "pascal", "volta", "ampere", "hopper")  # GPU generations with fitted efficiencies (device.arch)
+ARCH_FIELDS = ("conv_efficiency", "conv3x3_efficiency", "matmul_efficiency", "memory_efficiency", "launch_overhead_us")
 BACKENDS = ("auto", "gloo", "nccl")
 AUTO_FACTOR = "auto"  # dilation.factor measured before the run (engine/dilation.py)
 REAL, MODELLED = "real", "modelled"  # dilation.mode: real compute padded, or the target's time alone
@@ -168,24 +170,26 @@ class TrainConfig:
 class DeviceConfig:
     """A target GPU for modelled profiles (``config/device/<name>.yaml``; the model: engine/devicemodel.py).
 
-    Peaks and bandwidth come from the vendor's data sheet; the efficiencies and the launch overhead are
-    fitted on published training throughput by ``benchmarks/device_model.py``.
+    Peaks and bandwidth come from the vendor's data sheet; the efficiencies and the launch overhead are the
+    architecture's (``config/device/arch/<arch>.yaml``, fitted on published training throughput of that
+    generation by ``benchmarks/device_model.py``) unless set here: a null field takes the arch's value.
     """
 
     name: str = "v100"  # defaults: config/device/v100.yaml, the default option of the group (a test keeps them equal)
+    arch: str = "volta"  # one of ARCHES: whose fitted efficiencies and launch overhead the null fields take
     peak_fp32_tflops: float = 15.7
     peak_tf32_tflops: float | None = None  # tensor-core TF32 (Ampere and later); convolutions use it, as cuDNN does
     peak_fp16_tflops: float | None = 125.0  # tensor-core FP16 (recorded; modelled profiles price FP32 training)
     memory_gbps: float = 900.0
     memory_gb: float = 16.0
     reserved_gb: float = 0.5  # CUDA context, cuDNN workspaces and allocator slack: never holds tensors
-    launch_overhead_us: float = 30.0  # per kernel (framework dispatch + launch), added to every priced kernel
+    launch_overhead_us: float | None = None  # per kernel (framework dispatch + launch), added to every priced kernel
     # achieved / peak FLOP/s of convolutions, counted as direct convolutions: above 1 where cuDNN's Winograd
     # or FFT algorithms do fewer multiplies than the direct count (3x3 stride-1 kernels above all)
-    conv_efficiency: float = 1.0  # every other convolution (1x1, strided, 7x7, 11x11), forward and backward
-    conv3x3_efficiency: float = 1.995  # 3x3 stride-1 convolutions, forward and backward
-    matmul_efficiency: float = 1.0  # achieved / peak FLOP/s of matrix multiplies (the FC layers)
-    memory_efficiency: float = 0.4786  # achieved / peak bytes/s of every kernel's reads and writes
+    conv_efficiency: float | None = None  # every other convolution (1x1, strided, 7x7, 11x11), forward and backward
+    conv3x3_efficiency: float | None = None  # 3x3 stride-1 convolutions, forward and backward
+    matmul_efficiency: float | None = None  # achieved / peak FLOP/s of matrix multiplies (the FC layers)
+    memory_efficiency: float | None = None  # achieved / peak bytes/s of every kernel's reads and writes
 
 
 @dataclass

@@ -38,13 +38,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, made_for
+from ralp_pipe.config.schema import ARCH_FIELDS
 from ralp_pipe.engine import models
 from ralp_pipe.engine.sgd import FlatSgd, Optim, nbytes
 
-MODEL_VERSION = "roofline-1"  # bump when the pricing changes: profiles record which model priced them
+MODEL_VERSION = "roofline-2"  # bump when the pricing changes: profiles record which model priced them
 KINDS = ("conv", "conv3x3", "matmul", "memory")  # conv3x3: 3x3 stride-1, where cuDNN may use Winograd
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "lift_fresh"}
-NEAREST = {(6, 0): "p100", (7, 0): "v100", (8, 0): "a100", (9, 0): "h100"}  # compute capability -> entry
+NEAREST = {(3, 7): "k80", (6, 0): "p100", (7, 0): "v100", (8, 0): "a100", (9, 0): "h100"}  # compute capability -> entry
 MEMORY_METHOD = "modelled: params + grads + input + output + autograd-saved tensors (meta device)"
 
 
@@ -77,19 +78,43 @@ class Kernels:
 
     def seconds(self, device: DeviceConfig) -> float:
         """Modelled seconds of these kernels on `device`: per kernel max(compute, memory) + launch."""
+        fitted = efficiencies(device)
         flops_per_s = np.array(compute_rates(device))
         compute = self.flops / flops_per_s[self.kind]
-        memory = self.bytes / (device.memory_gbps * 1e9 * device.memory_efficiency)
-        return float(np.maximum(compute, memory).sum() + len(self) * device.launch_overhead_us * 1e-6)
+        memory = self.bytes / (device.memory_gbps * 1e9 * fitted.memory)
+        return float(np.maximum(compute, memory).sum() + len(self) * fitted.launch_overhead_us * 1e-6)
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """The fitted fields of a device (its own, or its architecture's: :func:`ralp_pipe.config.compose.with_arch`)."""
+
+    conv: float
+    conv3x3: float
+    matmul: float
+    memory: float
+    launch_overhead_us: float
+
+
+def efficiencies(device: DeviceConfig) -> Efficiencies:
+    """`device`'s fitted fields; a device not composed through the configuration (null fields) is refused."""
+    values = [getattr(device, name) for name in ARCH_FIELDS]
+    if any(v is None for v in values):
+        raise ConfigError(
+            f"device {device.name} has no {', '.join(n for n, v in zip(ARCH_FIELDS, values) if v is None)}: "
+            f"compose it with ralp_pipe.config.load (or with_arch) so its arch {device.arch!r} supplies them"
+        )
+    return Efficiencies(*values)
 
 
 def compute_rates(device: DeviceConfig) -> tuple[float, float, float, float]:
     """Achieved FLOP/s of each kernel kind on `device` (memory kernels: infinite, they are bandwidth-bound)."""
+    fitted = efficiencies(device)
     conv_peak = (device.peak_tf32_tflops or device.peak_fp32_tflops) * 1e12
     return (
-        conv_peak * device.conv_efficiency,
-        conv_peak * device.conv3x3_efficiency,
-        device.peak_fp32_tflops * 1e12 * device.matmul_efficiency,
+        conv_peak * fitted.conv,
+        conv_peak * fitted.conv3x3,
+        device.peak_fp32_tflops * 1e12 * fitted.matmul,
         math.inf,
     )
 

@@ -58,6 +58,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, DeviceConfig, strategy_kind
+from ralp_pipe.config.compose import with_arch
 from ralp_pipe.config.dilation import fixed_factor, shaped_rate
 from ralp_pipe.config.schema import REAL
 from ralp_pipe.contract.records import Profile, check_profile_matches
@@ -180,7 +181,9 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
         device, need, f"dilation.target={d.target}: model {m.name} at train.batch_size={t.batch_size}"
     )
     aggregate, update = devicemodel.trace_update(params, Optim(t.lr, t.momentum, t.weight_decay))
-    launch_s = device.launch_overhead_us * 1e-6  # FlatSgd's kernels are as many for any size: launches apart
+    launch_s = (
+        devicemodel.efficiencies(device).launch_overhead_us * 1e-6
+    )  # FlatSgd's kernels are as many for any size: launches apart
 
     def per_byte(kernels: devicemodel.Kernels) -> float:
         return factor * (kernels.seconds(device) - len(kernels) * launch_s) / sum(params)
@@ -288,7 +291,7 @@ def device_entry(name: str) -> DeviceConfig:
     """The shipped device entry `name` (``config/device/<name>.yaml``)."""
     data = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "device" / f"{name}.yaml"))
     assert isinstance(data, dict)
-    return DeviceConfig(**{str(k): v for k, v in data.items()})
+    return with_arch(DeviceConfig(**{str(k): v for k, v in data.items()}))
 
 
 def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any] | None:
