@@ -51,6 +51,7 @@ def test_the_concurrent_stage_runs_each_job_alone_and_together_and_summarises_th
         assert job["alone_images_per_sec"] == alone.images_per_sec
         assert job["together_images_per_sec"] == together.images_per_sec
         assert job["slowdown"] == pytest.approx(alone.images_per_sec / together.images_per_sec, rel=1e-12)
+        assert job["dilation_factor"] is None and alone.dilation is None  # undilated: the table shows these figures
         # Each run's ranks read their own host's link counters: the job ran on the hosts of its layout.
         for run in (alone, together):
             assert run.wire_per_host is not None and sorted(run.wire_per_host) == sorted(f"h{h}" for h in job["hosts"])

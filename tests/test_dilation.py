@@ -32,7 +32,7 @@ from ralp_pipe.results.aggregate import build_tables, load_records
 from ralp_pipe.results.verify import check_record
 from support.spawn import spawn_function
 from support.train import train_metrics
-from workflow_records import write_results
+from workflow_records import dilate, write_results
 
 CLASSES, BATCH, IMAGE, STEPS = 5, 2, 16, 3
 UNIT_S = 0.01  # a unit's forward (and backward) padded time at factor 1 in the distributed cases
@@ -334,26 +334,11 @@ def test_a_dilated_run_records_its_target_figures_and_overruns(tmp_path: Path) -
     assert metrics["step_time_s"] >= padded  # every unit's forward and backward and the update waited for
 
 
-def _dilate(run: Path, factor: float, overruns: int) -> None:
-    """Make a fabricated run a dilated one: its record and `overruns` in its first measured step."""
-    doc = json.loads((run / "metrics.json").read_text())
-    doc["target_images_per_sec"] = doc["images_per_sec"] * factor
-    doc["dilation"] = dict(RECORD, factor=factor, overruns=overruns)
-    (run / "metrics.json").write_text(json.dumps(doc))
-    steps = pd.read_parquet(run / "steps.parquet")
-    steps["overruns"] = 0
-    steps.loc[steps.index[steps["phase"] == "measure"][0], "overruns"] = overruns
-    steps.to_parquet(run / "steps.parquet")
-
-
-RECORD = {"mode": "real", "target_device": "v100", "target_link_rate": "1gbit", "shaped_link_rate": "125000000bit"}
-
-
 def test_tables_carry_target_equivalent_then_measured_figures_and_flag_overruns(tmp_path: Path) -> None:
     runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=3)
     factor = 8.0
     for k, run in enumerate(runs):
-        _dilate(run, factor, overruns=2 if k == 0 else 0)  # the first repeat of ps overran twice
+        dilate(run, factor, overruns=2 if k == 0 else 0)  # the first repeat of ps overran twice
     measured = {str(run): json.loads((run / "metrics.json").read_text())["images_per_sec"] for run in runs}
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))
     repeats, rows = tables.repeats, tables.runs.set_index("strategy")
@@ -387,7 +372,7 @@ def test_speedups_compare_target_equivalent_figures_when_auto_chose_another_fact
     runs = write_results(tmp_path, models=("vgg11",), gpus=(4,), repeats=2)
     factors = {"ps": 2.0, "allreduce": 16.0, "ralp_h": 4.0, "ralp_n": 4.0}
     for run in runs:
-        _dilate(run, factors[run.parent.name], overruns=0)
+        dilate(run, factors[run.parent.name], overruns=0)
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))
     rows, speed = tables.runs.set_index("strategy"), tables.speedups.set_index("strategy")
     for strategy, row in rows.iterrows():
@@ -414,7 +399,7 @@ def test_throughput_scaling_and_breakdown_draw_target_equivalent_figures_across_
     runs += write_results(tmp_path, models=("vgg11",), strategies=("allreduce",), gpus=(1,), repeats=2)
     factors = {1: 2.0, 2: 4.0, 4: 16.0}  # by N
     for run in runs:
-        _dilate(run, factors[int(run.parent.parent.name.split("-")[0][1:])], overruns=0)
+        dilate(run, factors[int(run.parent.parent.name.split("-")[0][1:])], overruns=0)
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))
     rows = tables.runs.set_index(["strategy", "gpus"])
     figures: list[Any] = []
@@ -458,7 +443,7 @@ def test_undilated_tables_show_the_measured_figures_as_the_target_s(tmp_path: Pa
 
 def test_verify_refuses_a_target_figure_or_overruns_its_steps_do_not_give(tmp_path: Path) -> None:
     run = write_results(tmp_path, models=("vgg11",), strategies=("ps",), gpus=(2,))[0]
-    _dilate(run, 4.0, overruns=1)
+    dilate(run, 4.0, overruns=1)
     doc = json.loads((run / "metrics.json").read_text())
     for field, forged in (
         ("target_images_per_sec", doc["images_per_sec"] * 5.0),

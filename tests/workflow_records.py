@@ -203,6 +203,21 @@ def steps(doc: dict[str, Any]) -> pd.DataFrame:
     return frame
 
 
+DILATION = {"mode": "real", "target_device": "v100", "target_link_rate": "1gbit", "shaped_link_rate": "125000000bit"}
+
+
+def dilate(run: Path, factor: float, overruns: int) -> None:
+    """Make a fabricated run a dilated one: its record and `overruns` in its first measured step."""
+    doc = json.loads((run / "metrics.json").read_text())
+    doc["target_images_per_sec"] = doc["images_per_sec"] * factor
+    doc["dilation"] = dict(DILATION, factor=factor, overruns=overruns)
+    (run / "metrics.json").write_text(json.dumps(doc))
+    steps = pd.read_parquet(run / "steps.parquet")
+    steps["overruns"] = 0
+    steps.loc[steps.index[steps["phase"] == "measure"][0], "overruns"] = overruns
+    steps.to_parquet(run / "steps.parquet")
+
+
 def write_concurrent(root: Path, name: str = "w0", factor: float | None = None) -> Path:
     """A concurrent.json of two ps jobs sharing one link, in the concurrent stage's format (time-dilated by `factor`:
     the images/sec are the emulator's)."""
