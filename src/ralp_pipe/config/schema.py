@@ -207,8 +207,9 @@ class DilationConfig:
 
     factor: Any = None  # D >= 1, or "auto" (the smallest fitting D, measured before the run); None: no dilation
     mode: str = "real"  # real: run the real computation, then wait; modelled: no computation, only the wait
-    target: str = "v100"  # the config/device entry emulated (its shipped file, apart from the `device` group), or a
-    # profile file (`ralp-pipe profile --out FILE`): a path ending in .json
+    # the config/device entry emulated (its shipped file, apart from the `device` group), or a profile file
+    # (`ralp-pipe profile --out FILE`): a path ending in .json
+    target: str = "v100"
     compute_batch_size: int | None = None  # real mode: images per worker the ranks compute on (None: train's)
     compute_image_size: int | None = None  # real mode: the crop they compute on (None: train's)
     margin: float = 1.25  # auto, real mode: D = this x the largest measured/target unit time
