@@ -3,7 +3,9 @@
 Each stage lives in the module the command table names (:data:`ralp_pipe.contract.stages.STAGES`),
 which provides ``add_arguments(parser)`` and ``main(args) -> int``. Modules are imported only when
 their stage runs, so `--help` and light stages start fast. Hydra overrides (``key=value``, ``group=option``) are collected in
-``args.overrides`` and passed to :func:`ralp_pipe.config.load` by the stage.
+``args.overrides`` and passed to :func:`ralp_pipe.config.load` by the stage, wherever they stand: a token
+shaped like one ends an option's list of values (``--gpus 2 4 model=vgg11``); after ``--`` every token is
+taken as it stands.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import functools
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -19,12 +22,16 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Callable, Iterator, Sequence
 
-from ralp_pipe.contract.stages import STAGES
+from ralp_pipe import __version__
+from ralp_pipe.contract.stages import STAGES, TOOLS
 from ralp_pipe.errors import Interrupted, RalpError, disk_error
 
 # stage -> the module its ranks run where it starts them on this machine (forked from a preloaded server)
 LOCAL_RANKS = {"train": "ralp_pipe.engine.rank"}
 REDELIVER_S = 0.01  # delay before a swallowed SIGINT/SIGTERM is sent again
+# a Hydra override: [+|++]key=value or group=option (key, group: dotted or slashed names, @package), ~key[=value]
+OVERRIDE = re.compile(r"(?:\+{0,2}[A-Za-z_][\w.@/-]*=|~[A-Za-z_][\w.@/-]*(?:=|$))", re.ASCII)
+START = "make run  (or: snakemake --cores all; `make test` checks the set-up first)"
 
 
 _RECEIVED: list[int] = []  # the stops the handler raised during the current command (_raise_if_swallowed)
@@ -38,15 +45,29 @@ class _Signalled(BaseException):
         self.signum = signum
 
 
+def _stages_text() -> str:
+    """What `ralp-pipe` alone prints: the stages in data-flow order, then the tools, and the command to start with."""
+    width = max(map(len, STAGES))
+    lines = [f"ralp-pipe {__version__}: the RALP evaluation's stages, in the order data flows through them"]
+    for name, (_, text) in STAGES.items():
+        if name == TOOLS[0]:
+            lines.append("tools:")
+        lines.append(f"  {name:<{width}}  {text}")
+    lines += ["", "`ralp-pipe STAGE --help` for a stage's options; start with: " + START]
+    return "\n".join(lines)
+
+
 def _parser(stage: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="ralp-pipe", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ralp-pipe {__version__}")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     stage_parsers = {}
     for name, (module, text) in STAGES.items():
         stage_parser = sub.add_parser(name, help=text, description=text)
         if name == stage:
             importlib.import_module(module).add_arguments(stage_parser)
-        stage_parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=vgg11 cluster.gpus=4")
+        if "overrides" not in {action.dest for action in stage_parser._actions}:  # noqa: SLF001 (a stage's own)
+            stage_parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=vgg11 cluster.gpus=4")
         stage_parsers[name] = stage_parser
     return parser, stage_parsers
 
@@ -54,6 +75,9 @@ def _parser(stage: str | None = None) -> tuple[argparse.ArgumentParser, dict[str
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the chosen stage and return its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(_stages_text())
+        return 0
     stage = next((a for a in argv if a in STAGES), None)
     with _interrupts_raised():  # before the stage module's (seconds long) import, so no signal finds a traceback
         try:
@@ -64,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             assert stage is not None
             # The stage's own parser does the intermixed parsing (options between overrides): Python
             # 3.11's parse_intermixed_args refuses a parser that has subparsers.
-            args = stage_parsers[stage].parse_intermixed_args(argv[1:])
+            args = _parse_stage(stage_parsers[stage], argv[1:])
             args.stage = stage
             from ralp_pipe.config import refuse_repeated  # here, not at the top: `--help` stays fast
 
@@ -83,6 +107,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             if full is None:
                 raise
             return _report(stage, full)
+
+
+def _parse_stage(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse a stage's arguments, taking every token shaped like a Hydra override as one, wherever it stands,
+    unless it is the value of an option of fixed arity (``--out a=b``) or follows ``--``."""
+    arity = {
+        option: action.nargs if isinstance(action.nargs, int) else 0 if action.nargs else 1
+        for action in parser._actions  # noqa: SLF001 (argparse has no public list of a parser's options)
+        for option in action.option_strings
+    }
+    overrides, rest, values = [], [], 0
+    for index, token in enumerate(argv):
+        if token == "--":
+            rest += argv[index:]
+            break
+        if values == 0 and OVERRIDE.match(token):
+            overrides.append(token)
+            continue
+        rest.append(token)
+        values = max(values - 1, 0) if values else _values_of(token, arity)
+    args = parser.parse_intermixed_args(rest)
+    args.overrides = [*overrides, *args.overrides]
+    return args
+
+
+def _values_of(token: str, arity: dict[str, int]) -> int:
+    """How many of the next tokens option `token` takes whatever their shape (0: not an option, or a list's)."""
+    if not token.startswith("-") or "=" in token:
+        return 0
+    if token in arity:
+        return arity[token]
+    prefixed = [option for option in arity if token.startswith("--") and option.startswith(token)]
+    return arity[prefixed[0]] if len(prefixed) == 1 else 0  # argparse's abbreviations; ambiguous: it refuses
 
 
 def _start_rank_server(stage: str | None, argv: list[str]) -> None:

@@ -1,7 +1,8 @@
 """`ralp-pipe simulate`: predict every strategy on clusters this machine is not.
 
 With the cost model of :mod:`ralp_pipe.planning.costmodel` and the unit costs of one profile, it
-predicts images/sec and GB/step for N = 2..1024 GPUs (powers of two) and links of 1..400
+predicts images/sec and GB/step for N = 2..1024 GPUs (powers of two; ``--gpus 1`` adds the one-worker
+reference, where the strategies that need more devices have no row) and links of 1..400
 Gbit/s, one device per rank (the PS device computing at the profiled speed), choosing the
 best split for each RALP variant at every point. The `ps` baseline is deployed as users of
 Distributed TensorFlow deploy it at scale, one PS task colocated on every worker host
@@ -72,6 +73,8 @@ def simulate(
         for n in grid.gpus:
             baseline = None
             for strategy, kind in STRATEGY_KINDS.items():
+                if n < kind.min_gpus:  # RALP at N=1: no PS device beside a worker (the planner leaves it out too)
+                    continue
                 servers, beside = (n, True) if ps.per_host and kind.has_ps else (ps.num_ps, ps.colocated)
                 pricing = Pricing(costs, batch_size, link, servers, beside, ps.pipelining)
                 best, _ = best_prediction(strategy, volume, n, pricing)
@@ -201,8 +204,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Simulate every strategy over N and link speed and write the table and plots."""
-    if min(args.gpus) < 2 or min(args.link_gbit) <= 0:
-        raise ConfigError(f"--gpus {args.gpus} must all be >= 2 and --link-gbit {args.link_gbit} all positive")
+    if min(args.gpus) < 1 or min(args.link_gbit) <= 0:
+        raise ConfigError(f"--gpus {args.gpus} must all be >= 1 and --link-gbit {args.link_gbit} all positive")
     check_writable(args.out, f"--out {args.out}")
     if args.target:
         cfg = load(devicemodel.target_overrides(args.target, args.overrides))
