@@ -3,9 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-ruff check src tests benchmarks
-ruff format --check src tests benchmarks
+ruff check src tests benchmarks docs
+ruff format --check src tests benchmarks docs
 snakefmt --check workflow
 mypy  # [tool.mypy] in pyproject.toml: src, check_untyped_defs
 snakemake --lint --snakefile workflow/Snakefile >/dev/null || { snakemake --lint --snakefile workflow/Snakefile; exit 1; }
-echo "lint: ruff, ruff format, snakefmt, mypy and snakemake --lint are clean"
+# the documentation site: every page, link and generated reference builds (into a temporary folder, not kept)
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$site" || { echo "lint: mkdocs build --strict failed (see above)"; exit 1; }
+echo "lint: ruff, ruff format, snakefmt, mypy, snakemake --lint and mkdocs build --strict are clean"
