@@ -1,12 +1,13 @@
 """The device model against published single-GPU training throughput: fitted, then checked on figures left out.
 
     python benchmarks/device_model.py            # calibrate, print every figure and the held-out errors
-    python benchmarks/device_model.py --write    # also write the fitted fields into config/device/*.yaml
+    python benchmarks/device_model.py --write    # also write the fitted fields into config/device/arch/*.yaml
     python benchmarks/device_model.py --measured cuda.json --modelled modelled.json   # a GPU's profile vs its model
 
-The first form prints, per published figure, the images/sec the calibrated entries predict (in the fit),
-then every held-out check (leave-one-out on P100; each GPU's figures predicted from the GPU before it,
-through the specs alone) and their median absolute error. The second compares a profile measured on a
+The first form prints, per published figure, the images/sec the calibrated architectures predict (in the
+fit), each architecture's fields, then every figure left out of the whole calibration and predicted by it
+(a generation of one figure: from the architecture it starts from, through its GPU's specs alone), with the
+median and worst absolute error per generation. The second compares a profile measured on a
 GPU (``ralp-pipe profile`` with ``cluster.device=cuda``) with the modelled profile of the same GPU
 (``ralp-pipe profile --target auto``), unit by unit and for the whole step.
 """
@@ -27,38 +28,44 @@ def shipped() -> dict[str, DeviceConfig]:
     return {name: load([f"device={name}"]).device for name in device_entries()}
 
 
-def write_fitted(entries: dict[str, DeviceConfig]) -> None:
-    """Replace the fitted fields' values in config/device/<name>.yaml, keeping every comment."""
-    for name, entry in entries.items():
-        path = CONFIG_DIR / "device" / f"{name}.yaml"
+def write_fitted(fitted: dict[str, calibration.Fields]) -> None:
+    """Replace the fitted fields' values in config/device/arch/<arch>.yaml, keeping every comment."""
+    for arch, fields in fitted.items():
+        path = CONFIG_DIR / "device" / "arch" / f"{arch}.yaml"
         text = path.read_text()
         for field in calibration.FITTED:
-            text = re.sub(rf"^{field}: .*$", f"{field}: {getattr(entry, field):.4g}", text, flags=re.M)
+            text = re.sub(rf"^{field}: .*$", f"{field}: {fields[field]:.4g}", text, flags=re.M)
         path.write_text(text)
 
 
 def report() -> list[calibration.Check]:
-    """Print the calibrated predictions and the held-out checks; return the checks."""
+    """Print the calibrated predictions and the leave-one-out checks per generation; return the checks."""
     entries = shipped()
     fitted = calibration.calibrate(entries)
     print("published figure                     published  in the fit   error  (calibration)")
     for figure in calibration.PUBLISHED:
-        predicted = calibration.predict(figure, fitted[figure.device])
+        device = entries[figure.device]
+        predicted = calibration.predict(figure, calibration.with_fields(device, fitted[device.arch]))
         print(
             f"{figure.label:34s} {figure.images_per_sec:9.1f} {predicted:11.1f} "
             f"{predicted / figure.images_per_sec - 1:+7.1%}"
         )
     for step in calibration.PLAN:
-        values = ", ".join(f"{n} {getattr(fitted[step.device], n):.4g}" for n in calibration.FITTED)
-        print(f"  {step.device}: {values}  ({step.why})")
-    checks = calibration.held_out(entries)
-    print("\nheld out                             published   predicted   error  fitted on")
-    for check in checks:
+        values = ", ".join(f"{n} {fitted[step.arch][n]:.4g}" for n in calibration.FITTED)
+        print(f"  {step.arch}: {values}  ({step.why})")
+    checks = calibration.leave_one_out(entries)
+    print("\nleft out                             published   predicted   error  fitted on")
+    for arch, own in calibration.by_arch(checks).items():
+        for check in own:
+            print(
+                f"{check.figure.label:34s} {check.figure.images_per_sec:9.1f} {check.predicted:11.1f} "
+                f"{check.error:+7.1%}  {check.fitted_on}"
+            )
+        worst = max(abs(c.error) for c in own)
         print(
-            f"{check.figure.label:34s} {check.figure.images_per_sec:9.1f} {check.predicted:11.1f} "
-            f"{check.error:+7.1%}  {check.fitted_on}"
+            f"  {arch}: median |error| {calibration.median_abs_error(own):.1%}, worst {worst:.1%} ({len(own)} figures)"
         )
-    print(f"median absolute error on {len(checks)} held-out figures: {calibration.median_abs_error(checks):.1%}")
+    print(f"median absolute error on {len(checks)} left-out figures: {calibration.median_abs_error(checks):.1%}")
     return checks
 
 

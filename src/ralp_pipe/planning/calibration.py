@@ -2,11 +2,12 @@
 
 A published figure is one GPU training one model at one batch on synthetic (or saturating) input:
 images/sec = batch / (forward + backward of every unit + one SGD step), the step the device model
-prices from :func:`ralp_pipe.engine.devicemodel.trace_model`. :func:`fit` chooses the efficiencies
-and launch overhead of a device entry that minimise the squared log error over some figures;
-:func:`leave_one_out` fits on all figures of a GPU but one and predicts that one, for each;
-``benchmarks/device_model.py`` prints both, and the efficiencies of ``config/device/*.yaml`` are
-what :func:`fit` returns on all figures of their calibration GPU.
+prices from :func:`ralp_pipe.engine.devicemodel.trace_model`. Every GPU generation (``device.arch``)
+has its own efficiencies and launch overhead: :func:`calibrate` fits each architecture of :data:`PLAN`
+on the figures of its GPUs, starting from the architecture before it and freeing only the fields its
+figures can tell apart; :func:`leave_one_out` runs that whole calibration once per figure without it
+and predicts it. ``benchmarks/device_model.py`` prints both, and ``config/device/arch/*.yaml`` hold
+what :func:`calibrate` returns on every figure.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import functools
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ralp_pipe.config import DeviceConfig
+from ralp_pipe.config.schema import ARCH_FIELDS
 from ralp_pipe.engine.devicemodel import Kernels, trace_model, trace_update
 from ralp_pipe.engine.sgd import Optim
 
-FITTED = ("conv_efficiency", "conv3x3_efficiency", "matmul_efficiency", "memory_efficiency", "launch_overhead_us")
+FITTED = ARCH_FIELDS
 Group = tuple[str, ...]  # fields fitted as one value
 SEPARATE: tuple[Group, ...] = tuple((name,) for name in FITTED)  # every fitted field a group of its own
 BOUNDS = {
@@ -36,9 +38,13 @@ BOUNDS = {
 }
 
 
+Fields = dict[str, float]  # values of the FITTED fields: one architecture's
+
+
 @dataclass(frozen=True)
 class Figure:
-    """One published figure: `device` training `model` at `batch` (224 px, 1000 classes) at `images_per_sec`."""
+    """One published figure: `device` training `model` at `batch` (`image_size` px, 1000 classes) at
+    `images_per_sec`."""
 
     device: str
     model: str
@@ -46,6 +52,7 @@ class Figure:
     images_per_sec: float
     source: str
     momentum: float = 0.0  # the optimiser's: TensorFlow benchmarks' "sgd" has none, DeepLearningExamples 0.875
+    image_size: int = 224
 
     @property
     def label(self) -> str:
@@ -54,7 +61,10 @@ class Figure:
 
 
 TF_BENCHMARKS = "TensorFlow benchmarks, May 2017, 1 x P100 (DGX-1), synthetic data"
+TF_K80 = "TensorFlow benchmarks, May 2017, 1 x K80 die (EC2 p2.8xlarge), synthetic data"
+TF_K80_DISTRIBUTED = f"{TF_K80}, the one-GPU row of its Distributed TensorFlow table"
 DLE = "NVIDIA DeepLearningExamples PyTorch ResNet-50 v1.5 (pytorch-21.03)"
+INCEPTION_SIZE = 299  # Inception-v3's input in every published figure
 PUBLISHED = (
     Figure("p100", "resnet50", 64, 219.0, TF_BENCHMARKS),
     Figure("p100", "resnet50", 32, 195.0, TF_BENCHMARKS),
@@ -63,6 +73,17 @@ PUBLISHED = (
     Figure("p100", "vgg16", 64, 154.0, TF_BENCHMARKS),
     Figure("p100", "vgg16", 32, 144.0, TF_BENCHMARKS),
     Figure("p100", "alexnet", 512, 2987.0, TF_BENCHMARKS),
+    Figure("p100", "inception_v3", 64, 142.0, TF_BENCHMARKS, image_size=INCEPTION_SIZE),
+    Figure("p100", "inception_v3", 32, 128.0, TF_BENCHMARKS, image_size=INCEPTION_SIZE),
+    # EC2's one-GPU rows: AlexNet and VGG16 kept their variables on the GPU there, as the device model prices
+    # the update (GCE's rows, variables on the CPU, are within 4%)
+    Figure("k80", "inception_v3", 64, 30.8, TF_K80, image_size=INCEPTION_SIZE),
+    Figure("k80", "resnet50", 64, 51.5, TF_K80),
+    Figure("k80", "resnet152", 32, 19.7, TF_K80),
+    Figure("k80", "alexnet", 512, 684.0, TF_K80),
+    Figure("k80", "vgg16", 32, 36.3, TF_K80),
+    Figure("k80", "inception_v3", 32, 29.2, TF_K80_DISTRIBUTED, image_size=INCEPTION_SIZE),
+    Figure("k80", "resnet50", 32, 48.4, TF_K80_DISTRIBUTED),
     Figure("v100", "resnet50", 112, 367.0, f"{DLE}, 1 x V100 16 GB (DGX-1), FP32", momentum=0.875),
     Figure("a100", "resnet50", 256, 938.0, f"{DLE}, 1 x A100 80 GB (DGX A100), TF32", momentum=0.875),
 )
@@ -84,11 +105,18 @@ def step_kernels(model: str, batch: int, momentum: float, image_size: int = 224,
 
 def predict(figure: Figure, device: DeviceConfig) -> float:
     """Modelled images/sec of `figure`'s training step on `device`."""
-    return figure.batch / step_kernels(figure.model, figure.batch, figure.momentum).seconds(device)
+    kernels = step_kernels(figure.model, figure.batch, figure.momentum, figure.image_size)
+    return figure.batch / kernels.seconds(device)
 
 
-def fit(figures: Sequence[Figure], start: DeviceConfig, groups: Sequence[Group] = SEPARATE) -> DeviceConfig:
-    """`start` with the fields of `groups` chosen to minimise the squared log error of `figures`' predictions.
+def fields_of(device: DeviceConfig) -> Fields:
+    """The FITTED fields of a composed `device`."""
+    return {name: float(getattr(device, name)) for name in FITTED}
+
+
+def fit(figures: Sequence[Figure], entries: dict[str, DeviceConfig], start: Fields, groups: Sequence[Group]) -> Fields:
+    """`start` with the fields of `groups` chosen to minimise the squared log error of `figures`' predictions,
+    each figure priced on its own GPU's specs (`entries`).
 
     The fields of one group take one value; each stays within the :data:`BOUNDS` of its group's first
     field. With fewer figures than groups least squares returns one of the many exact solutions.
@@ -97,69 +125,82 @@ def fit(figures: Sequence[Figure], start: DeviceConfig, groups: Sequence[Group] 
 
     low = [math.log(BOUNDS[g[0]][0]) for g in groups]
     high = [math.log(BOUNDS[g[0]][1]) for g in groups]
-    x0 = [min(max(math.log(getattr(start, g[0])), lo + 1e-6), hi - 1e-6) for g, lo, hi in zip(groups, low, high)]
+    x0 = [min(max(math.log(start[g[0]]), lo + 1e-6), hi - 1e-6) for g, lo, hi in zip(groups, low, high)]
 
-    def device_at(x: Sequence[float] | np.ndarray) -> DeviceConfig:
-        fields: dict[str, Any] = {n: float(math.exp(v)) for g, v in zip(groups, x) for n in g}
-        return dataclasses.replace(start, **fields)
+    def fields_at(x: Sequence[float] | np.ndarray) -> Fields:
+        return {**start, **{n: float(math.exp(v)) for g, v in zip(groups, x) for n in g}}
 
     def residuals(x: np.ndarray) -> list[float]:
-        device = device_at(x)
-        return [math.log(predict(f, device) / f.images_per_sec) for f in figures]
+        fields = fields_at(x)
+        return [math.log(predict(f, with_fields(entries[f.device], fields)) / f.images_per_sec) for f in figures]
 
-    return device_at(least_squares(residuals, x0, bounds=(low, high)).x)
+    return fields_at(least_squares(residuals, x0, bounds=(low, high)).x)
+
+
+def with_fields(device: DeviceConfig, fields: Fields) -> DeviceConfig:
+    """`device`'s specs with `fields` as its fitted fields."""
+    return dataclasses.replace(device, **fields)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class Step:
-    """How one device entry is calibrated: from `base`'s fitted fields (None: its own start), fitting `groups`
-    on its published figures."""
+    """How one architecture is calibrated: from `base`'s fitted fields (None: its own shipped values), fitting
+    `groups` on the published figures of its GPUs."""
 
-    device: str
+    arch: str
     base: str | None
     groups: tuple[Group, ...]
     why: str
 
 
-# Each GPU's entry starts from the one before and fits only what its own figures can tell apart.
+# Each architecture starts from one fitted before it and frees only what its own figures can tell apart.
 PLAN = (
-    Step("p100", None, tuple((n,) for n in FITTED), "every field, on its 7 figures"),
+    Step("pascal", None, SEPARATE, "every field, on P100's 9 figures"),
     Step(
-        "v100",
-        "p100",
-        (("memory_efficiency",),),
-        "P100's fields, memory efficiency refitted on its one figure (PyTorch 2021's elementwise kernels against "
-        "TensorFlow 2017's)",
+        "kepler",
+        "pascal",
+        (("conv_efficiency", "conv3x3_efficiency", "matmul_efficiency"), ("memory_efficiency",)),
+        "Pascal's fields, one compute efficiency (every kind) and the memory efficiency refitted on K80's 7 "
+        "figures: freeing each kind apart fits them closer but predicts the figures left out worse",
     ),
     Step(
-        "a100",
-        "v100",
+        "volta",
+        "pascal",
+        (("memory_efficiency",),),
+        "Pascal's fields, memory efficiency refitted on V100's one figure (PyTorch 2021's elementwise kernels "
+        "against TensorFlow 2017's)",
+    ),
+    Step(
+        "ampere",
+        "volta",
         (("conv_efficiency", "conv3x3_efficiency"),),
-        "V100's fields, one convolution efficiency refitted on its one figure: TF32 tensor cores run 3x3 "
+        "Volta's fields, one convolution efficiency refitted on A100's one figure: TF32 tensor cores run 3x3 "
         "convolutions as implicit GEMMs, without Winograd's saving",
     ),
-    Step("h100", "a100", (), "A100's fields: no published figure used"),
-    Step("h200", "a100", (), "A100's fields: no published figure used"),
+    Step("hopper", "ampere", (), "Ampere's fields: no published figure used"),
 )
 
 
-def calibrate(entries: dict[str, DeviceConfig], figures: Sequence[Figure] = PUBLISHED) -> dict[str, DeviceConfig]:
-    """The calibrated entry of every device of :data:`PLAN`, from the `entries` as shipped (specs and start)."""
-    done: dict[str, DeviceConfig] = {}
+def calibrate(entries: dict[str, DeviceConfig], figures: Sequence[Figure] = PUBLISHED) -> dict[str, Fields]:
+    """The fitted fields of every architecture of :data:`PLAN`, from the composed device `entries` (their specs,
+    and the first architecture's shipped fields as its start)."""
+    done: dict[str, Fields] = {}
     for step in PLAN:
-        start = entries[step.device]
-        if step.base is not None:
-            start = dataclasses.replace(start, **{n: getattr(done[step.base], n) for n in FITTED})
-        own = [f for f in figures if f.device == step.device]
-        done[step.device] = fit(own, start, step.groups) if step.groups and own else start
+        own = [f for f in figures if entries[f.device].arch == step.arch]
+        if step.base is None:
+            start = next(fields_of(e) for e in entries.values() if e.arch == step.arch)
+        else:
+            start = done[step.base]
+        done[step.arch] = fit(own, entries, start, step.groups) if step.groups and own else start
     return done
 
 
 @dataclass(frozen=True)
 class Check:
-    """A figure left out of a fit and what the fit predicted for it."""
+    """A figure left out of a calibration and what that calibration predicted for it."""
 
     figure: Figure
+    arch: str
     predicted: float
     fitted_on: str
 
@@ -169,31 +210,24 @@ class Check:
         return self.predicted / self.figure.images_per_sec - 1.0
 
 
-def leave_one_out(figures: Sequence[Figure], start: DeviceConfig) -> list[Check]:
-    """For every figure: fit every field on the others (of the same GPU) and predict it."""
+def leave_one_out(entries: dict[str, DeviceConfig], figures: Sequence[Figure] = PUBLISHED) -> list[Check]:
+    """For every figure: the whole calibration on the others, then its prediction. A generation with one
+    figure is predicted from the architecture it starts from, through its GPU's specs alone."""
     checks = []
     for held in figures:
+        arch = entries[held.device].arch
         rest = [f for f in figures if f is not held]
-        checks.append(Check(held, predict(held, fit(rest, start)), f"the other {len(rest)} {held.device} figures"))
+        fitted = calibrate(entries, rest)
+        own = sum(1 for f in rest if entries[f.device].arch == arch)
+        step = next(s for s in PLAN if s.arch == arch)
+        on = f"the other {own} {arch} figures" if own and step.groups else f"{step.base}'s fields through the specs"
+        checks.append(Check(held, arch, predict(held, with_fields(entries[held.device], fitted[arch])), on))
     return checks
 
 
-def transfer(fitted: DeviceConfig, target: DeviceConfig, figures: Sequence[Figure]) -> list[Check]:
-    """Predictions of `figures` on `target`'s specs with `fitted`'s efficiencies and launch overhead."""
-    moved = dataclasses.replace(target, **{n: getattr(fitted, n) for n in FITTED})
-    return [Check(f, predict(f, moved), f"{fitted.name}'s fitted fields") for f in figures]
-
-
-def held_out(entries: dict[str, DeviceConfig], figures: Sequence[Figure] = PUBLISHED) -> list[Check]:
-    """Every check on figures left out of a fit: leave-one-out on P100, then each calibrated GPU predicting the
-    next one's figures through the specs before that GPU's own refit."""
-    calibrated = calibrate(entries, figures)
-    checks = leave_one_out([f for f in figures if f.device == PLAN[0].device], entries[PLAN[0].device])
-    for step in PLAN[1:]:
-        own = [f for f in figures if f.device == step.device]
-        if step.base is not None and own:
-            checks += transfer(calibrated[step.base], entries[step.device], own)
-    return checks
+def by_arch(checks: Sequence[Check]) -> dict[str, list[Check]]:
+    """`checks` grouped by architecture, in :data:`PLAN` order."""
+    return {s.arch: [c for c in checks if c.arch == s.arch] for s in PLAN if any(c.arch == s.arch for c in checks)}
 
 
 def median_abs_error(checks: Sequence[Check]) -> float:
