@@ -310,10 +310,12 @@ def _check_dilation(run: RunInput, images_per_sec: float, steps: pd.DataFrame) -
 
 def compare_tables(folder: Path) -> Tables:
     """Check every raw record below `folder` against its steps, recompute the tables from them and compare
-    with the stored ones; return them."""
+    with the stored ones; return them. The plans are those the bundle holds: none where it has no plans
+    folder (runs aggregated without plans have no predictions, and neither do the recomputed tables)."""
+    plans = [folder / "plans"] if (folder / "plans").is_dir() else []
     try:
         workloads = load_workloads(sorted((folder / "concurrent").glob(f"*/{CONCURRENT_FILE}")))
-        records = load_records([folder / "runs"], [folder / "plans"])
+        records = load_records([folder / "runs"], plans)
     except (ConfigError, DataError) as exc:
         raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc
     for run in records:
