@@ -16,6 +16,7 @@ import pytest
 
 from conftest import Ran
 from ralp_pipe import cli
+from ralp_pipe.config import CONFIG_DIR
 from ralp_pipe.engine import train
 from ralp_pipe.runtime import hardware
 from support.disks import fill, tmpfs
@@ -88,15 +89,18 @@ def test_ctrl_c_to_the_process_group_during_train_start_up_prints_one_line(tmp_p
 
 # --- overrides: one line naming the key and what is allowed -----------------------------------------------------------
 
-MODEL_CHOICES = "alexnet, resnet101, resnet152, resnet18, resnet34, resnet50, vgg11, vgg11_bn, vgg13, vgg13_bn, vgg16"
+
+def _options(group: str) -> str:
+    """The options of a config group, as a refused override lists them (sorted, comma-separated)."""
+    return ", ".join(sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml")))
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         (["train.batch_size=abc"], "train.batch_size='abc' is not allowed: it must be an integer"),
-        (["model="], f"model='' is not allowed; choose one of: {MODEL_CHOICES}"),
-        (["strategy=bogus"], "strategy='bogus' is not allowed; choose one of: allreduce, ps, ralp_h, ralp_n"),
+        (["model="], f"model='' is not allowed; choose one of: {_options('model')}"),
+        (["strategy=bogus"], f"strategy='bogus' is not allowed; choose one of: {_options('strategy')}"),
         (
             ["+unknown.key=1"],
             "there is no config key 'unknown.key'; the keys of the configuration are: dataset, model, strategy, ",
