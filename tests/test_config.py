@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from ralp_pipe.config import MODELS, STRATEGIES, ConfigError, digest, from_dict, load, to_dict
+from ralp_pipe.config import MODELS, ConfigError, digest, from_dict, load, to_dict
+from ralp_pipe.config.strategies import trainable_strategies
 
 
 def test_default_composition_is_the_local_experiment() -> None:
     cfg = load()
     assert cfg.experiment.name == "local"
     assert cfg.dataset.layout == "synthetic"
-    assert set(cfg.experiment.strategies) == set(STRATEGIES)
+    assert set(cfg.experiment.strategies) == set(trainable_strategies())  # dtf is priced, not trained
 
 
 def test_experiment_overrides_and_command_line_overrides_compose() -> None:

@@ -22,7 +22,7 @@ def _overrides(group: str, option: str, source: Path) -> list[str]:
 
 
 def test_every_group_has_options() -> None:
-    assert set(GROUPS) == {"cluster", "dataset", "device", "experiment", "model", "network", "strategy"}
+    assert set(GROUPS) == {"cluster", "dataset", "device", "experiment", "interconnect", "model", "network", "strategy"}
     assert len(OPTIONS) >= 30
 
 

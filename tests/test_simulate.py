@@ -10,11 +10,12 @@ import pytest
 from PIL import Image
 
 from ralp_pipe import cli
-from ralp_pipe.config import STRATEGIES
+from ralp_pipe.config import STRATEGIES, StrategyConfig
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.costmodel import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, compute_costs
+from ralp_pipe.planning.planner import whole_variables
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
 from support.prediction import plan_predictions, prediction_error
 from support.profiles import analytic_profile
@@ -29,7 +30,8 @@ def vgg11() -> tuple[dict, list[models.Unit]]:
 @pytest.mark.slow  # simulates every strategy over N up to 1024 with exact VGG-11 bytes (4-8 s)
 def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> None:
     profile, units = vgg11
-    frame = simulate(profile, units, 4, Grid(gpus=[2, 16, 1024], link_gbit=[1, 100]))
+    dtf = whole_variables(units, StrategyConfig(name="dtf"))
+    frame = simulate(profile, units, 4, Grid(gpus=[2, 16, 1024], link_gbit=[1, 100]), variables=dtf)
     assert len(frame) == len(STRATEGIES) * 3 * 2
     assert set(frame.strategy) == set(STRATEGIES) and set(frame.gpus) == {2, 16, 1024}
     for row in frame[frame.gpus == 1024].itertuples():

@@ -37,6 +37,8 @@ from ralp_pipe.config.schema import (
     PROFILE_TARGET_SUFFIX,
     PS_PLACEMENTS,
     SAFE_NAME,
+    VARIABLE_PLACEMENTS,
+    VARIABLE_UPDATES,
     ClusterConfig,
     Config,
     DatasetConfig,
@@ -304,6 +306,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.dropout={cfg.model.dropout!r} must be in [0, 1)")
     _validate_strategy(cfg.strategy)
     _validate_cluster(cfg.cluster, cfg.strategy.name)
+    _validate_hosts(cfg)
     _validate_network(cfg.network, cfg.cluster.kind)
     _validate_train(cfg.train, cfg.model.name)
     _validate_device(cfg)
@@ -344,6 +347,23 @@ def _validate_strategy(s: StrategyConfig) -> None:
     _in_range("strategy.bucket_mb", s.bucket_mb, 0.0, math.inf, "[0, inf)")
     _at_least("strategy.credit", s.credit, 0)
     _choice("strategy.ps_placement", s.ps_placement, PS_PLACEMENTS)
+    _choice("strategy.variable_placement", s.variable_placement, VARIABLE_PLACEMENTS)
+    _choice("strategy.variable_update", s.variable_update, VARIABLE_UPDATES)
+    _in_range("strategy.transport_efficiency", s.transport_efficiency, 0.0, 1.0, "(0, 1]", low_open=True)
+
+
+def _validate_hosts(cfg: Config) -> None:
+    """GPUs per host at least 1, and an interconnect with a bandwidth where hosts hold several."""
+    _at_least("cluster.gpus_per_node", cfg.cluster.gpus_per_node, 1)
+    _safe_name("interconnect.name", cfg.interconnect.name)
+    rate = cfg.interconnect.gbytes_per_s
+    if rate is not None:
+        _in_range("interconnect.gbytes_per_s", rate, 0.0, math.inf, "(0, inf)", low_open=True)
+    elif cfg.cluster.gpus_per_node > 1:
+        raise ConfigError(
+            f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but interconnect={cfg.interconnect.name!r} has no "
+            f"bandwidth: name what links a host's GPUs (interconnect=pcie3, nvlink1, nvlink2, nvlink3 or nvlink4)"
+        )
 
 
 def _validate_cluster(c: ClusterConfig, strategy: str) -> None:

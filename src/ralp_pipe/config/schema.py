@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS
-from ralp_pipe.config.strategies import STRATEGY_KINDS
+from ralp_pipe.config.strategies import STRATEGY_KINDS, trainable_strategies
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 
@@ -32,6 +32,11 @@ MODELS = (
 STRATEGIES = tuple(STRATEGY_KINDS)  # the built-in strategies in table order (what each is: config/strategies.py)
 REFERENCE = ("allreduce", 1)  # (strategy, N) of the single-device reference run: no communication
 PS_PLACEMENTS = ("dedicated", "colocated")  # where `ps` PS ranks run: hosts of their own, or beside workers
+# dtf: how tf.train.replica_device_setter places whole variables on PS tasks (in creation order: round-robin, or
+# onto the least-loaded task), and tf_cnn_benchmarks' variable_update (a host's GPUs summed before the push, or
+# every GPU pushing)
+VARIABLE_PLACEMENTS = ("round_robin", "greedy")
+VARIABLE_UPDATES = ("distributed_replicated", "parameter_server")
 LAYOUTS = ("folders", "tars", "synthetic")
 LOADERS = ("synthetic", "dali", "torchvision")
 CLUSTERS = tuple(CLUSTER_KINDS)
@@ -103,6 +108,9 @@ class StrategyConfig:
         4  # buckets per server a worker may have pushed and not yet pulled back (BytePS scheduling credit); 0: no cap
     )
     ps_placement: str = "dedicated"  # ps only: PS ranks on hosts of their own, or colocated with workers
+    variable_placement: str = "round_robin"  # dtf only: one of VARIABLE_PLACEMENTS
+    variable_update: str = "distributed_replicated"  # dtf only: one of VARIABLE_UPDATES
+    transport_efficiency: float = 1.0  # dtf only: achieved / line rate of its transport (gRPC: config/strategy/dtf.yaml)
 
 
 @dataclass
@@ -128,11 +136,22 @@ class ClusterConfig:
 
     kind: str = "local"
     gpus: int = 4
+    gpus_per_node: int = 1  # GPUs of one host behind its one network link (planned and simulated; 1: a host each)
     device: str = "auto"
     backend: str = "auto"
     timeout_s: int = 900
     init_timeout_s: int = 60
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+
+@dataclass
+class InterconnectConfig:
+    """What links the GPUs of one host (``config/interconnect/<name>.yaml``): the bytes/s one GPU moves each
+    direction to the others, from the cited source; None (`none`): no interconnect, one GPU per host."""
+
+    name: str = "none"
+    gbytes_per_s: float | None = None  # GB/s (10^9 bytes) per GPU per direction
+    source: str = ""  # where the figure comes from
 
 
 @dataclass
@@ -229,7 +248,7 @@ class ExperimentConfig:
     datasets: list[str] = field(default_factory=lambda: ["synthetic1k"])
     models: list[str] = field(default_factory=lambda: ["vgg11"])
     pairs: list[list[str]] = field(default_factory=list)  # [dataset, model] pairs to run; empty: every combination
-    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    strategies: list[str] = field(default_factory=trainable_strategies)
     gpus: list[int] = field(default_factory=lambda: [4])
     gpus_by_model: dict[str, list[int]] = field(default_factory=dict)  # a model's own N, from gpus; others: every N
     networks: list[str] = field(default_factory=lambda: ["loopback"])
@@ -256,6 +275,7 @@ class Config:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    interconnect: InterconnectConfig = field(default_factory=InterconnectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)

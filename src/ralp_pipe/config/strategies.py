@@ -4,14 +4,16 @@ Every stage asks :func:`strategy_kind` for a property instead of comparing names
 is an entry of :data:`STRATEGY_KINDS` plus its own step class (``engine/strategies/``), volume
 function (``engine/volume.py``) and ``config/strategy/<name>.yaml``. The step class and the volume
 function are named as ``module:attribute`` and imported on first use, so reading the table
-imports neither torch nor the engine.
+imports neither torch nor the engine. A strategy without a step class (``step=None``: `dtf`) is
+priced by the planner and the simulator but not trained; :attr:`StrategyKind.baseline` marks the
+strategies RALP is measured against.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ralp_pipe.errors import ConfigError
 
@@ -27,14 +29,30 @@ class StrategyKind:
     workers: Callable[[int], int]  # data-parallel workers at N devices
     servers: Callable[[int, int], int]  # server ranks (PS processes or the PS device) at N devices and `num_ps`
     per_worker_volume: bool  # bytes per step are the workers x one worker's (the planner scales one figure)
-    step: str  # "module:Class" of its step (engine.strategies.base.Strategy), imported on use
+    step: str | None  # "module:Class" of its step (engine.strategies.base.Strategy), imported on use; None: not trained
     volume: str  # "module:function" giving its bytes per step by category (engine.volume), imported on use
     ranks: str  # its ranks with N devices, in words
+    baseline: bool = False  # a baseline RALP's speedups are reported over (plans give it no `pays` verdict)
+    whole_variables: bool = False  # each parameter tensor whole on one PS (Distributed TensorFlow), not partitioned
+
+    @property
+    def trainable(self) -> bool:
+        """Whether `train` can run this strategy (it has a step class)."""
+        return self.step is not None
+
+    def check_trainable(self) -> None:
+        """Refuse, naming what is missing, a strategy `train` cannot run."""
+        if self.step is None:
+            raise ConfigError(
+                f"strategy {self.name!r} is priced by `ralp-pipe plan` and `simulate` only: the engine has no step "
+                f"class for it yet (engine/strategies/), so `train` cannot run it; drop it from experiment.strategies"
+            )
 
     @property
     def step_class(self) -> Any:
-        """The class whose instance runs this strategy's step on one rank."""
-        return _resolve(self.step)
+        """The class whose instance runs this strategy's step on one rank; refused where it has none."""
+        self.check_trainable()
+        return _resolve(cast(str, self.step))
 
     @property
     def volume_function(self) -> Callable[..., dict[str, int]]:
@@ -62,6 +80,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             step=f"{_ENGINE}.strategies.ps:ParameterServerStrategy",
             volume=f"{_ENGINE}.volume:push_pull_bytes",
             ranks="N workers + `num_ps` parameter servers",
+            baseline=True,
         ),
         StrategyKind(
             "allreduce",
@@ -99,6 +118,20 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             volume=f"{_ENGINE}.volume:placement_bytes",
             ranks="N-1 workers + 1 PS device",
         ),
+        StrategyKind(
+            "dtf",
+            has_ps=True,
+            places_layers=False,
+            min_gpus=1,
+            workers=lambda n: n,
+            servers=lambda n, num_ps: num_ps,
+            per_worker_volume=True,
+            step=None,  # priced only (planning/costmodel.py); the engine does not run it yet
+            volume=f"{_ENGINE}.volume:whole_variable_bytes",
+            ranks="N workers + `num_ps` parameter-server tasks",
+            baseline=True,
+            whole_variables=True,
+        ),
     )
 }
 
@@ -111,3 +144,8 @@ def strategy_kind(name: str) -> StrategyKind:
         raise ConfigError(
             f"strategy.name={name!r} is not allowed; choose one of: {', '.join(STRATEGY_KINDS)}"
         ) from None
+
+
+def trainable_strategies() -> list[str]:
+    """Names of the strategies `train` can run, in table order (the default of experiment.strategies)."""
+    return [name for name, kind in STRATEGY_KINDS.items() if kind.trainable]

@@ -645,6 +645,7 @@ def run(
     `shared` places the ranks on an emulated cluster of other jobs (:func:`shared_hosts`); `link_check`
     is the factor ``ralp-pipe check-links`` chose for a modelled ``auto`` run (:func:`resolve_auto`).
     """
+    strategy_kind(cfg.strategy.name).check_trainable()
     topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
     kind = cluster_kind(cfg.cluster.kind)
     if shared is not None and kind.launcher != "emulated":

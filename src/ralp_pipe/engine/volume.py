@@ -7,6 +7,9 @@ below the split, A activation elements per image at the split and batch b per wo
 
 - `ps`: every worker pushes P gradients and every worker receives P parameters (sent by the
   PSes): gradients = W*P, parameters = W*P elements.
+- `dtf`: as `ps`, every worker pushes every gradient and pulls every variable, each whole to and
+  from the PS task holding it: gradients = W*P, parameters = W*P elements (where hosts of several GPUs
+  sum before pushing, the cost model prices the bytes that then cross their links).
 - `allreduce`: each gradient bucket of n elements goes through a ring all-reduce; rank r sends
   the chunks the ring schedule gives it (:func:`ring_send_elements`, chunks as
   ``torch.tensor_split`` cuts them), which sums to exactly 2*(N-1)*n over the N ranks, so
@@ -78,6 +81,14 @@ def push_pull_bytes(
     """`ps`: every worker pushes all gradients and receives all parameters."""
     params = sum(parameter_count(u.module) for u in units) * bytes_per_element
     return {"gradients": topology.num_workers * params, "parameters": topology.num_workers * params}
+
+
+def whole_variable_bytes(
+    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+) -> dict[str, int]:
+    """`dtf`: every worker pushes each gradient whole to its variable's PS task and pulls each variable back,
+    the bytes of `ps` however the variables are spread over the tasks."""
+    return push_pull_bytes(units, split, topology, batch_size, image_size, bytes_per_element)
 
 
 def ring_bytes(

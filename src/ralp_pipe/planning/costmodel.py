@@ -50,6 +50,28 @@ Phases of one step:
   pulls (not the pushes, which it receives meanwhile), and the workers' backward hides that
   delay as far as it lasts; what it does not hide is the PS device's (server) time.
 
+Hosts of several GPUs (:class:`Hosts`, ``cluster.gpus_per_node`` G > 1; at G = 1 every price above is
+unchanged): traffic between the GPUs of one host runs at the interconnect's rate, traffic between hosts
+through each host's one link, which its GPUs' flows share.
+
+- `allreduce` as NCCL's ring runs it: one ring through all N GPUs, entering and leaving each host once
+  per channel (NCCL orders the ring so that a host's GPUs are neighbours), so every GPU's interconnect
+  and every host's link carry the same 2(N-1)/N of the gradients each direction, as on one GPU per
+  host; the ring runs at its slowest hop (the host link, or the interconnect where one host holds them all).
+- `ps` as BytePS runs it: a host's G GPUs sum their gradients over the interconnect, the host pushes the
+  sum once and pulls once (one worker per host on the PS links, one PS per host where colocated),
+  tensors partitioned over the servers; the busiest direction is the slower of the host link's and
+  the interconnect's part, the two stages pipelined by bucket.
+- `dtf` (Distributed TensorFlow): each variable whole on one PS task (:class:`WholeVariables`: round-robin
+  in creation order as ``replica_device_setter`` placed them, or greedily onto the least-loaded task), so
+  the busiest PS task holds more than 1/num_ps; a host's GPUs summed before the push
+  (``distributed_replicated``) or every GPU pushing (``parameter_server``); its transport achieving
+  ``transport_efficiency`` of the link's rate (gRPC).
+- RALP: the PS device is a GPU of a host of its own, or one GPU of a worker host whose other G-1 GPUs
+  are workers (:attr:`Pricing.ps_device_shares_host`); the busiest link then carries the remote
+  workers' share of the traffic and the interconnect the local workers' share. The planner prices both
+  and keeps the faster.
+
 Gradient aggregation and SGD are priced per parameter byte as the profile timed them on the
 servers' own code (:class:`ralp_pipe.engine.strategies.base.FlatSgd`).
 
@@ -63,9 +85,10 @@ time-dilated emulation of a profile file shares).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, cast
+from typing import Any, Mapping, Sequence, cast
 
 from ralp_pipe.config import strategy_kind
 from ralp_pipe.config.units import payload_bytes_per_s
@@ -75,6 +98,8 @@ from ralp_pipe.engine.models import check_split
 # DDP's gradient buckets: the first (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then bucket_cap_mb's default
 DDP_FIRST_BUCKET_BYTES = 2**20
 DDP_BUCKET_BYTES = 25 * 2**20
+# where RALP's PS device is on hosts of several GPUs, by Pricing.ps_device_shares_host
+PS_DEVICE_HOSTS = {False: "a host of its own", True: "a worker host"}
 
 
 @dataclass(frozen=True)
@@ -159,6 +184,7 @@ class Prediction:
     server_s: float
     comm_s: float
     bytes_per_step: dict[str, int] = field(default_factory=dict)
+    ps_device_host: str | None = None  # RALP on hosts of several GPUs: where its PS device is (PS_DEVICE_HOSTS)
 
     @property
     def step_time_s(self) -> float:
@@ -186,6 +212,7 @@ class Prediction:
             "predicted_comm_s": self.comm_s,
             "predicted_bytes_per_step": dict(self.bytes_per_step),
             "predicted_gb_per_step": self.gb_per_step,
+            **({"ps_device_host": self.ps_device_host} if self.ps_device_host else {}),
         }
 
 
@@ -208,6 +235,58 @@ class SharedCpu:
         """Time factor against the profile for `concurrent` ranks computing at once."""
         per_rank = max(1, self.cores // (self.share or world_size))
         return self.profile_threads / min(per_rank, self.cores / concurrent)
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """G GPUs per host behind the host's one network link, talking to each other at the interconnect's rate."""
+
+    gpus_per_node: int = 1
+    interconnect_bytes_per_s: float = math.inf  # per GPU, each direction
+
+    def count(self, gpus: int) -> int:
+        """Hosts `gpus` GPUs fill, G at a time."""
+        return -(-gpus // self.gpus_per_node)
+
+    def in_host_s(self, param_bytes: float, summed: bool) -> float:
+        """Seconds a GPU's interconnect takes for one direction of its gradients' way out of the host: a ring
+        reduce inside it moves (G-1)/G of them per GPU (`summed`), else every GPU sends its whole set."""
+        if self.gpus_per_node == 1:
+            return 0.0
+        share = (self.gpus_per_node - 1) / self.gpus_per_node if summed else 1.0
+        return share * param_bytes / self.interconnect_bytes_per_s
+
+
+@dataclass(frozen=True)
+class WholeVariables:
+    """`dtf`'s variables: their bytes in creation order, each whole on one PS task."""
+
+    sizes: tuple[int, ...]
+    greedy: bool = False  # onto the least-loaded task (GreedyLoadBalancingStrategy); False: round-robin
+    sum_in_host: bool = True  # distributed_replicated: a host's GPUs summed before the push
+    transport_efficiency: float = 1.0  # achieved / line rate of the transport
+
+    def loads(self, num_ps: int) -> list[int]:
+        """Bytes each of `num_ps` PS tasks holds."""
+        loads = [0] * num_ps
+        for index, size in enumerate(self.sizes):
+            task = min(range(num_ps), key=lambda p: (loads[p], p)) if self.greedy else index % num_ps
+            loads[task] += size
+        return loads
+
+
+def whole_variable_direction_bytes(loads: Sequence[int], hosts: int, pushes_per_host: int, colocated: bool) -> float:
+    """Bytes the busiest host link of a `dtf` step carries each direction: PS task p holding `loads[p]`, on
+    host p mod `hosts` (`colocated`) or a host of its own, with `pushes_per_host` gradient sets leaving each
+    worker host. A colocated host sends its pushes to the other hosts' tasks and serves the other hosts'
+    pushes to its own; a dedicated task's link carries every host's pushes of its variables."""
+    total = sum(loads)
+    if not colocated:
+        return float(max(hosts * pushes_per_host * max(loads), pushes_per_host * total))
+    on_host = [0] * hosts
+    for task, load in enumerate(loads):
+        on_host[task % hosts] += load
+    return float(max(pushes_per_host * ((total - held) + (hosts - 1) * held) for held in on_host))
 
 
 def ps_direction_bytes(model_bytes: float, workers: int, num_ps: int, colocated: bool) -> float:
@@ -240,6 +319,9 @@ class Pricing:
     shared: SharedCpu | None = None  # None: every rank has a device of its own
     # `allreduce`'s buckets reduced during backward (False: the ring after it, as on one host's loopback)
     ddp_overlap: bool = True
+    hosts: Hosts = Hosts()  # GPUs per host and their interconnect (default: one GPU per host)
+    variables: WholeVariables | None = None  # `dtf`'s variables (needed to price it)
+    ps_device_shares_host: bool = False  # RALP's PS device on a worker host beside G-1 workers (G > 1)
 
     def slowdown(self, concurrent: int, world_size: int) -> float:
         """Time factor against the profile for `concurrent` of `world_size` ranks computing at once."""
@@ -257,18 +339,29 @@ def predict(
     kind = strategy_kind(strategy)
     if kind.places_layers:
         check_split(split, len(pricing.costs.units), f"the {strategy} prediction")
-        compute, server, comm = _layer_placing_step(pricing, num_workers, cast(int, split), volume)
+        compute, server, comm = _layer_placing_step(
+            _ps_device_pricing(pricing, num_workers), num_workers, cast(int, split), volume
+        )
     else:
         world = num_workers + kind.servers(gpus, pricing.num_ps)
         # forward+backward, then zeroing the flat gradients (ps) or two bucket copies (DDP; none on one worker,
         # which trains without DDP)
         passes = 1 if kind.has_ps else 2 if num_workers > 1 else 0
         compute = _full_model_compute(pricing, passes) * pricing.slowdown(num_workers, world)
-        if kind.has_ps:
+        if kind.whole_variables:
+            server, comm = _dtf_step(pricing, num_workers, world)
+        elif kind.has_ps:
             server, comm = _ps_step(pricing, num_workers, world)
         else:
             server, comm = _allreduce_step(pricing, num_workers, world, volume["total"])
-    return Prediction(strategy, gpus, split, num_workers * pricing.batch_size, compute, server, comm, dict(volume))
+    where = (
+        PS_DEVICE_HOSTS[pricing.ps_device_shares_host]
+        if kind.places_layers and pricing.hosts.gpus_per_node > 1
+        else None
+    )
+    return Prediction(
+        strategy, gpus, split, num_workers * pricing.batch_size, compute, server, comm, dict(volume), where
+    )
 
 
 def _full_model_compute(pricing: Pricing, passes: int) -> float:
@@ -280,26 +373,82 @@ def _full_model_compute(pricing: Pricing, passes: int) -> float:
 
 
 def _ps_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]:
-    """(server, comm) seconds of a `ps` step: each PS adds the W gradient sets into the first, averages them
-    and applies SGD to its 1/num_ps of the parameters; pushes and pulls cross the busiest host link."""
+    """(server, comm) seconds of a `ps` step: each PS adds the pushed gradient sets (one per host: its GPUs
+    summed them) into the first, averages them and applies SGD to its 1/num_ps of the parameters; pushes and
+    pulls cross the busiest host link, the sums inside a host its GPUs' interconnect."""
     costs, link, num_ps = pricing.costs, pricing.link, pricing.num_ps
     total_param, add = costs.param_bytes, costs.aggregate_s_per_byte
-    reduce_passes = workers if workers > 1 else 0
+    pushers = pricing.hosts.count(workers)
+    reduce_passes = pushers if pushers > 1 else 0
     server = (reduce_passes * add + costs.update_s_per_byte) * total_param / num_ps * pricing.slowdown(num_ps, world)
-    direction_s = ps_direction_bytes(total_param, workers, num_ps, pricing.colocated) / link.bytes_per_s
+    direction_s = max(
+        ps_direction_bytes(total_param, pushers, num_ps, pricing.colocated) / link.bytes_per_s,
+        pricing.hosts.in_host_s(total_param, summed=True),
+    )
     if pricing.pipelining is None:
         return server, 2 * direction_s + 2 * link.latency_s
     backward_s = costs.bwd(slice(None), pricing.batch_size) * pricing.slowdown(workers, world)
     shard_bytes = total_param / num_ps
     return _pipelined_ps(
-        pricing, backward_s, server, direction_s, workers - 1 if pricing.colocated else workers, shard_bytes
+        pricing, backward_s, server, direction_s, pushers - 1 if pricing.colocated else pushers, shard_bytes
     )
+
+
+def _dtf_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]:
+    """(server, comm) seconds of a `dtf` step: the busiest PS task adds the pushed gradient sets of its whole
+    variables and applies SGD to them; transfers cross the busiest host link at the transport's achieved rate."""
+    variables = pricing.variables
+    if variables is None:
+        raise ValueError("pricing dtf needs its variables' sizes (Pricing.variables)")
+    costs, hosts = pricing.costs, pricing.hosts
+    link = dataclasses.replace(pricing.link, bytes_per_s=pricing.link.bytes_per_s * variables.transport_efficiency)
+    pricing = dataclasses.replace(pricing, link=link)
+    per_host = 1 if variables.sum_in_host else hosts.gpus_per_node
+    host_count = hosts.count(workers)
+    pushers = host_count * per_host
+    loads = variables.loads(pricing.num_ps)
+    busiest = max(loads)
+    reduce_passes = pushers if pushers > 1 else 0
+    add = costs.aggregate_s_per_byte
+    server = (reduce_passes * add + costs.update_s_per_byte) * busiest * pricing.slowdown(pricing.num_ps, world)
+    network = whole_variable_direction_bytes(loads, host_count, per_host, pricing.colocated)
+    direction_s = max(network / link.bytes_per_s, hosts.in_host_s(costs.param_bytes, variables.sum_in_host))
+    if pricing.pipelining is None:
+        return server, 2 * direction_s + 2 * link.latency_s
+    backward_s = costs.bwd(slice(None), pricing.batch_size) * pricing.slowdown(workers, world)
+    remote = (host_count - 1 if pricing.colocated else host_count) * per_host
+    return _pipelined_ps(pricing, backward_s, server, direction_s, remote, busiest)
+
+
+def _ring_hop(pricing: Pricing, workers: int) -> tuple[float, float]:
+    """(bytes/s, seconds per message) of an all-reduce ring's slowest hop over `workers` GPUs: the host link
+    where the ring leaves hosts (as it does at one GPU per host), else the interconnect."""
+    link, hosts = pricing.link, pricing.hosts
+    if hosts.gpus_per_node == 1:
+        return link.ring_bytes_per_s, link.latency_s
+    if hosts.count(workers) == 1:
+        return hosts.interconnect_bytes_per_s, 0.0
+    return min(link.ring_bytes_per_s, hosts.interconnect_bytes_per_s), link.latency_s
+
+
+def _ps_device_pricing(pricing: Pricing, workers: int) -> Pricing:
+    """`pricing` with a link whose rate prices RALP's transfers where hosts hold several GPUs: the busiest
+    link carries the remote workers' share of the bytes (all of them where the PS device has a host of its
+    own) and the PS device's interconnect the local workers' share, the two at once."""
+    hosts = pricing.hosts
+    if hosts.gpus_per_node == 1:
+        return pricing
+    local = min(hosts.gpus_per_node - 1, workers) if pricing.ps_device_shares_host else 0
+    seconds_per_byte = max(
+        (workers - local) / workers / pricing.link.bytes_per_s, local / workers / hosts.interconnect_bytes_per_s
+    )
+    return dataclasses.replace(pricing, link=dataclasses.replace(pricing.link, bytes_per_s=1 / seconds_per_byte))
 
 
 def _allreduce_step(pricing: Pricing, workers: int, world: int, sent: int) -> tuple[float, float]:
     """(server, comm) seconds of a ring all-reduce step: (N-1)/N of an addition and SGD, and the ring: what
     of DDP's bucketed rings outlasts backward (:attr:`Pricing.ddp_overlap`), else the whole ring after it."""
-    costs, link = pricing.costs, pricing.link
+    costs = pricing.costs
     add = costs.aggregate_s_per_byte
     server = ((workers - 1) / workers * add + costs.update_s_per_byte) * costs.param_bytes
     server *= pricing.slowdown(workers, world)
@@ -307,7 +456,8 @@ def _allreduce_step(pricing: Pricing, workers: int, world: int, sent: int) -> tu
         return server, 0.0
     if pricing.ddp_overlap:
         return server, _ddp_exposed(pricing, workers, world, sent)
-    return server, sent / workers / link.ring_bytes_per_s + 2 * (workers - 1) * link.latency_s
+    rate, latency_s = _ring_hop(pricing, workers)
+    return server, sent / workers / rate + 2 * (workers - 1) * latency_s
 
 
 def _ddp_exposed(pricing: Pricing, workers: int, world: int, sent: int) -> float:
@@ -317,7 +467,8 @@ def _ddp_exposed(pricing: Pricing, workers: int, world: int, sent: int) -> float
     its backward; a bucket is all-reduced once its last gradient exists and the bucket before has been,
     its ring moving its share of the `sent` / `workers` bytes each worker sends, plus 2(N-1) latencies.
     """
-    costs, link = pricing.costs, pricing.link
+    costs = pricing.costs
+    rate, latency_s = _ring_hop(pricing, workers)
     total_param = costs.param_bytes
     slowdown = pricing.slowdown(workers, world)
     ready_at: list[tuple[float, float]] = []  # (parameter bytes produced, backward seconds when they were)
@@ -326,8 +477,8 @@ def _ddp_exposed(pricing: Pricing, workers: int, world: int, sent: int) -> float
         produced += unit.param_bytes
         elapsed += unit.bwd(pricing.batch_size) * slowdown
         ready_at.append((produced, elapsed))
-    seconds_per_byte = sent / workers / max(total_param, 1) / link.ring_bytes_per_s
-    ring_latency = 2 * (workers - 1) * link.latency_s
+    seconds_per_byte = sent / workers / max(total_param, 1) / rate
+    ring_latency = 2 * (workers - 1) * latency_s
     done, start, cap = 0.0, 0.0, float(DDP_FIRST_BUCKET_BYTES)
     while start < total_param:
         end = min(float(total_param), start + cap)

@@ -15,7 +15,8 @@ on SLURM the fabric is what the probe measured.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import math
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
 
@@ -30,17 +31,20 @@ from ralp_pipe.config import (
     made_for,
     strategy_kind,
 )
+from ralp_pipe.config.schema import StrategyConfig
 from ralp_pipe.contract.records import LinkProbe, Plan, Profile, check_profile_matches
 from ralp_pipe.contract.topology import cpu_share, topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.planning.costmodel import (
+    Hosts,
     Link,
     Pipelining,
     Prediction,
     Pricing,
     SharedCpu,
+    WholeVariables,
     compute_costs,
     effective_link,
     predict,
@@ -57,6 +61,8 @@ CONFIG_KEYS = (
     "strategy.bucket_mb",
     "strategy.ps_placement",
     "network",
+    "interconnect",
+    "cluster.gpus_per_node",
     "cluster.kind",
     "cluster.gpus",
     "experiment.gpus",  # the single-device reference's CPU share: one rank of the largest run
@@ -160,19 +166,61 @@ def pipelining_of(cfg: Config) -> Pipelining | None:
     return Pipelining(cfg.strategy.bucket_mb * 1e6)
 
 
+def hosts_of(cfg: Config) -> Hosts:
+    """The GPUs per host of `cfg` (``cluster.gpus_per_node``) and the interconnect between them."""
+    rate = cfg.interconnect.gbytes_per_s
+    return Hosts(cfg.cluster.gpus_per_node, math.inf if rate is None else rate * 1e9)
+
+
+def dtf_options(cfg: Config) -> StrategyConfig:
+    """`dtf`'s settings: the configured strategy's where it is `dtf`, else its shipped ``config/strategy/dtf.yaml``."""
+    return cfg.strategy if cfg.strategy.name == "dtf" else load(["strategy=dtf"]).strategy
+
+
+def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> WholeVariables:
+    """`dtf`'s variables of `units` (each parameter tensor, in creation order) placed and pushed as `options` say."""
+    sizes = tuple(p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad)
+    return WholeVariables(
+        sizes,
+        greedy=options.variable_placement == "greedy",
+        sum_in_host=options.variable_update == "distributed_replicated",
+        transport_efficiency=options.transport_efficiency,
+    )
+
+
 def best_prediction(
     strategy: str, volume: VolumeFn, gpus: int, pricing: Pricing
 ) -> tuple[Prediction, list[Prediction]]:
-    """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from."""
+    """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from: every split
+    of a layer-placing strategy, and where hosts hold several GPUs both places of its PS device."""
     workers = topology(strategy, gpus, pricing.num_ps).num_workers
-    splits: Sequence[int | None] = (
-        range(1, len(pricing.costs.units)) if strategy_kind(strategy).places_layers else [None]
+    kind = strategy_kind(strategy)
+    splits: Sequence[int | None] = range(1, len(pricing.costs.units)) if kind.places_layers else [None]
+    places = (
+        [False, True] if kind.places_layers and pricing.hosts.gpus_per_node > 1 else [pricing.ps_device_shares_host]
     )
-    table = [predict(strategy, workers, gpus, volume(strategy, gpus, k), pricing, k) for k in splits]
+    table = [
+        predict(strategy, workers, gpus, volume(strategy, gpus, k), replace(pricing, ps_device_shares_host=shares), k)
+        for shares in places
+        for k in splits
+    ]
     return max(table, key=lambda p: p.images_per_sec), table
 
 
+def ps_device_choice(best: Prediction, table: Sequence[Prediction]) -> str:
+    """Why RALP's PS device is where `best` has it: the best of the other place, in words."""
+    other = [p for p in table if p.ps_device_host != best.ps_device_host]
+    if not other:
+        return f"on {best.ps_device_host}"
+    rival = max(other, key=lambda p: p.images_per_sec)
+    return (
+        f"on {best.ps_device_host}: {best.images_per_sec:.4g} img/s at split {best.split}, against "
+        f"{rival.images_per_sec:.4g} img/s on {rival.ps_device_host} (its best split, {rival.split})"
+    )
+
+
 def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: Sequence[str]) -> str:
+    """Why `strategy` pays or not: its best configuration against the ps baseline's."""
     speedup = best.images_per_sec / baseline.images_per_sec
     where = f"split {best.split} (after '{unit_names[best.split - 1]}')" if best.split else strategy
     moved = (
@@ -190,12 +238,12 @@ def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: S
 def plan_gpus(unit_names: Sequence[str], volume: VolumeFn, gpus: int, pricing: Pricing) -> dict[str, dict[str, Any]]:
     """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
     entries: dict[str, dict[str, Any]] = {}
-    baseline, _ = best_prediction("ps", volume, gpus, pricing)
-    for strategy, kind in STRATEGY_KINDS.items():
-        if gpus < kind.min_gpus:
-            continue
-        best, table = best_prediction(strategy, volume, gpus, pricing)
-        topo = topology(strategy, gpus, pricing.num_ps)
+    priced = {s: strategy_pricing(s, gpus, pricing) for s, kind in STRATEGY_KINDS.items() if gpus >= kind.min_gpus}
+    best_of = {s: best_prediction(s, volume, gpus, p) for s, p in priced.items()}
+    baseline = best_of["ps"][0]
+    for strategy, (best, table) in best_of.items():
+        kind = strategy_kind(strategy)
+        topo = topology(strategy, gpus, priced[strategy].num_ps)
         speedup = best.images_per_sec / baseline.images_per_sec
         entry = {
             **best.as_dict(),
@@ -203,14 +251,27 @@ def plan_gpus(unit_names: Sequence[str], volume: VolumeFn, gpus: int, pricing: P
             "world_size": topo.world_size,
             "num_workers": topo.num_workers,
             "speedup_over_ps": speedup,
-            "pays": None if strategy == "ps" else speedup > 1.0,
-            "reason": "the baseline" if strategy == "ps" else _reason(strategy, best, baseline, unit_names),
+            "pays": None if kind.baseline else speedup > 1.0,
+            "reason": "the baseline" if kind.baseline else _reason(strategy, best, baseline, unit_names),
         }
+        for other, (other_best, _) in best_of.items():
+            if other != "ps" and strategy_kind(other).baseline:
+                entry[f"speedup_over_{other}"] = best.images_per_sec / other_best.images_per_sec
         if kind.places_layers:
             entry["split_after_unit"] = unit_names[cast(int, best.split) - 1]
             entry["table"] = [{**p.as_dict(), "after_unit": unit_names[cast(int, p.split) - 1]} for p in table]
+            if best.ps_device_host:
+                entry["ps_device_choice"] = ps_device_choice(best, table)
         entries[strategy] = entry
     return entries
+
+
+def strategy_pricing(strategy: str, gpus: int, pricing: Pricing) -> Pricing:
+    """How `strategy` is priced at `gpus`: `dtf` with one PS task per host beside its worker, as Distributed
+    TensorFlow was deployed; every other strategy as `pricing` says."""
+    if not strategy_kind(strategy).whole_variables:
+        return pricing
+    return replace(pricing, num_ps=pricing.hosts.count(gpus), colocated=True)
 
 
 def build_plan(
@@ -240,9 +301,11 @@ def build_plan(
         cfg.strategy.ps_placement == "colocated",
         pipelining_of(cfg),
         ddp_overlap=transfers_overlap(cfg),  # DDP reduces its buckets during backward whatever strategy.overlap says
+        hosts=hosts_of(cfg),
+        variables=whole_variables(units, dtf_options(cfg)),
     )
     shared = {n: shared_cpu(cfg, profile, n) for n in gpus}
-    by_gpus = {str(n): plan_gpus(names, volume, n, dataclasses.replace(pricing, shared=shared[n])) for n in gpus}
+    by_gpus = {str(n): plan_gpus(names, volume, n, replace(pricing, shared=shared[n])) for n in gpus}
     first_shared = shared[gpus[0]]
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(
@@ -254,7 +317,7 @@ def build_plan(
         bandwidth_source=link.source,
         latency_s=link.latency_s,
         allreduce_bytes_per_s=link.ring_bytes_per_s,
-        shared_cpu=None if first_shared is None else dataclasses.asdict(first_shared),
+        shared_cpu=None if first_shared is None else asdict(first_shared),
         profile=str(profile_path),
         profile_kind=profile.kind,
         profile_device=(profile.target or {}).get("name", profile.device),
@@ -292,6 +355,8 @@ def main(args: argparse.Namespace) -> int:
             f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
             f"{entry['reason'] if strategy_kind(name).places_layers else ''}"
         )
+        if "ps_device_choice" in entry:
+            print(f"{'':9s}PS device {entry['ps_device_choice']}")
     print(
         f"plan for {plan.model}/{plan.dataset} at N={plan.gpus} on {plan.profile_device} ({plan.profile_kind} profile, "
         f"{(plan.bandwidth_bytes_per_s or 0.0) / 1e9:.3g} GB/s, {plan.bandwidth_source}) -> {args.out}"

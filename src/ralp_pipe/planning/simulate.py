@@ -4,10 +4,11 @@ With the cost model of :mod:`ralp_pipe.planning.costmodel` and the unit costs of
 predicts images/sec and GB/step for N = 2..1024 GPUs (powers of two; ``--gpus 1`` adds the one-worker
 reference, where the strategies that need more devices have no row) and links of 1..400
 Gbit/s, one device per rank (the PS device computing at the profiled speed), choosing the
-best split for each RALP variant at every point. The `ps` baseline is deployed as users of
-Distributed TensorFlow deploy it at scale, one PS task colocated on every worker host
-(num_ps = N), unless ``--no-ps-per-host`` asks for the config's ``strategy.num_ps`` and
-``strategy.ps_placement``. It writes ``simulation.parquet``, a plot of
+best split for each RALP variant at every point. Hosts hold ``cluster.gpus_per_node`` GPUs linked
+by the ``interconnect`` (:class:`~ralp_pipe.planning.costmodel.Hosts`; the link speed is a host's). The
+`ps` and `dtf` baselines are deployed as users of Distributed TensorFlow deploy them at scale, one
+PS task colocated on every worker host (num_ps = the hosts), unless ``--no-ps-per-host`` asks for the
+config's ``strategy.num_ps`` and ``strategy.ps_placement``. It writes ``simulation.parquet``, a plot of
 images/sec against N (one panel per strategy, one line per link speed), a plot of the speedup
 over `ps`, and prints a short summary.
 """
@@ -26,8 +27,15 @@ from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
 from ralp_pipe.config.units import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.contract.records import LinkProbe, Profile, check_profile_matches
 from ralp_pipe.engine import devicemodel, models
-from ralp_pipe.planning.costmodel import Link, Pipelining, Pricing, compute_costs
-from ralp_pipe.planning.planner import best_prediction, pipelining_of, volume_function
+from ralp_pipe.planning.costmodel import Hosts, Link, Pipelining, Pricing, WholeVariables, compute_costs
+from ralp_pipe.planning.planner import (
+    best_prediction,
+    dtf_options,
+    hosts_of,
+    pipelining_of,
+    volume_function,
+    whole_variables,
+)
 from ralp_pipe.planning.profiling import profile_batches
 
 GPUS = tuple(2**i for i in range(1, 11))
@@ -48,8 +56,8 @@ class Grid:
 
 @dataclass(frozen=True)
 class Servers:
-    """How `ps` runs: at N with N PS ranks colocated on the worker hosts (`per_host`), otherwise with `num_ps`
-    PS ranks placed as `colocated` says; its transfers pipelined as `pipelining` says (None: sequential)."""
+    """How `ps` and `dtf` run: at N with a PS rank colocated on each worker host (`per_host`), otherwise with
+    `num_ps` PS ranks placed as `colocated` says; transfers pipelined as `pipelining` says (None: sequential)."""
 
     num_ps: int = 1
     colocated: bool = False
@@ -58,9 +66,16 @@ class Servers:
 
 
 def simulate(
-    profile: Mapping[str, Any], units: list[models.Unit], batch_size: int, grid: Grid = Grid(), ps: Servers = Servers()
+    profile: Mapping[str, Any],
+    units: list[models.Unit],
+    batch_size: int,
+    grid: Grid = Grid(),
+    ps: Servers = Servers(),
+    hosts: Hosts = Hosts(),
+    variables: WholeVariables | None = None,
 ) -> pd.DataFrame:
-    """One row per strategy x N x link speed of `grid` with the best configuration's predictions."""
+    """One row per strategy x N x link speed of `grid` with the best configuration's predictions, on hosts of
+    `hosts`' GPUs; `dtf` is priced where its `variables` are given."""
     costs = compute_costs(profile)
     names = [u.name for u in units]
     volume = volume_function(units, batch_size, int(profile["image_size"]), ps.num_ps)
@@ -75,8 +90,13 @@ def simulate(
             for strategy, kind in STRATEGY_KINDS.items():
                 if n < kind.min_gpus:  # RALP at N=1: no PS device beside a worker (the planner leaves it out too)
                     continue
-                servers, beside = (n, True) if ps.per_host and kind.has_ps else (ps.num_ps, ps.colocated)
-                pricing = Pricing(costs, batch_size, link, servers, beside, ps.pipelining)
+                if kind.whole_variables and variables is None:
+                    continue
+                per_host = ps.per_host and kind.has_ps
+                servers, beside = (hosts.count(n), True) if per_host else (ps.num_ps, ps.colocated)
+                pricing = Pricing(
+                    costs, batch_size, link, servers, beside, ps.pipelining, hosts=hosts, variables=variables
+                )
                 best, _ = best_prediction(strategy, volume, n, pricing)
                 baseline = baseline or best
                 rows.append(
@@ -90,6 +110,8 @@ def simulate(
                         "ps_placement": ("colocated" if beside else "dedicated") if kind.has_ps else None,
                         "split": best.split,
                         "split_after_unit": names[cast(int, best.split) - 1] if kind.places_layers else None,
+                        "gpus_per_node": hosts.gpus_per_node,
+                        "ps_device_host": best.ps_device_host,
                         "images_per_sec": best.images_per_sec,
                         "step_time_s": best.step_time_s,
                         "compute_s": best.compute_s,
@@ -158,8 +180,9 @@ def write_outputs(frame: pd.DataFrame, out: Path, device: str) -> list[Path]:
     with atomic_path(table) as tmp:
         frame.to_parquet(tmp, index=False)
     throughput, speedup = out / "images_per_sec.png", out / "speedup_over_ps.png"
-    plot(frame, "images_per_sec", "images/sec", throughput, list(STRATEGY_KINDS), log_y=True, device=device)
-    others = [s for s in STRATEGY_KINDS if s != "ps"]
+    priced = [s for s in STRATEGY_KINDS if s in set(frame.strategy)]
+    plot(frame, "images_per_sec", "images/sec", throughput, priced, log_y=True, device=device)
+    others = [s for s, kind in STRATEGY_KINDS.items() if not kind.baseline and s in set(frame.strategy)]
     plot(frame, "speedup_over_ps", "speedup over ps", speedup, others, log_y=True, device=device)
     return [table, throughput, speedup]
 
@@ -223,7 +246,13 @@ def main(args: argparse.Namespace) -> int:
         cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", args.ps_per_host, pipelining_of(cfg)
     )
     frame = simulate(
-        profile.to_dict(), units, cfg.train.batch_size, Grid(args.gpus, args.link_gbit, latency_s), servers
+        profile.to_dict(),
+        units,
+        cfg.train.batch_size,
+        Grid(args.gpus, args.link_gbit, latency_s),
+        servers,
+        hosts_of(cfg),
+        whole_variables(units, dtf_options(cfg)),
     )
     frame["profile_kind"] = profile.kind
     frame["device"] = (profile.target or {}).get("name", profile.device)

@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from ralp_pipe.config import strategy_kind
 from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.contract.topology import WORKER
 from ralp_pipe.engine.metrics import MEASURE, measured_overruns
@@ -109,7 +110,7 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
         table(header, rows),
         "",
     ]
-    ps = mean[mean["strategy"] == "ps"]["comm_share"].dropna()
+    ps = mean[mean["strategy"].map(lambda s: strategy_kind(s).baseline)]["comm_share"].dropna()
     if len(ps) == 1:
         parts += [f"Communication wait is {100 * ps.iloc[0]:.0f}% of a `ps` worker's step (one ps configuration).", ""]
     elif len(ps) > 1:

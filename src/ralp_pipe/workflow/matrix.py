@@ -43,6 +43,7 @@ from ralp_pipe.config import (
     cluster_kind,
     digest,
     refuse_repeated,
+    strategy_kind,
     to_dict,
     validate,
 )
@@ -272,8 +273,11 @@ class Matrix:
             self.check_slurm()
 
     def _arms(self) -> list[tuple[str, bool]]:
-        """(strategy, overlap) of every strategy row: each strategy as configured, then the sequential ablations."""
+        """(strategy, overlap) of every strategy row: each strategy as configured, then the sequential ablations;
+        a strategy `train` cannot run refused."""
         e = self.base.experiment
+        for strategy in e.strategies:
+            strategy_kind(strategy).check_trainable()
         arms = [(s, self._sections["strategy", s].overlap) for s in e.strategies]
         pipelined = [s for s in e.sequential if self._sections["strategy", s].overlap]
         if len(pipelined) < len(e.sequential):

@@ -11,6 +11,10 @@ the workflow parses when a node or the partition cannot hold it, naming the numb
 | ``concurrent`` | 1 | 1 | every rank of the workload's jobs at once: ``cpus_per_task`` and ``mem_mb`` x those ranks | each job's bound alone, then the longest again for the run together, + ``margin_min`` |
 | ``prepare_shards``, ``plan`` | 1 | 1 | ``mem_mb`` (CPUs: the rule's threads, ``dataset.shards.workers`` or 1) | ``time_min`` |
 
+The plan prices hosts of ``cluster.gpus_per_node`` GPUs; the nodes hold ``cluster.slurm.gpus_per_node``. Where
+the ranks run on SLURM (``cluster.kind=slurm``) and the plan prices several GPUs per host, the two must agree
+(:func:`check_hosts_agree`), so the plan prices the links the job's ranks share.
+
 A concurrent workload runs its jobs on an emulated network inside its one node (network
 namespaces: the job needs root there). The rules of training, profile, probe and concurrent jobs pass ``cpus_per_task``: else the plugin would ask
 for their threads, every core of the submit host. Measurement jobs (:data:`MEASUREMENTS`) add ``--exclusive`` through
@@ -23,7 +27,7 @@ import math
 from collections import Counter
 from typing import Any, Sequence
 
-from ralp_pipe.config import Config
+from ralp_pipe.config import Config, cluster_kind
 from ralp_pipe.contract.topology import of_strategy
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime.nodes import node_of_ranks
@@ -60,6 +64,7 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
     """The resources a job of `stage` passes to the SLURM executor plugin (see the module docstring);
     a link probe spans `probe_nodes` nodes (at most two: one where every training run fits on one)."""
     s = cfg.cluster.slurm
+    check_hosts_agree(cfg)
     if cfg.cluster.device == "cuda" and not s.gpus_per_node:
         raise ConfigError(
             f"cluster.device=cuda but cluster.slurm.gpus_per_node=0: {stage} jobs would ask SLURM for no GPU; "
@@ -94,6 +99,17 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
     if extra:
         resources["slurm_extra"] = " ".join(extra)
     return resources
+
+
+def check_hosts_agree(cfg: Config) -> None:
+    """Refuse a SLURM run whose plan prices hosts of ``cluster.gpus_per_node`` > 1 GPUs while its nodes hold
+    another number (``cluster.slurm.gpus_per_node``): its ranks would share other links than the plan priced."""
+    planned, nodes = cfg.cluster.gpus_per_node, cfg.cluster.slurm.gpus_per_node
+    if cluster_kind(cfg.cluster.kind).launcher == "srun" and planned > 1 and planned != nodes:
+        raise ConfigError(
+            f"cluster.gpus_per_node={planned} (the GPUs per host plan and simulate price) but "
+            f"cluster.slurm.gpus_per_node={nodes} (the GPUs of a node the job's ranks fill): set them equal"
+        )
 
 
 def check_fits(cfg: Config, job: str, nodes: int, fullest: int) -> None:
