@@ -134,8 +134,11 @@ def main(args: argparse.Namespace) -> int:
     check_writable(args.out, f"--out {args.out}")
     summary = run_concurrent([shlex.split(job) for job in args.job], args.overrides, args.out)
     for job in summary["jobs"]:
+        factor = job["dilation_factor"]
+        # a dilated job's figures are the emulator's wall clock: the target's are D times them (summary.md shows those)
+        dilated = "" if factor is None else f" (emulator wall clock at D={factor:g}; target-equivalent: x {factor:g})"
         print(
             f"job {job['job']} ({' '.join(job['overrides'])}): alone {job['alone_images_per_sec']:.2f} img/s, "
-            f"together {job['together_images_per_sec']:.2f} img/s, slowdown {job['slowdown']:.2f}x"
+            f"together {job['together_images_per_sec']:.2f} img/s, slowdown {job['slowdown']:.2f}x{dilated}"
         )
     return 0
