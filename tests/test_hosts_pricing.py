@@ -128,7 +128,7 @@ def test_hosts_fill_g_gpus_at_a_time_and_price_the_in_host_sum() -> None:
 def test_round_robin_places_variables_in_creation_order() -> None:
     variables = WholeVariables((5, 1, 1, 1, 4))
     assert variables.loads(2) == [5 + 1 + 4, 1 + 1]
-    assert dataclasses.replace(variables, greedy=True).loads(2) == [5 + 4, 1 + 1 + 1]
+    assert dataclasses.replace(variables, greedy=True).loads(2) == [5, 1 + 1 + 1 + 4]  # onto the least loaded
 
 
 def test_several_gpus_per_host_need_an_interconnect_and_slurm_nodes_that_agree() -> None:
