@@ -5,7 +5,8 @@ which provides ``add_arguments(parser)`` and ``main(args) -> int``. Modules are 
 their stage runs, so `--help` and light stages start fast. Hydra overrides (``key=value``, ``group=option``) are collected in
 ``args.overrides`` and passed to :func:`ralp_pipe.config.load` by the stage, wherever they stand: a token
 shaped like one ends an option's list of values (``--gpus 2 4 model=vgg11``); after ``--`` every token is
-taken as it stands.
+taken as it stands. A stage module that sets ``CONFIG_ENTRIES = True`` takes the workflow's ``--config``
+entries (``KEY=VALUE``) there instead, declaring that positional itself, and checks them itself.
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # 3.11's parse_intermixed_args refuses a parser that has subparsers.
             args = _parse_stage(stage_parsers[stage], argv[1:])
             args.stage = stage
-            from ralp_pipe.config import refuse_repeated  # here, not at the top: `--help` stays fast
-
-            refuse_repeated(args.overrides)
             module = importlib.import_module(STAGES[args.stage][0])
+            if not getattr(module, "CONFIG_ENTRIES", False):
+                from ralp_pipe.config import refuse_repeated  # here, not at the top: `--help` stays fast
+
+                refuse_repeated(args.overrides)
             _raise_if_swallowed()
             return int(module.main(args) or 0)
         except KeyboardInterrupt:

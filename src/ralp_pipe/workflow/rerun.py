@@ -22,6 +22,7 @@ from ralp_pipe.contract.layout import METRICS_FILE
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.workflow.matrix import Matrix, parse_settings, run_id
 
+CONFIG_ENTRIES = True  # args.overrides: the workflow's --config entries, not Hydra overrides (ralp_pipe.cli)
 SNAKEFILE = CONFIG_DIR.parent / "workflow" / "Snakefile"
 SHOWN = 6  # runs of the experiment named when a folder is none of them
 
