@@ -1,0 +1,103 @@
+"""Published clusters of several GPUs per host, predicted: images/sec and scaling efficiency beside the figures.
+
+    python benchmarks/published.py [--data benchmarks/published_clusters.csv]
+
+For every cluster, model and batch of the data file (TensorFlow's benchmark page of May 2017: one DGX-1 of
+8 P100, hosts of 8 K80 dies, 1-8 such hosts with Distributed TensorFlow) it models the model on the row's
+device (``ralp-pipe simulate --target``'s profile), prices the row's strategy on hosts of its GPUs with
+its interconnect and link (the simulator's cost model, `dtf` with the shipped config/strategy/dtf.yaml but
+the row's variable_update and PS tasks, colocated one per host), and prints per row the predicted and
+published images/sec and scaling efficiency: throughput / (N x the same side's one-GPU figure). Then the
+median and worst |error| of the efficiency, in points. A row whose device or model the checkout does not
+have is left out with the reason printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ralp_pipe.config import ConfigError, load
+from ralp_pipe.engine import devicemodel, models
+from ralp_pipe.planning.planner import dtf_options, hosts_of, pipelining_of, whole_variables
+from ralp_pipe.planning.profiling import profile_batches
+from ralp_pipe.planning.simulate import Grid, Servers, simulate
+
+DATA = Path(__file__).with_name("published_clusters.csv")
+IMAGE_SIZE = {"inception_v3": 299}  # the rest: 224 px, as tf_cnn_benchmarks ran them
+ONE_HOST_LINK_GBIT = 10.0  # a one-host row crosses no network link; the Link object still needs a rate
+
+
+def predicted(config: dict[str, Any], gpus: list[int]) -> dict[int, float]:
+    """Predicted images/sec of one published configuration at every N of `gpus` (1 included)."""
+    link = config["link_gbit"] if pd.notna(config["link_gbit"]) else ONE_HOST_LINK_GBIT
+    overrides = [
+        f"model={config['model']}",
+        "dataset=synthetic1k",
+        f"train.batch_size={config['batch']}",
+        f"train.image_size={IMAGE_SIZE.get(config['model'], 224)}",
+        f"cluster.gpus_per_node={config['gpus_per_node']}",
+        f"interconnect={config['interconnect']}",
+        "strategy=dtf",
+    ]
+    if isinstance(config["variable_update"], str):
+        overrides.append(f"strategy.variable_update={config['variable_update']}")
+    cfg = load(devicemodel.target_overrides(config["device"], overrides))
+    profile = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, gpus), max(gpus))
+    units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    variables = whole_variables(units, dtf_options(cfg))
+    out: dict[int, float] = {}
+    for n, num_ps in config["num_ps"].items():
+        servers = Servers(num_ps, colocated=True, per_host=False, pipelining=pipelining_of(cfg))
+        frame = simulate(
+            profile, units, cfg.train.batch_size, Grid([n], [link], 0.0), servers, hosts_of(cfg), variables
+        )
+        strategy = "allreduce" if n == 1 else config["strategy"]  # N = 1: the one-GPU reference, no communication
+        out[n] = float(frame[frame.strategy == strategy].images_per_sec.iloc[0])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="published figures (CSV; see its header)")
+    args = parser.parse_args()
+    data = pd.read_csv(args.data, comment="#")
+    keys = ["cluster", "model", "batch", "device", "gpus_per_node", "interconnect", "link_gbit", "strategy"]
+    errors: list[float] = []
+    print(
+        "| cluster | model | batch | strategy | N | predicted img/s | published img/s | predicted eff. | published eff. |"
+    )
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    for key, group in data.groupby(keys, dropna=False, sort=False):
+        config = dict(zip(keys, key))
+        config["variable_update"] = group.variable_update.iloc[0]
+        config["num_ps"] = dict(zip(group.gpus, group.num_ps))
+        try:
+            prediction = predicted(config, sorted(group.gpus))
+        except ConfigError as exc:
+            print(f"| {config['cluster']} | {config['model']} | {config['batch']} | left out: {exc} |")
+            continue
+        published = dict(zip(group.gpus, group.images_per_sec))
+        for n in sorted(published):
+            if n == 1:
+                continue
+            eff_pred = prediction[n] / (n * prediction[1])
+            eff_pub = published[n] / (n * published[1])
+            errors.append(100 * abs(eff_pred - eff_pub))
+            print(
+                f"| {config['cluster']} | {config['model']} | {config['batch']} | {config['strategy']} | {n} | "
+                f"{prediction[n]:,.0f} | {published[n]:,.0f} | {100 * eff_pred:.1f}% | {100 * eff_pub:.1f}% |"
+            )
+    if errors:
+        print(
+            f"\nscaling efficiency, |predicted - published| over {len(errors)} rows: median {statistics.median(errors):.1f} "
+            f"points, worst {max(errors):.1f} points"
+        )
+
+
+if __name__ == "__main__":
+    main()
