@@ -110,7 +110,7 @@ class StrategyConfig:
     ps_placement: str = "dedicated"  # ps only: PS ranks on hosts of their own, or colocated with workers
     variable_placement: str = "round_robin"  # dtf only: one of VARIABLE_PLACEMENTS
     variable_update: str = "distributed_replicated"  # dtf only: one of VARIABLE_UPDATES
-    transport_efficiency: float = 1.0  # dtf only: achieved / line rate of its transport (gRPC: config/strategy/dtf.yaml)
+    transport_efficiency: float = 1.0  # dtf only: achieved / line rate (gRPC: config/strategy/dtf.yaml)
 
 
 @dataclass
