@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Callable
 
 from ralp_pipe.config import reference
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_markdown() -> str:
+    """The README as the site's home page: its links into ``docs/`` made relative to the site."""
+    text = re.sub(r"\]\(docs/", "](", README.read_text())
+    return text.replace("[`docs/`](index.md)", "these pages")
+
+
 GENERATED: dict[str, Callable[[], str]] = {
+    "readme": readme_markdown,
     "schema": reference.schema_markdown,
     "groups": reference.groups_markdown,
     "exit-codes": reference.exit_codes_markdown,

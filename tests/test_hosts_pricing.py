@@ -139,6 +139,9 @@ def test_several_gpus_per_host_need_an_interconnect_and_slurm_nodes_that_agree()
         check_hosts_agree(cfg)
     check_hosts_agree(load(["cluster=slurm", "network=fabric", "cluster.gpus_per_node=4", "interconnect=nvlink2",
                             "cluster.slurm.gpus_per_node=4"]))  # fmt: skip
+    one_gpu_hosts = load(["cluster=slurm", "network=fabric", "cluster.slurm.gpus_per_node=4"])
+    with pytest.raises(ConfigError, match=r"cluster.gpus_per_node=1 .* cluster.slurm.gpus_per_node=4"):
+        check_hosts_agree(one_gpu_hosts)  # 4 ranks a node share its link, where the plan priced a link each
 
 
 def test_dtf_is_a_baseline_that_train_cannot_run_yet() -> None:

@@ -25,6 +25,8 @@ BASE = [
     "experiment.networks=[fabric]",
     "cluster.device=cuda",
     f"cluster.slurm.gpus_per_node={GPUS_PER_NODE}",
+    f"cluster.gpus_per_node={GPUS_PER_NODE}",
+    "interconnect=nvlink2",
     "cluster.slurm.mem_mb=3000",
     "cluster.slurm.cpus_per_task=2",
 ]

@@ -64,12 +64,12 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
     """The resources a job of `stage` passes to the SLURM executor plugin (see the module docstring);
     a link probe spans `probe_nodes` nodes (at most two: one where every training run fits on one)."""
     s = cfg.cluster.slurm
-    check_hosts_agree(cfg)
     if cfg.cluster.device == "cuda" and not s.gpus_per_node:
         raise ConfigError(
             f"cluster.device=cuda but cluster.slurm.gpus_per_node=0: {stage} jobs would ask SLURM for no GPU; "
             f"set cluster.slurm.gpus_per_node to the GPUs of one node"
         )
+    check_hosts_agree(cfg)
     resources: dict[str, Any] = {"mem_mb": s.mem_mb, "runtime": s.time_min, "cpus_per_task": s.cpus_per_task}
     resources.update(_placement(cfg))
     extra = ["--exclusive"] if s.exclusive and stage in MEASUREMENTS else []
@@ -102,10 +102,11 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
 
 
 def check_hosts_agree(cfg: Config) -> None:
-    """Refuse a SLURM run whose plan prices hosts of ``cluster.gpus_per_node`` > 1 GPUs while its nodes hold
-    another number (``cluster.slurm.gpus_per_node``): its ranks would share other links than the plan priced."""
+    """Refuse a SLURM run whose plan prices hosts of ``cluster.gpus_per_node`` GPUs while its nodes hold another
+    number (``cluster.slurm.gpus_per_node``; 0, CPU nodes, counts as one): its ranks would share other links than
+    the plan priced."""
     planned, nodes = cfg.cluster.gpus_per_node, cfg.cluster.slurm.gpus_per_node
-    if cluster_kind(cfg.cluster.kind).launcher == "srun" and planned > 1 and planned != nodes:
+    if cluster_kind(cfg.cluster.kind).launcher == "srun" and planned != max(nodes, 1):
         raise ConfigError(
             f"cluster.gpus_per_node={planned} (the GPUs per host plan and simulate price) but "
             f"cluster.slurm.gpus_per_node={nodes} (the GPUs of a node the job's ranks fill): set them equal"
