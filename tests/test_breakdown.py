@@ -108,7 +108,7 @@ def test_the_summary_gives_the_ps_share_of_communication_averaged_per_configurat
         (record("allreduce", 4, 0), scaled(0.9)),  # not a ps step
     ]
     text = breakdown_markdown(breakdown_table(runs))
-    assert "Communication wait is 45% of a `ps` worker's step on average (30% to 60% over 2 ps configurations)." in text
+    assert "Communication wait is 45% of a `ps` worker's step on average (30% to 60% over 2 configurations)." in text
     table = [line for line in text.splitlines() if line.startswith("| vgg11")]
     assert len(table) == 3  # one row per configuration
     assert table[0].split(" | ")[4:6] == ["ps", "1.500"] and table[0].split(" | ")[9] == "60%"

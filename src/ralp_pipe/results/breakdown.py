@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from ralp_pipe.config import strategy_kind
+from ralp_pipe.config import STRATEGY_KINDS
 from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.contract.topology import WORKER
 from ralp_pipe.engine.metrics import MEASURE, measured_overruns
@@ -110,13 +110,22 @@ def breakdown_markdown(breakdown: pd.DataFrame) -> str:
         table(header, rows),
         "",
     ]
-    ps = mean[mean["strategy"].map(lambda s: strategy_kind(s).baseline)]["comm_share"].dropna()
-    if len(ps) == 1:
-        parts += [f"Communication wait is {100 * ps.iloc[0]:.0f}% of a `ps` worker's step (one ps configuration).", ""]
-    elif len(ps) > 1:
-        parts += [
-            f"Communication wait is {100 * ps.mean():.0f}% of a `ps` worker's step on average "
-            f"({100 * ps.min():.0f}% to {100 * ps.max():.0f}% over {len(ps)} ps configurations).",
+    for baseline in (name for name, kind in STRATEGY_KINDS.items() if kind.baseline):
+        parts += _comm_share_sentence(baseline, mean[mean["strategy"] == baseline]["comm_share"].dropna())
+    return "\n".join(parts) + "\n"  # a blank line before the section that follows
+
+
+def _comm_share_sentence(strategy: str, shares: pd.Series) -> list[str]:
+    """How much of a `strategy` worker's step is communication wait, over its configurations (none: nothing)."""
+    if len(shares) == 1:
+        return [
+            f"Communication wait is {100 * shares.iloc[0]:.0f}% of a `{strategy}` worker's step (one configuration).",
             "",
         ]
-    return "\n".join(parts) + "\n"  # a blank line before the section that follows
+    if len(shares) > 1:
+        return [
+            f"Communication wait is {100 * shares.mean():.0f}% of a `{strategy}` worker's step on average "
+            f"({100 * shares.min():.0f}% to {100 * shares.max():.0f}% over {len(shares)} configurations).",
+            "",
+        ]
+    return []
