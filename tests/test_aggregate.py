@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -67,7 +68,8 @@ def test_step_percentiles_are_of_the_slowest_worker_per_measured_step(tmp_path: 
 
 
 def test_repeats_are_rows_of_their_own_and_aggregate_with_t_intervals(tmp_path: Path) -> None:
-    """Three repeats at 1, 0.95 and 1.05 x the base: mean 1 x, sd 0.05 x, half-width t(0.975, 2) x sd / sqrt 3."""
+    """Three repeats at 1, 0.95 and 1.05 x the base in each of 5 configurations: mean 1 x; the relative SD pooled
+    over the 5 (10 degrees of freedom) is the SD of ln(1, 0.95, 1.05); half-width t(0.975, 10) x sd / sqrt 3."""
     runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=3, sequential=("ps",))
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))
     assert len(tables.repeats) == 15 and len(tables.runs) == 5
@@ -75,13 +77,15 @@ def test_repeats_are_rows_of_their_own_and_aggregate_with_t_intervals(tmp_path: 
     assert list(ps.repeat) == [0, 1, 2] and list(ps.images_per_sec) == pytest.approx([100.0, 95.0, 105.0])
     assert list(ps.run) == [f"synthetic1k/vgg11/n2-1gbit/ps/r{k}" for k in range(3)]
     row = tables.runs.set_index("strategy").loc["ralp_n"]
-    assert row.images_per_sec == pytest.approx(240.0) and row.images_per_sec_std == pytest.approx(12.0)
-    assert row.images_per_sec_ci_high - 240.0 == pytest.approx(4.302652729749752 * 12.0 / 3**0.5)
+    relative = statistics.stdev(math.log(x) for x in (1.0, 0.95, 1.05))
+    assert row.images_per_sec == pytest.approx(240.0) and row.images_per_sec_std == pytest.approx(240.0 * relative)
+    assert row.images_per_sec_own_std == pytest.approx(12.0) and row.images_per_sec_df == 10
+    assert row.images_per_sec_ci_high - 240.0 == pytest.approx(2.2281388519649385 * 240.0 * relative / 3**0.5)
     sequential = tables.runs.set_index("strategy").loc["ps-sequential"]
     assert not sequential.overlap and sequential.speedup_vs_ps == pytest.approx(0.5)
     assert math.isnan(sequential.predicted_images_per_sec)  # the plan priced the pipelined ps
     assert list(tables.runs.strategy) == ["ps", "ps-sequential", "allreduce", "ralp_h", "ralp_n"]
-    assert "| vgg11 | synthetic1k | 1000 | 2 | ralp_n | 2 | 2 | layer4.0 (8) | 3 | 240.0 ± 29.8 |" in tables.summary
+    assert "| vgg11 | synthetic1k | 1000 | 2 | ralp_n | 2 | 2 | layer4.0 (8) | 3 | 240.0 ± 15.5 |" in tables.summary
 
 
 def test_summary_is_laid_out_per_network_with_one_row_per_configuration(tmp_path: Path) -> None:

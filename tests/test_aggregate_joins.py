@@ -20,6 +20,7 @@ import pytest
 
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.results.aggregate import build_tables, load_records
+from ralp_pipe.results.intervals import t_quantile
 from ralp_pipe.results.tables import Tables
 from workflow_records import write_results
 
@@ -28,7 +29,6 @@ NETWORKS = ("100mbit", "1gbit")
 MODELS = ("vgg11", "resnet18")
 GPUS = (2, 4)
 REPEATS = 3
-T_975_DF2 = 4.302652729749752  # Student's t, 97.5% quantile, 2 degrees of freedom (tables: 4.303)
 TABLES = {
     "### Throughput (images/sec) and speedups": "throughput",
     "### Transfer volume (GB/step) and predicted throughput (images/sec, error against the measurement)": "volume",
@@ -47,10 +47,23 @@ class Raw:
         """Mean images/sec over the repeats of one configuration."""
         return statistics.mean(r["images_per_sec"] for r in self.records[key])
 
+    def pooled(self, key: Key) -> tuple[float, int]:
+        """The relative SD pooled over every configuration of `key`'s pool (dilated or not) and its degrees of
+        freedom: squared deviations of ln images/sec from each configuration's mean of logs, over the sum of
+        repeats - 1."""
+        dilated = bool(self.records[key][0].get("dilation"))
+        squares, df = 0.0, 0
+        for records in self.records.values():
+            if bool(records[0].get("dilation")) == dilated:
+                logs = [math.log(r["images_per_sec"]) for r in records]
+                squares += sum((y - statistics.mean(logs)) ** 2 for y in logs)
+                df += len(logs) - 1
+        return math.sqrt(squares / df), df
+
     def half(self, key: Key) -> float:
-        """Half-width of the 95% t-interval of the mean (3 repeats)."""
-        values = [r["images_per_sec"] for r in self.records[key]]
-        return T_975_DF2 * statistics.stdev(values) / math.sqrt(len(values))
+        """Half-width of the 95% t-interval of the mean (3 repeats) from the pooled relative SD (:meth:`pooled`)."""
+        relative, df = self.pooled(key)
+        return t_quantile(0.975, df) * relative * self.mean(key) / math.sqrt(REPEATS)
 
     def error(self, key: Key) -> float | None:
         """(predicted - measured) / measured of one configuration; None for the sequential ablation."""
@@ -118,14 +131,10 @@ def assert_interval(cell: str, mean: float, half: float | None) -> None:
 
 
 def ratio_half(raw: Raw, top: Key, bottom: Key) -> float:
-    """Delta-method 95% half-width of mean(top) / mean(bottom), Welch df (equal here: both sides vary 5%)."""
-    terms = [
-        statistics.stdev(r["images_per_sec"] for r in raw.records[k]) ** 2 / (REPEATS * raw.mean(k) ** 2)
-        for k in (top, bottom)
-    ]
-    df = sum(terms) ** 2 / sum(t**2 / (REPEATS - 1) for t in terms)
-    assert df == pytest.approx(4.0)  # equal relative spreads of 3 repeats: 2 + 2 degrees of freedom
-    return 2.7764451051977987 * raw.mean(top) / raw.mean(bottom) * math.sqrt(sum(terms))  # t(0.975, 4)
+    """Delta-method 95% half-width of mean(top) / mean(bottom): both sides' relative SD is their pool's, so the
+    relative variance of the ratio is 2 s² / 3 and its degrees of freedom the pool's (one estimate behind both)."""
+    relative, df = raw.pooled(top)
+    return t_quantile(0.975, df) * raw.mean(top) / raw.mean(bottom) * math.sqrt(2 * relative**2 / REPEATS)
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +259,9 @@ def test_speedup_and_error_of_every_row_of_the_parquet_tables_match_the_raw_reco
         ps, allreduce = (*key[:4], "ps"), (*key[:4], "allreduce")
         assert run.images_per_sec == pytest.approx(raw.mean(key))
         assert (run.images_per_sec_ci_high - run.images_per_sec_ci_low) / 2 == pytest.approx(raw.half(key))
-        assert run.images_per_sec_std == pytest.approx(statistics.stdev(r["images_per_sec"] for r in raw.records[key]))
+        own = statistics.stdev(r["images_per_sec"] for r in raw.records[key])
+        assert run.images_per_sec_own_std == pytest.approx(own)
+        assert run.images_per_sec_std == pytest.approx(raw.pooled(key)[0] * raw.mean(key))
         assert run.speedup_vs_ps == pytest.approx(raw.mean(key) / raw.mean(ps))
         assert run.speedup_vs_allreduce == pytest.approx(raw.mean(key) / raw.mean(allreduce))
         if key != ps:

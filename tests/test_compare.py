@@ -67,18 +67,19 @@ def test_identical_input_reports_no_regression(tmp_path: Path, capsys: pytest.Ca
     root = _results(tmp_path / "a")
     assert cli(["compare", str(root), str(root / "tables")]) == 0
     out = capsys.readouterr().out
-    assert "| vgg11 | synthetic1k | 2 | 1gbit | ralp_n | 240.0 ± 29.8 (k=3) | 240.0 ± 29.8 (k=3) | +0.0 ± " in out
+    assert "| vgg11 | synthetic1k | 2 | 1gbit | ralp_n | 240.0 ± 16.0 (k=3) | 240.0 ± 16.0 (k=3) | +0.0 ± " in out
     assert "4 within noise" in out and REGRESSED not in out
 
 
 def test_a_regression_beyond_noise_exits_1_and_a_change_within_noise_does_not(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Repeats spread ±5% (half-width 12.4% of each mean with 3 repeats): -30% is beyond noise; -12% is outside
-    B's interval (132 ± 16.4) but inside A's (150 ± 18.6), so not beyond the noise of both."""
+    """Repeats spread ±5% (half-width 6.7% of each mean with 3 repeats, the spread pooled over 4 configurations:
+    8 degrees of freedom): -30% is beyond noise; -6.5% is outside B's interval (140.25 ± 9.3) but inside A's
+    (150 ± 10.0), so not beyond the noise of both."""
     a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
     _scale(b, "ralp_n", 0.70)
-    _scale(b, "allreduce", 0.88)
+    _scale(b, "allreduce", 0.935)
     assert cli(["compare", str(a), str(b)]) == 1
     verdicts = compare(read_runs(a), read_runs(b)).table.set_index("strategy")["verdict"]
     assert verdicts["ralp_n"] == REGRESSED and verdicts["allreduce"] == WITHIN and verdicts["ps"] == WITHIN

@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from ralp_pipe.results.intervals import Estimate, mean_interval, ratio_interval, t_cdf, t_quantile
+from ralp_pipe.results.intervals import (
+    Estimate,
+    mean_interval,
+    pool,
+    pooled_interval,
+    ratio_interval,
+    t_cdf,
+    t_quantile,
+)
 
 # 97.5% quantiles of Student's t (two-sided 95%), e.g. scipy.stats.t.ppf(0.975, df), to 9 digits.
 T_975 = {1: 12.706204736, 2: 4.302652730, 3: 3.182446305, 4: 2.776445105, 9: 2.262157163, 30: 2.042272456}
@@ -54,3 +62,33 @@ def test_ratio_interval_by_the_delta_method_with_welch_degrees_of_freedom() -> N
     assert ratio.mean == 2.0 and ratio.std == pytest.approx(2.0 * math.sqrt(va + vb))
     assert ratio.half_width == pytest.approx(t_quantile(0.975, df) * 2.0 * math.sqrt(va + vb))
     assert 2.446911851 < t_quantile(0.975, df) < 2.570581836  # between t(0.975, 6) and t(0.975, 5)
+
+
+def test_pooled_spread_is_the_within_configuration_variance_of_logs_by_hand() -> None:
+    """ln-deviations: (±ln 1.1 / 2 around the log-mean) twice in the first group, 0 in the second: sum of squares
+    ln(1.1)² / 2, over 1 + 2 degrees of freedom; a single repeat adds none."""
+    spread = pool([[100.0, 110.0], [50.0, 50.0, 50.0], [7.0]])
+    assert spread.df == 3 and spread.configurations == 3
+    assert spread.relative_std == pytest.approx(math.sqrt(math.log(1.1) ** 2 / 2 / 3))
+    assert spread.largest_own == pytest.approx(math.log(1.1) / math.sqrt(2))
+    estimate = pooled_interval([100.0, 110.0], spread)
+    assert estimate.mean == 105.0 and estimate.dof == 3 and estimate.std == pytest.approx(105.0 * spread.relative_std)
+    assert estimate.half_width == pytest.approx(t_quantile(0.975, 3) * estimate.std / math.sqrt(2))
+    single = pooled_interval([7.0], spread)  # one repeat still gets the pool's interval
+    assert single.half_width == pytest.approx(t_quantile(0.975, 3) * 7.0 * spread.relative_std)
+
+
+def test_a_pool_without_degrees_of_freedom_gives_no_interval_and_refuses_non_positive_values() -> None:
+    spread = pool([[3.0], [4.0]])
+    assert spread.df == 0 and math.isnan(spread.relative_std)
+    assert math.isnan(pooled_interval([3.0], spread).half_width)
+    with pytest.raises(ValueError, match="positive"):
+        pool([[1.0, 0.0]])
+
+
+def test_ratio_of_two_pooled_estimates_takes_the_pool_s_degrees_of_freedom() -> None:
+    """Both sides from one pool: Welch would count 2 x 4 degrees of freedom for one spread estimate; it is 4."""
+    spread = pool([[1.0, 1.1, 0.9], [2.0, 2.1, 1.9]])
+    top, bottom = pooled_interval([1.0, 1.1, 0.9], spread), pooled_interval([2.0, 2.1, 1.9], spread)
+    ratio = ratio_interval(top, bottom)
+    assert ratio.half_width == pytest.approx(t_quantile(0.975, 4) * 0.5 * math.sqrt(2 * spread.relative_std**2 / 3))

@@ -204,7 +204,8 @@ def _side(row: Any, side: str) -> Estimate:
         return float(getattr(row, f"{name}_{side}"))
 
     half = (value("images_per_sec_ci_high") - value("images_per_sec_ci_low")) / 2
-    return Estimate(value("images_per_sec"), value("images_per_sec_std"), int(value("repeats")), half)
+    df = float(getattr(row, f"images_per_sec_df_{side}", math.nan))  # pooled spread's (tables without it: k - 1)
+    return Estimate(value("images_per_sec"), value("images_per_sec_std"), int(value("repeats")), half, df)
 
 
 def _number(value: Any, digits: int = 1) -> str:
@@ -242,7 +243,7 @@ def render(comparison: Comparison, a: str, b: str) -> str:
     lines += [
         "",
         f"{len(table)} configurations: {summary}. Images/sec: the target's (target-equivalent where dilated). "
-        "Intervals: 95% (t over repeats; the change by the delta method); beyond noise = each mean outside the "
+        "Intervals: 95% (t over repeats, their spread pooled over configurations; the change by the delta method); beyond noise = each mean outside the "
         "other's interval.",
     ]
     moved = int(table["split_change"].notna().sum()) if "split_change" in table.columns else 0

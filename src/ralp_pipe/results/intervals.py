@@ -9,6 +9,16 @@ degrees of freedom for the t quantile. One repeat gives no interval (NaN).
 
 The t quantile is computed here (no scipy in the environment): the t distribution's CDF from the
 regularised incomplete beta function (a continued fraction), inverted by bisection.
+
+Pooled intervals (:func:`pool`, :func:`pooled_interval`): with few repeats per configuration (2 give t = 12.7 at
+one degree of freedom) the tables estimate the run-to-run spread once for many configurations whose runs vary
+alike, as a one-way analysis of variance does: the pooled within-configuration variance of ln(images/sec),
+sum over configurations of sum over repeats (ln x - mean of ln x)² / sum over configurations (k - 1), with
+that sum of k - 1 as degrees of freedom. Its square root is the relative standard deviation of one run; a
+configuration's interval is mean ± t(0.975, df) x relative SD x mean / sqrt(k). What varies between runs is
+what varies between fresh sets of ranks (the host's scheduling, the emulated links' jitter), assumed alike in
+every configuration of the pool; :class:`Pool` keeps the largest configuration's own relative SD beside the
+pooled one, so a configuration that varies more than the pool shows.
 """
 
 from __future__ import annotations
@@ -88,6 +98,12 @@ class Estimate:
     std: float
     count: int
     half_width: float
+    df: float = math.nan  # degrees of freedom of `std`; NaN: count - 1 (its own repeats)
+
+    @property
+    def dof(self) -> float:
+        """Degrees of freedom of :attr:`std`: :attr:`df` where pooled, else count - 1."""
+        return self.count - 1 if math.isnan(self.df) else self.df
 
     @property
     def low(self) -> float:
@@ -116,16 +132,61 @@ def ratio_interval(top: Estimate, bottom: Estimate) -> Estimate:
     """top.mean / bottom.mean with its 95% delta-method interval (independent repeats, Welch df).
 
     The returned `std` is the delta method's standard error of the ratio and `count` the smaller
-    repeat count; the width is NaN when either side has a single repeat or a mean of 0.
+    repeat count; the width is NaN when either side's std has no degrees of freedom (a single repeat,
+    unpooled) or a mean of 0. Each side's t degrees of freedom are its :attr:`Estimate.dof` (the pool's where pooled).
     """
     ratio = top.mean / bottom.mean if bottom.mean else math.nan
     count = min(top.count, bottom.count)
-    if count < 2 or not top.mean or not bottom.mean:
+    if min(top.dof, bottom.dof) < 1 or not top.mean or not bottom.mean:
         return Estimate(ratio, math.nan, count, math.nan)
     terms = [(e.std / e.mean) ** 2 / e.count for e in (top, bottom)]
     relative = math.fsum(terms)
     if relative == 0.0:
         return Estimate(ratio, 0.0, count, 0.0)
-    df = relative**2 / math.fsum(term**2 / (e.count - 1) for term, e in zip(terms, (top, bottom)))
+    df = relative**2 / math.fsum(term**2 / e.dof for term, e in zip(terms, (top, bottom)))
+    if not (math.isnan(top.df) or math.isnan(bottom.df)):  # pooled: one spread estimate may stand behind both sides
+        df = min(df, max(top.df, bottom.df))
     error = abs(ratio) * math.sqrt(relative)
     return Estimate(ratio, error, count, _t_half(df) * error)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The run-to-run spread of a set of configurations: pooled relative SD (of ln images/sec) and its degrees of
+    freedom, with the largest configuration's own relative SD beside it (NaN where none has 2 repeats)."""
+
+    relative_std: float
+    df: int
+    configurations: int
+    largest_own: float
+
+
+def pool(groups: Sequence[Sequence[float]]) -> Pool:
+    """The pooled relative SD of `groups` (each a configuration's repeats, all > 0): sum of squared deviations of
+    ln x from each configuration's mean of ln x over sum of (k - 1); NaN with no configuration of 2 repeats."""
+    squares, df, own = 0.0, 0, []
+    for values in groups:
+        if any(v <= 0 for v in values):
+            raise ValueError(f"pooled intervals need positive values, got {list(values)}")
+        logs = [math.log(v) for v in values]
+        centre = math.fsum(logs) / len(logs) if logs else 0.0
+        deviations = math.fsum((y - centre) ** 2 for y in logs)
+        squares += deviations
+        df += max(len(logs) - 1, 0)
+        if len(logs) > 1:
+            own.append(math.sqrt(deviations / (len(logs) - 1)))
+    relative = math.sqrt(squares / df) if df else math.nan
+    return Pool(relative, df, len(groups), max(own, default=math.nan))
+
+
+def pooled_interval(values: Sequence[float], spread: Pool) -> Estimate:
+    """Mean of `values` with the 95% t-interval of the pooled relative SD `spread` (df: the pool's): std = relative
+    SD x mean, half-width = t(0.975, df) x std / sqrt(k); NaN std and width where the pool has no df."""
+    count = len(values)
+    if count == 0:
+        raise ValueError("pooled_interval needs at least one value")
+    mean = math.fsum(values) / count
+    if not spread.df:
+        return Estimate(mean, math.nan, count, math.nan, 0.0)
+    std = spread.relative_std * abs(mean)
+    return Estimate(mean, std, count, _t_half(spread.df) * std / math.sqrt(count), float(spread.df))

@@ -32,7 +32,7 @@ from ralp_pipe.engine.metrics import link_rate, target_equivalent
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import DataError
 from ralp_pipe.results.accuracy import relative_error
-from ralp_pipe.results.intervals import Estimate, mean_interval, ratio_interval
+from ralp_pipe.results.intervals import Estimate, mean_interval, pool, pooled_interval, ratio_interval
 
 GROUP = ["model", "dataset", "gpus", "network"]  # strategies are compared within a group
 CONFIGURATION = GROUP + ["strategy"]  # what repeats share (strategy: the row name, see the module docstring)
@@ -44,6 +44,8 @@ SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "d
           "backend", "loader", "profile_kind", "profile_device", "dilation_factor", "dilation_mode", "target_device",
           "target_link_rate"]  # fmt: skip
 MEANS = ["step_time_s", "step_p50_s", "step_p95_s", "wire_gb_total"]
+# figures whose intervals use the run-to-run spread pooled over configurations (results.intervals.pool)
+POOLED = ["images_per_sec", "emulator_images_per_sec", "images_per_sec_per_device"]
 # a concurrent job's images/sec alone and together, the target's first (as in runs.parquet), and its slowdown
 CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
 CONCURRENT_COLUMNS += ["dilation_factor", "alone_emulator_images_per_sec", "together_emulator_images_per_sec"]
@@ -195,7 +197,28 @@ def _estimate(values: pd.Series) -> Estimate:
     return mean_interval([float(v) for v in values])
 
 
-def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
+def interval_pool(repeats: pd.DataFrame) -> pd.Series:
+    """Which pool each repeat's configuration estimates its run-to-run spread with (:func:`pooled_estimates`):
+    dilated runs (both modes: a step's time is the padded units' and the emulated links') apart from undilated
+    ones (this host's own speed)."""
+    return repeats["dilation_factor"].notna().map({True: "dilated", False: "undilated"})
+
+
+def pooled_estimates(repeats: pd.DataFrame, column: str) -> dict[tuple[Any, ...], Estimate]:
+    """Each configuration's mean of `column` with its 95% interval from the relative SD pooled over the
+    configurations of its :func:`interval_pool` (:func:`ralp_pipe.results.intervals.pool`)."""
+    pools = interval_pool(repeats)
+    out: dict[tuple[Any, ...], Estimate] = {}
+    for _, members in repeats.groupby(pools, sort=False):
+        groups = {
+            key: [float(v) for v in g[column]] for key, g in members.groupby(CONFIGURATION, sort=False, dropna=False)
+        }
+        spread = pool(list(groups.values()))
+        out.update({key: pooled_interval(values, spread) for key, values in groups.items()})
+    return out
+
+
+def _configuration_row(repeats: pd.DataFrame, estimates: dict[str, Estimate]) -> dict[str, Any]:
     """The row of one configuration: its shared settings and the mean (with interval) over its repeats."""
     first = repeats.iloc[0]
     for column in SHARED:
@@ -207,14 +230,17 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
     row = {key: first[key] for key in CONFIGURATION + ["overlap", *SHARED, "split_unit"]}
     row["run"] = first["run"].rsplit("/", 1)[0]
     row["repeats"] = len(repeats)
-    target = _estimate(repeats["images_per_sec"])  # the target's (see the module docstring)
+    target = estimates["images_per_sec"]  # the target's (see the module docstring)
+    own = _estimate(repeats["images_per_sec"])
     row.update(
         images_per_sec=target.mean,
         images_per_sec_std=target.std,
+        images_per_sec_df=target.dof,
+        images_per_sec_own_std=own.std,
         images_per_sec_ci_low=target.low,
         images_per_sec_ci_high=target.high,
     )
-    emulator = _estimate(repeats["emulator_images_per_sec"])
+    emulator = estimates["emulator_images_per_sec"]
     row.update(
         emulator_images_per_sec=emulator.mean,
         emulator_images_per_sec_ci_low=emulator.low,
@@ -223,7 +249,7 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
         stalls=int(repeats["stalls"].sum()),
         late_s=float(repeats["late_s"].max()),
     )
-    per_device = _estimate(repeats["images_per_sec_per_device"])
+    per_device = estimates["images_per_sec_per_device"]
     row.update(
         images_per_sec_per_device=per_device.mean,
         images_per_sec_per_device_ci_low=per_device.low,
@@ -239,8 +265,11 @@ def _configuration_row(repeats: pd.DataFrame) -> dict[str, Any]:
 def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     """runs.parquet: one row per configuration, with speedups over `ps` and `allreduce` in the same group."""
     groups = repeats.groupby(CONFIGURATION, sort=False, dropna=False)
-    frame = _typed(order(pd.DataFrame([_configuration_row(group) for _, group in groups]), CONFIGURATION))
-    estimates = {key: _estimate(group["images_per_sec"]) for key, group in groups}
+    pooled = {column: pooled_estimates(repeats, column) for column in POOLED}
+    rows = [_configuration_row(group, {c: pooled[c][key] for c in POOLED}) for key, group in groups]
+    frame = _typed(order(pd.DataFrame(rows), CONFIGURATION))
+    frame["interval_pool"] = interval_pool(frame)
+    estimates = pooled["images_per_sec"]
     for baseline in BASELINES:
         ratios = []
         for key in frame[CONFIGURATION].itertuples(index=False, name=None):
