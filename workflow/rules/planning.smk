@@ -92,3 +92,53 @@ rule check_links:
     shell:
         "ralp-pipe check-links --out {output:q} --hosts {wildcards.hosts} --pattern {wildcards.pattern}"
         " {params.args} > {log:q} 2>&1"
+
+
+# experiment.measured_profiles: this machine's compute measured beside the target's modelled profile, and the plan
+# made from it on the same network (summary.md sets the two splits side by side; no run trains with it).
+rule profile_measured:
+    output:
+        MATRIX.path("measured_profile"),
+    log:
+        MATRIX.log("profile_measured"),
+    wildcard_constraints:
+        classes=r"\d+",
+        batch=r"\d+",
+        size=r"\d+",
+        hw=r"[a-z]+-[A-Za-z0-9_.-]+",
+    conda:
+        ENV
+    threads: workflow.cores  # timing measurements run alone
+    params:
+        key=lambda wildcards: MATRIX.measured_params(
+            "profile", MATRIX.measured_run("profile", wildcards)
+        ),
+        args=lambda wildcards: shlex.join(
+            MATRIX.measured_args("profile", MATRIX.measured_run("profile", wildcards))
+        ),
+    shell:
+        "ralp-pipe profile --no-bandwidth --out {output:q} {params.args} > {log:q} 2>&1"
+
+
+rule plan_measured:
+    input:
+        profile=lambda wildcards: MATRIX.path(
+            "measured_profile", MATRIX.measured_run("plan", wildcards)
+        ),
+        link=MATRIX.path("link"),
+    output:
+        MATRIX.path("measured_plan"),
+    log:
+        MATRIX.log("plan_measured"),
+    conda:
+        ENV
+    params:
+        key=lambda wildcards: MATRIX.measured_params(
+            "plan", MATRIX.measured_run("plan", wildcards)
+        ),
+        args=lambda wildcards: shlex.join(
+            MATRIX.measured_args("plan", MATRIX.measured_run("plan", wildcards))
+        ),
+    shell:
+        "ralp-pipe plan --profile {input.profile:q} --link {input.link:q} --out {output:q} {params.args}"
+        " > {log:q} 2>&1"

@@ -2,6 +2,7 @@
 from ralp_pipe.contract.layout import (
     BREAKDOWN_TABLE,
     CONCURRENT_TABLE,
+    MANIFEST_FILE,
     PLOT_NAMES,
     PLOTS_FOLDER,
     REPEATS_TABLE,
@@ -13,6 +14,12 @@ from ralp_pipe.contract.layout import (
 RUNS = [MATRIX.path("run", run) for run in MATRIX]
 PLANS = sorted({MATRIX.path("plan", run) for run in MATRIX})
 PROFILES = sorted({MATRIX.path("profile", run) for run in MATRIX})
+MEASURED_PROFILES = [
+    MATRIX.path("measured_profile", run) for run in MATRIX.measured_runs
+]
+MEASURED_PLANS = [MATRIX.path("measured_plan", run) for run in MATRIX.measured_runs]
+# each dataset's shard manifest (what was prepared, from which source), bundled beside the runs that read them
+MANIFESTS = sorted({f"{MATRIX.path('shards', run)}/{MANIFEST_FILE}" for run in MATRIX})
 LINKS = sorted({MATRIX.path("link", run) for run in MATRIX})
 TABLES = MATRIX.path("tables")
 CONCURRENT = [MATRIX.path("concurrent", index=i) for i in range(len(MATRIX.workloads))]
@@ -23,6 +30,7 @@ rule aggregate:
         metrics=[f"{run}/{METRICS_FILE}" for run in RUNS],
         steps=[f"{run}/{STEPS_FILE}" for run in RUNS],
         plans=PLANS,
+        measured=MEASURED_PLANS,
         concurrent=[f"{folder}/{CONCURRENT_FILE}" for folder in CONCURRENT],
     output:
         runs=report(
@@ -71,7 +79,7 @@ rule aggregate:
         out=lambda wildcards, output: os.path.dirname(output.runs),
     shell:
         "ralp-pipe aggregate --runs {params.runs:q} --plans {input.plans:q} --concurrent {input.concurrent:q}"
-        " --out {params.out:q} > {log:q} 2>&1"
+        " --measured-plans {input.measured:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule resolved_config:
@@ -91,6 +99,8 @@ rule bundle:
         tables=rules.aggregate.output,
         profiles=PROFILES,
         links=LINKS,
+        measured=MEASURED_PROFILES + MEASURED_PLANS,
+        shards=sorted({MATRIX.path("shards", run) for run in MATRIX}),
     output:
         BUNDLE,
     log:
@@ -105,6 +115,9 @@ rule bundle:
             *PLANS,
             *PROFILES,
             *LINKS,
+            *MEASURED_PROFILES,
+            *MEASURED_PLANS,
+            *MANIFESTS,
             *CONCURRENT,
             TABLES,
         ],

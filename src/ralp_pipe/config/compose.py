@@ -50,6 +50,7 @@ from ralp_pipe.config.schema import (
 )
 from ralp_pipe.config.strategies import STRATEGY_KINDS, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
+from ralp_pipe.contract.layout import SEQUENTIAL_SUFFIX
 from ralp_pipe.errors import ConfigError
 
 
@@ -419,6 +420,8 @@ def _validate_train(t: TrainConfig, model: str) -> None:
     _in_range("train.momentum", t.momentum, 0.0, 1.0, "[0, 1)", high_open=True)
     _in_range("train.weight_decay", t.weight_decay, 0.0, math.inf, "[0, inf)")
     _at_least("train.repeat", t.repeat, 0)
+    if t.variant is not None:
+        _safe_name("train.variant", t.variant)
 
 
 def _validate_experiment(e: ExperimentConfig) -> None:
@@ -445,6 +448,19 @@ def _validate_experiment(e: ExperimentConfig) -> None:
                 f"experiment.gpus_by_model.{model}={list(own)} must be some of experiment.gpus={e.gpus}: "
                 f"experiment.gpus lists every N of the experiment, a model's entry the N it runs at"
             )
+    for model, networks in e.networks_by_model.items():
+        _choice("experiment.networks_by_model", model, e.models)
+        if not networks or not set(networks) <= set(e.networks):
+            raise ConfigError(
+                f"experiment.networks_by_model.{model}={list(networks)} must be some of experiment.networks="
+                f"{e.networks}: experiment.networks lists every network of the experiment, a model's entry its own"
+            )
+    for name in e.variants:
+        _safe_name("experiment.variants", name)
+        if f"-{name}" == SEQUENTIAL_SUFFIX:
+            raise ConfigError(f"experiment.variants.{name}: the name is the sequential ablation's row suffix")
+    for model in e.measured_profiles:
+        _choice("experiment.measured_profiles[]", model, e.models)
     _at_least("experiment.repeats", e.repeats, 1)
     for strategy in e.sequential:
         _choice("experiment.sequential[]", strategy, e.strategies)

@@ -183,6 +183,8 @@ class TrainConfig:
     cpu_share: int | None = None
     amp: bool = False
     repeat: int = 0  # which of experiment.repeats this run is (set by the workflow; changes nothing it computes)
+    # the experiment.variants entry this run is (set by the workflow): its row is <strategy>-<variant>
+    variant: str | None = None
 
 
 @dataclass
@@ -252,6 +254,13 @@ class ExperimentConfig:
     gpus: list[int] = field(default_factory=lambda: [4])
     gpus_by_model: dict[str, list[int]] = field(default_factory=dict)  # a model's own N, from gpus; others: every N
     networks: list[str] = field(default_factory=lambda: ["loopback"])
+    networks_by_model: dict[str, list[str]] = field(default_factory=dict)  # a model's own networks, from networks
+    # name -> overrides: the runs its model=, dataset=, strategy=, cluster.gpus= and network= overrides select (all
+    # where it has none) run again with its other overrides, in rows <strategy>-<name>
+    variants: dict[str, list[str]] = field(default_factory=dict)
+    # models also profiled on this machine (measured) where target is set, at their smallest N, and planned from that
+    # profile on their first network beside the target's plan (summary.md)
+    measured_profiles: list[str] = field(default_factory=list)
     concurrent: list[list[str]] = field(default_factory=list)
     repeats: int = 1  # independent runs of every training configuration (fresh ranks each)
     sequential: list[str] = field(default_factory=list)  # strategies also run with strategy.overlap=false

@@ -25,6 +25,8 @@ CONFIGURATION_ID = "{dataset}/{model}/n{gpus}-{network}/{arm}"
 RUN_ID = CONFIGURATION_ID + "/r{repeat}"
 CONCURRENT_ID = "w{index}"  # one workload of experiment.concurrent
 SEQUENTIAL_SUFFIX = "-sequential"
+MEASURED_FOLDER = "profiles/measured"  # experiment.measured_profiles: profiles measured here ...
+MEASURED_PLANS_FOLDER = f"{MEASURED_FOLDER}/plans"  # ... and the plans made from them
 # Outputs below the results folder
 PATHS = {
     "shards": f"data/{SHARDS_ID}",
@@ -32,6 +34,9 @@ PATHS = {
     "link": f"profiles/links/{LINK_ID}.json",
     "link_check": f"profiles/factors/{LINK_CHECK_ID}.json",
     "plan": f"plans/{PLAN_FILE}",
+    # experiment.measured_profiles: this machine's compute, measured, and the plan made from it (beside the target's)
+    "measured_profile": f"{MEASURED_FOLDER}/{PROFILE_ID}.json",
+    "measured_plan": f"{MEASURED_PLANS_FOLDER}/{PLAN_FILE}",
     "run": f"runs/{RUN_ID}",
     "concurrent": f"concurrent/{CONCURRENT_ID}",
     "tables": "tables",
@@ -45,10 +50,13 @@ LOG_IDS = {
     "probe": LINK_ID,
     "check_links": LINK_CHECK_ID,
     "plan": PLAN_ID,
+    "profile_measured": PROFILE_ID,
+    "plan_measured": PLAN_ID,
     "train": RUN_ID,
     "concurrent": CONCURRENT_ID,
 }
 METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; metrics.json marks it complete
+MANIFEST_FILE = "manifest.json"  # in a dataset's shards folder: what was prepared, from what
 CONCURRENT_FILE = "concurrent.json"  # in a concurrent workload's folder
 RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE = "runs.parquet", "speedups.parquet", "concurrent.parquet"
 REPEATS_TABLE = "repeats.parquet"  # one row per repeat; runs.parquet has one row per configuration
@@ -80,6 +88,8 @@ def log_path(stage: str) -> str:
     return f"{PATHS['logs']}/{stage}.log" if job is None else f"{PATHS['logs']}/{stage}/{job}.log"
 
 
-def arm(strategy: str, overlap: bool = True) -> str:
-    """The name of a strategy's row in the tables and its run folder: ``ps``, or ``ps-sequential`` without overlap."""
-    return strategy if overlap else strategy + SEQUENTIAL_SUFFIX
+def arm(strategy: str, overlap: bool = True, variant: str | None = None) -> str:
+    """The name of a strategy's row in the tables and its run folder: ``ps``, or ``ps-sequential`` without overlap;
+    a run of an experiment.variants entry adds its name (``ralp_n-real``)."""
+    name = strategy if overlap else strategy + SEQUENTIAL_SUFFIX
+    return f"{name}-{variant}" if variant else name

@@ -161,8 +161,14 @@ class RunMetrics(Record):
 
     @property
     def arm(self) -> str:
-        """The strategy's row name: the strategy, or ``<strategy>-sequential`` without overlap."""
-        return arm(self.strategy, self.overlap)
+        """The strategy's row name: the strategy, or ``<strategy>-sequential`` without overlap, then ``-<variant>``
+        for a run of an experiment.variants entry (``train.variant``)."""
+        return arm(self.strategy, self.overlap, self.variant)
+
+    @property
+    def variant(self) -> str | None:
+        """The experiment.variants entry the run is (``train.variant``; records without it: None)."""
+        return self._setting("train", "variant", None)
 
     @property
     def configuration(self) -> str:

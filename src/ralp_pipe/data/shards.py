@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import Config, DatasetConfig, load
-from ralp_pipe.contract.layout import PATHS
+from ralp_pipe.contract.layout import MANIFEST_FILE, PATHS
 from ralp_pipe.data import imaging, synthetic
 from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
 from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
@@ -47,7 +47,7 @@ CONFIG_KEYS = ("dataset", "paths")  # what this stage reads of the config (a key
 
 FORMAT_VERSION = 1
 SHUFFLE_SEED = 0
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 CLASSES = "classes.json"
 RECORDS = "parts"
 LOCK = ".prepare.lock"

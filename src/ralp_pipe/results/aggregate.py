@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -32,6 +32,7 @@ from ralp_pipe.contract.layout import (
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.errors import DataError, disk_error
 from ralp_pipe.results.breakdown import breakdown_markdown, breakdown_table
+from ralp_pipe.results.fidelity import PlanKey, fidelity_markdown
 from ralp_pipe.results.summary import concurrent_markdown, summary_markdown
 from ralp_pipe.results.tables import (
     CONFIGURATION,
@@ -44,8 +45,6 @@ from ralp_pipe.results.tables import (
     runs_table,
     speedups_table,
 )
-
-PlanKey = tuple[str, str, int, str]  # (dataset, model, N, network): what one plan is for
 
 
 def find_metrics(paths: Iterable[str | Path]) -> list[Path]:
@@ -127,13 +126,24 @@ def read_steps(path: Path) -> pd.DataFrame:
     return steps
 
 
-def build_tables(records: Records, workloads: Sequence[tuple[str, dict[str, Any]]] = ()) -> Tables:
-    """All tables of an experiment from its runs' inputs and (name, concurrent.json) pairs."""
+def build_tables(
+    records: Records,
+    workloads: Sequence[tuple[str, dict[str, Any]]] = (),
+    measured: Mapping[PlanKey, Plan] | None = None,
+) -> Tables:
+    """All tables of an experiment from its runs' inputs, (name, concurrent.json) pairs and the plans made from
+    profiles measured here (experiment.measured_profiles), by what each was made for."""
     repeats = repeats_table(records)
     runs = runs_table(repeats)
     concurrent = concurrent_table(workloads)
     breakdown = order(breakdown_table((run.record, run.steps) for run in records), CONFIGURATION + ["repeat"])
-    summary = summary_markdown(runs) + breakdown_markdown(breakdown) + concurrent_markdown(concurrent)
+    used = {
+        (run.record.dataset, run.record.model, run.record.gpus, run.record.network): run.plan
+        for run in records
+        if run.plan is not None
+    }
+    summary = summary_markdown(runs) + fidelity_markdown(runs, measured or {}, used)
+    summary += breakdown_markdown(breakdown) + concurrent_markdown(concurrent)
     speedups = speedups_table(runs)
     return Tables(runs, repeats, speedups, concurrent, breakdown, summary)
 
@@ -206,13 +216,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan files (or folders of them); each run gets the one made for its dataset, model, N and network",
     )
     parser.add_argument("--concurrent", nargs="*", default=[], help="concurrent.json files of concurrent workloads")
+    parser.add_argument(
+        "--measured-plans",
+        nargs="*",
+        default=[],
+        help="plans made from profiles measured here (experiment.measured_profiles), shown beside the runs' plans",
+    )
     parser.add_argument("--out", type=Path, required=True, help="tables folder to write")
 
 
 def main(args: argparse.Namespace) -> int:
     """Aggregate the given runs into tables and plots."""
     check_writable(args.out, f"--out {args.out}")
-    tables = build_tables(load_records(args.runs, args.plans), load_workloads(args.concurrent))
+    measured = load_plans(args.measured_plans)
+    tables = build_tables(load_records(args.runs, args.plans), load_workloads(args.concurrent), measured)
     write_tables(tables, args.out)
     print(f"aggregate: {len(tables.repeats)} runs of {len(tables.runs)} configurations -> {args.out}")
     return 0

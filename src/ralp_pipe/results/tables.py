@@ -117,6 +117,7 @@ def run_row(run: RunInput) -> dict[str, Any]:
     row.update(throughput(record))  # images_per_sec keeps its place, the target's figure
     row["strategy"] = record.arm
     row["overlap"] = record.overlap
+    row["variant"] = record.variant  # the experiment.variants entry (None: the matrix's own run)
     row["repeat"] = record.repeat
     row["classes"] = record.num_classes
     row["run"] = record.run
@@ -176,7 +177,7 @@ def order(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` with nullable integer and string types where a column may be null (split, names of things)."""
-    strings = ["split_unit", "link_source", "device", "backend", "loader", "profile_kind", "profile_device"]
+    strings = ["split_unit", "link_source", "device", "backend", "loader", "profile_kind", "profile_device", "variant"]
     strings += ["dilation_mode", "target_device", "target_link_rate"]
     floats = ["link_gbit", "dilation_factor"]
     return frame.astype({"split": "Int64", **dict.fromkeys(floats, "float64"), **dict.fromkeys(strings, "string")})
@@ -227,7 +228,7 @@ def _configuration_row(repeats: pd.DataFrame, estimates: dict[str, Estimate]) ->
                 f"the repeats of {first['run'].rsplit('/', 1)[0]} disagree on {column} "
                 f"({', '.join(map(str, repeats[column].unique()))}): aggregate the runs of one experiment"
             )
-    row = {key: first[key] for key in CONFIGURATION + ["overlap", *SHARED, "split_unit"]}
+    row = {key: first[key] for key in CONFIGURATION + ["overlap", "variant", *SHARED, "split_unit"]}
     row["run"] = first["run"].rsplit("/", 1)[0]
     row["repeats"] = len(repeats)
     target = estimates["images_per_sec"]  # the target's (see the module docstring)

@@ -38,7 +38,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ralp_pipe.contract.layout import CONCURRENT_FILE, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
+from ralp_pipe.contract.layout import CONCURRENT_FILE, MEASURED_PLANS_FOLDER, PLOT_NAMES, PLOTS_FOLDER, TABLE_FILES
 from ralp_pipe.contract.topology import WORKER
 from ralp_pipe.engine.metrics import (
     MEASURE,
@@ -50,7 +50,7 @@ from ralp_pipe.engine.metrics import (
 )
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import BundleRefused, ConfigError, DataError
-from ralp_pipe.results.aggregate import build_tables, load_records, load_workloads
+from ralp_pipe.results.aggregate import build_tables, load_plans, load_records, load_workloads
 from ralp_pipe.results.bundle import CHECKSUMS, ENVIRONMENT
 from ralp_pipe.results.tables import RunInput, Tables
 from ralp_pipe.runtime.wire import wire_total
@@ -316,12 +316,14 @@ def compare_tables(folder: Path) -> Tables:
     try:
         workloads = load_workloads(sorted((folder / "concurrent").glob(f"*/{CONCURRENT_FILE}")))
         records = load_records([folder / "runs"], plans)
+        measured = folder / MEASURED_PLANS_FOLDER  # experiment.measured_profiles' plans, where the bundle has them
+        measured_plans = load_plans([measured]) if measured.is_dir() else {}
     except (ConfigError, DataError) as exc:
         raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc
     for run in records:
         check_record(run)
     try:
-        tables = build_tables(records, workloads)
+        tables = build_tables(records, workloads, measured_plans)
     except (ConfigError, DataError) as exc:
         raise BundleRefused(f"the raw records do not aggregate: {exc}") from exc
     stored = folder / "tables"

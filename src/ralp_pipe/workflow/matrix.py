@@ -107,6 +107,9 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {stage: declared_keys(stage) for stage 
 COMPOSE_KEYS = ("dataset.layout", "dataset.source")  # a real dataset composes only with its path
 MATRIX_GROUPS = ("dataset", "model", "strategy", "network")
 WORKFLOW_KEYS = ("experiment", "cluster.gpus", "strategy.plan")
+# an experiment.variants override naming one of these selects matrix runs (by the Run field) instead of setting it
+VARIANT_SELECTORS = {"dataset": "dataset", "model": "model", "strategy": "strategy", "cluster.gpus": "gpus",
+                     "network": "network"}  # fmt: skip
 SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"  # the --config keys
 
 
@@ -122,11 +125,12 @@ class Run:
     network: str
     overlap: bool = True
     repeat: int = 0
+    variant: str = ""  # the experiment.variants entry it runs ("": the matrix's own run)
 
     @property
     def arm(self) -> str:
-        """The run's strategy row and folder name (``ps``, ``ps-sequential``)."""
-        return arm(self.strategy, self.overlap)
+        """The run's strategy row and folder name (``ps``, ``ps-sequential``, ``ralp_n-real``)."""
+        return arm(self.strategy, self.overlap, self.variant or None)
 
     @property
     def wildcards(self) -> dict[str, str]:
@@ -259,11 +263,14 @@ class Matrix:
             for d, m in self.pairs()
             for s, overlap in self._arms()
             for g in e.gpus_by_model.get(m, e.gpus)
-            for n in e.networks
+            for n in e.networks_by_model.get(m, e.networks)
             for r in range(e.repeats)
         ]
+        self._variant_bases = {name: self._variant_base(head, name) for name in e.variants}
+        self.runs += self._variant_runs()
         matrix_runs = set(self.runs)
         self.runs += [run for run in self._reference_runs() if run not in matrix_runs]
+        self.measured_runs = self._measured_runs()
         self._configs = {run: self._config(run, STAGE_DIMS["train"]) for run in self.runs}
         self._first: dict[tuple[str, ...], dict[tuple[str, ...], Run]] = {}
         self._job_runs: dict[str, dict[str, Run]] = {}  # stage of OUTPUT_OF -> its output path -> the first run
@@ -287,6 +294,65 @@ class Matrix:
             )
         return arms + [(s, False) for s in pipelined]
 
+    def variant_overrides(self, name: str) -> tuple[dict[str, str], list[str]]:
+        """Variant `name`'s selectors (matrix field -> value, from its model=, dataset=, strategy=, cluster.gpus= and
+        network= overrides) and its other overrides, those its runs add."""
+        selectors: dict[str, str] = {}
+        others: list[str] = []
+        for override in self.base.experiment.variants[name]:
+            key, value = override_key(override), override.partition("=")[2]
+            if key in VARIANT_SELECTORS:
+                selectors[VARIANT_SELECTORS[key]] = value
+            else:
+                others.append(override)
+        return selectors, others
+
+    def _variant_base(self, head: list[str], name: str) -> Config:
+        """The experiment's config with variant `name`'s overrides; refused where they change what a plan, profile
+        or shards read (a variant reruns training only: its runs read the matrix's plans)."""
+        _, others = self.variant_overrides(name)
+        base = self._compose(head + others, "variant", name)
+        for stage in ("prepare_shards", "profile", "plan"):
+            for key in STAGE_KEYS[stage]:
+                ours, theirs = (select(to_dict(c), [key])[key] for c in (base, self.base))
+                same = (ours is None) == (theirs is None) if key == "dilation.factor" else ours == theirs
+                if not same:  # of dilation.factor a plan reads only whether the run is dilated
+                    raise ConfigError(
+                        f"experiment.variants.{name} changes {key} ({theirs!r} -> {ours!r}), which the {stage} stage "
+                        f"reads: a variant reruns training only, on the matrix's shards, profiles and plans"
+                    )
+        return base
+
+    def _variant_runs(self) -> list[Run]:
+        """A run of every variant for each matrix run (pipelined arms) its selectors match, each repeat."""
+        runs = []
+        for name in self.base.experiment.variants:
+            selectors, _ = self.variant_overrides(name)
+            matched = [
+                dataclasses.replace(run, variant=name)
+                for run in self.runs
+                if run.overlap and not run.variant and all(str(getattr(run, f)) == v for f, v in selectors.items())
+            ]
+            if not matched:
+                raise ConfigError(f"experiment.variants.{name} selects no run of the matrix ({selectors})")
+            runs += matched
+        return runs
+
+    def _measured_runs(self) -> list[Run]:
+        """For each model of experiment.measured_profiles, its first run at its smallest N (the run whose
+        profile is measured here and planned on its network)."""
+        e = self.base.experiment
+        if e.measured_profiles and e.target is None:
+            raise ConfigError(
+                f"experiment.measured_profiles={e.measured_profiles} adds measured profiles beside the target's, "
+                f"but experiment.target is null: every profile is measured already"
+            )
+        runs = []
+        for model in e.measured_profiles:
+            own = [run for run in self.runs if run.model == model and run.gpus > 1 and not run.variant]
+            runs.append(min(own, key=lambda run: run.gpus))
+        return runs
+
     def _reference_runs(self) -> list[Run]:
         """The single-device reference of every (dataset, model) and repeat (experiment.reference), on the
         first network: one rank has no link to shape."""
@@ -302,11 +368,15 @@ class Matrix:
         e = self.base.experiment
         return [(d, m) for d in e.datasets for m in e.models if not e.pairs or [d, m] in e.pairs]
 
-    def _train_section(self, run: Run) -> TrainConfig:
-        """The train section of `run`: its repeat, and for the reference on a cluster whose ranks share this
-        host's CPUs, the torch threads of one rank of the experiment's largest run (what the profile times)."""
+    def _train_section(self, run: Run, base: Config) -> TrainConfig:
+        """The train section of `run` (from `base`, its variant's where it has one): its repeat and variant, and
+        for the reference on a cluster whose ranks share this host's CPUs, the torch threads of one rank of the
+        experiment's largest run (what the profile times)."""
         return dataclasses.replace(
-            self.base.train, repeat=run.repeat, cpu_share=cpu_share(self.base, run.strategy, run.gpus)
+            base.train,
+            repeat=run.repeat,
+            cpu_share=cpu_share(self.base, run.strategy, run.gpus),
+            variant=run.variant or None,
         )
 
     def launcher_args(self) -> list[str]:
@@ -330,6 +400,8 @@ class Matrix:
 
     def _config(self, run: Run, dims: Sequence[str]) -> Config:
         """`run`'s config where the matrix chooses `dims`; other groups keep the experiment's default."""
+        # a variant changes training only (Matrix._variant_base): other stages compose the matrix's base
+        base = self._variant_bases[run.variant] if run.variant and "repeat" in dims else self.base
         sections = {g: self._sections[g, getattr(run, g)] for g in MATRIX_GROUPS if g in dims}
         if "strategy" in sections:  # training reads its split from the plan stage's output (its rule's --plan)
             overlap = sections["strategy"].overlap and run.overlap
@@ -337,11 +409,11 @@ class Matrix:
                 sections["strategy"], plan=self.path("plan", run), overlap=overlap
             )
         if "repeat" in dims:
-            sections["train"] = self._train_section(run)
-        cluster = self.base.cluster
+            sections["train"] = self._train_section(run, base)
+        cluster = base.cluster
         if "gpus" in dims:
             cluster = dataclasses.replace(cluster, gpus=run.gpus)
-        cfg = dataclasses.replace(self.base, cluster=cluster, **sections)
+        cfg = dataclasses.replace(base, cluster=cluster, **sections)
         try:
             validate(cfg)
         except ConfigError as exc:
@@ -373,6 +445,8 @@ class Matrix:
         """The fields output `name`'s path takes from `run`."""
         if name == "profile":
             return self.profile_fields(run)
+        if name == "measured_profile":
+            return self.profile_fields(run, measured=True)
         if name == "link_check":
             return self.link_fields(run)
         return run.wildcards
@@ -383,11 +457,12 @@ class Matrix:
         hosts, pattern = links_of(self.config(run))
         return {"network": run.network, "hosts": str(hosts), "pattern": str(pattern)}
 
-    def profile_fields(self, run: Run) -> dict[str, str]:
+    def profile_fields(self, run: Run, measured: bool = False) -> dict[str, str]:
         """What `run`'s compute profile depends on, as the profile path's fields: model, class count,
         per-worker batch, image size, the device kind (cluster kind and device, or ``target-<entry>`` for a
-        profile modelled for ``experiment.target``) and the N it profiles."""
-        cfg = self.stage_config("profile", run)
+        profile modelled for ``experiment.target``) and the N it profiles; `measured`: its profile measured here
+        (experiment.measured_profiles)."""
+        cfg = self.measured_config("profile", run) if measured else self.stage_config("profile", run)
         return {
             "model": run.model,
             "classes": str(cfg.dataset.num_classes),
@@ -498,6 +573,35 @@ class Matrix:
         """The config `stage` composes for `run` (equal to the run's config on every key it reads)."""
         return self.config(run) if stage == "train" else self._config(self._stage_run(stage, run), STAGE_DIMS[stage])
 
+    def measured_config(self, stage: str, run: Run) -> Config:
+        """The config `stage` composes for `run`'s profile measured here or the plan made from it
+        (experiment.measured_profiles): the stage's own, with experiment.target null."""
+        cfg = self.stage_config(stage, run)
+        return dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, target=None))
+
+    def measured_args(self, stage: str, run: Run) -> list[str]:
+        """The Hydra overrides of `stage` (profile or plan) for `run`'s measured profile: the stage's own, the
+        profile measuring this machine (experiment.target=null)."""
+        args = [a for a in self.stage_args(stage, run) if not a.startswith("experiment.target=")]
+        return [*args, "experiment.target=null"] if stage == "profile" else args
+
+    def measured_params(self, stage: str, run: Run) -> str:
+        """Rerun key of the measured profile's `stage` job for `run` (as :meth:`stage_params`)."""
+        data = {
+            "config": select(to_dict(self.measured_config(stage, run)), self.stage_keys(stage, run)),
+            "args": self.measured_args(stage, run),
+        }
+        return json.dumps(data, sort_keys=True)
+
+    def measured_run(self, stage: str, wildcards: Mapping[str, str]) -> Run:
+        """The run of experiment.measured_profiles a `stage` job (profile or plan) with these wildcards is for."""
+        output = "measured_profile" if stage == "profile" else "measured_plan"
+        wanted = self.path(output, None, **wildcards)
+        for run in self.measured_runs:
+            if self.path(output, run) == wanted:
+                return run
+        raise ConfigError(f"no model of experiment.measured_profiles has a measured {stage} job for {dict(wildcards)}")
+
     def stage_args(self, stage: str, run: Run) -> list[str]:
         """The Hydra overrides `stage` gets for `run`: the matrix choices it is keyed by, plus the
         user's overrides of keys it reads. Input files are no overrides: each rule passes its inputs'
@@ -517,6 +621,8 @@ class Matrix:
         args += [o for o in self.settings.overrides if relevant(override_key(o), keys)]
         if "repeat" in dims:  # after the user's overrides: the matrix decides the arm and the repeat
             args += [] if run.overlap else ["strategy.overlap=false"]
+            if run.variant:
+                args += [*self.variant_overrides(run.variant)[1], f"train.variant={run.variant}"]
             args.append(f"train.repeat={run.repeat}")
             share = self.config(run).train.cpu_share
             if share != self.base.train.cpu_share:
