@@ -48,7 +48,8 @@ def _introduction(runs: pd.DataFrame) -> str:
     return (
         f"{len(runs)} configurations, {int(runs['repeats'].sum())} runs "
         f"({' or '.join(map(str, repeats))} repeat{'s' * (repeats != [1])} each). Figures are means over the repeats "
-        f"± the half-width of a {LEVEL:.0%} t-interval (no ± with one repeat). Throughput is "
+        f"± the half-width of a {LEVEL:.0%} t-interval whose run-to-run spread is pooled over configurations "
+        "(section Intervals; no ± where no configuration of the pool has 2 repeats). Throughput is "
         "images/sec of all workers; per device divides it by the devices the strategy runs "
         "(workers plus parameter servers or the PS device). The per-worker batch is the same for "
         "every strategy, so the global batch is workers x batch and differs between strategies. "
