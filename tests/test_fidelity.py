@@ -53,7 +53,8 @@ def runs() -> pd.DataFrame:
 
 def test_the_real_configuration_is_compared_with_its_modelled_twin_at_the_same_d(runs: pd.DataFrame) -> None:
     real = next(r for r in runs.itertuples() if r.strategy == "ralp_n-real")
-    assert twin_of(real, runs).strategy == "ralp_n-d16"  # the same D, not the matrix's D = 8 row
+    twin = twin_of(real, runs)
+    assert twin is not None and twin.strategy == "ralp_n-d16"  # the same D, not the matrix's D = 8 row
     text = modes_markdown(runs)
     e = {m: Estimate(m, 0.01 * m, 2, 2.021 * 0.01 * m / math.sqrt(2), 40.0) for m in (595.0, 590.0)}
     change = ratio_interval(e[595.0], e[590.0])

@@ -96,7 +96,7 @@ def test_the_default_experiment_shows_every_stage_for_real() -> None:
         matrix.config(r).dilation.mode == "modelled" and matrix.config(r).dilation.factor == factor for r in twins
     )
     assert matrix.measured_runs
-    links = {}
+    links: dict[str, set[str]] = {}
     for r in matrix.runs:
         links.setdefault(r.model, set()).add(r.network)
     assert max(len(networks) for networks in links.values()) >= 2
