@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import pytest
 
-from ralp_pipe.config import ConfigError, StrategyConfig, load, strategy_kind
+from ralp_pipe.config import ConfigError, StrategyConfig, load
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.planning.costmodel import (
@@ -142,11 +142,3 @@ def test_several_gpus_per_host_need_an_interconnect_and_slurm_nodes_that_agree()
     one_gpu_hosts = load(["cluster=slurm", "network=fabric", "cluster.slurm.gpus_per_node=4"])
     with pytest.raises(ConfigError, match=r"cluster.gpus_per_node=1 .* cluster.slurm.gpus_per_node=4"):
         check_hosts_agree(one_gpu_hosts)  # 4 ranks a node share its link, where the plan priced a link each
-
-
-def test_dtf_is_a_baseline_that_train_cannot_run_yet() -> None:
-    kind = strategy_kind("dtf")
-    assert kind.baseline and kind.whole_variables and not kind.trainable
-    with pytest.raises(ConfigError, match=r"'dtf' is priced by `ralp-pipe plan` and `simulate` only"):
-        kind.check_trainable()
-    assert strategy_kind("ps").baseline and not strategy_kind("ralp_n").baseline

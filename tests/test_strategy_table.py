@@ -64,7 +64,9 @@ def test_a_registered_strategy_gets_its_topology_and_profile_batches(toy: Strate
         topology("ralp_q", 2)
     assert worker_and_ps_batches(BATCH, 5)["ps_ralp_q"] == 3 * BATCH
     assert "ps_ralp_q" not in worker_and_ps_batches(BATCH, 2)
-    assert largest_world(2) == topology("ps", 2).world_size  # ralp_q cannot run on 2 devices: not counted
+    # ralp_q cannot run on 2 devices: not counted; dtf's PS task per worker host makes the largest run of all
+    assert largest_world(2, strategies=["ps", "ralp_q"]) == topology("ps", 2).world_size
+    assert largest_world(2) == topology("dtf", 2).world_size == 4
 
 
 def test_a_registered_strategy_moves_what_its_volume_function_says(toy: StrategyKind) -> None:

@@ -4,7 +4,7 @@ Every stage asks :func:`strategy_kind` for a property instead of comparing names
 is an entry of :data:`STRATEGY_KINDS` plus its own step class (``engine/strategies/``), volume
 function (``engine/volume.py``) and ``config/strategy/<name>.yaml``. The step class and the volume
 function are named as ``module:attribute`` and imported on first use, so reading the table
-imports neither torch nor the engine. A strategy without a step class (``step=None``: `dtf`) is
+imports neither torch nor the engine. A strategy without a step class (``step=None``) would be
 priced by the planner and the simulator but not trained; :attr:`StrategyKind.baseline` marks the
 strategies RALP is measured against.
 """
@@ -124,11 +124,13 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             places_layers=False,
             min_gpus=1,
             workers=lambda n: n,
-            servers=lambda n, num_ps: num_ps,
+            # one PS task per worker host, as Distributed TensorFlow was deployed and the planner prices it
+            # (planning/planner.py strategy_pricing); strategy.num_ps does not apply. Hosts of one GPU: N tasks
+            servers=lambda n, num_ps: n,
             per_worker_volume=True,
-            step=None,  # priced only (planning/costmodel.py); the engine does not run it yet
+            step=f"{_ENGINE}.strategies.dtf:WholeVariableStrategy",
             volume=f"{_ENGINE}.volume:whole_variable_bytes",
-            ranks="N workers + `num_ps` parameter-server tasks",
+            ranks="N workers + N parameter-server tasks (one per worker host)",
             baseline=True,
             whole_variables=True,
         ),

@@ -111,6 +111,8 @@ class RunMetrics(Record):
     # factor, mode, target_device, target_link_rate, shaped_link_rate, compute_batch_size, compute_image_size,
     # overruns and late_s (measured steps), needed_factor, auto (how auto chose the factor); None: undilated
     dilation: dict[str, Any] | None = None
+    # strategy.transport_efficiency below 1 (dtf's gRPC): the efficiency, whether and how the run applied it
+    transport: dict[str, Any] | None = None
     images_per_step: int = field(metadata=_COLUMN)
     step_time_s: float = field(metadata=_COLUMN)
     window_s: float | None = None

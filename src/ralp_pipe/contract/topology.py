@@ -8,6 +8,7 @@ The counts come from the strategy table (:mod:`ralp_pipe.config.strategies`); th
 | `allreduce` | N       | none                  | N             |
 | `ralp_h`    | ⌈N / 2⌉ | 1 PS device           | ⌈N / 2⌉ + 1   |
 | `ralp_n`    | N - 1   | 1 PS device           | N             |
+| `dtf`       | N       | N PS tasks (one/host) | 2N            |
 
 RALP-H's half of the devices rounds up: at odd N (N=3: 2 workers + the PS device) it uses every
 device rather than leaving one idle, as RALP-N does; at even N, the paper's, the two readings agree.
@@ -15,7 +16,7 @@ device rather than leaving one idle, as RALP-N does; at even N, the paper's, the
 A "ps" rank only holds parameters and applies SGD; a "ps_device" rank (RALP) also runs the
 upper layers of the model on the global batch.
 
-Hosts (:attr:`Topology.hosts`): every rank is a host of its own, except `ps` PS ranks placed
+Hosts (:attr:`Topology.hosts`): every rank is a host of its own, except `ps` and `dtf` PS ranks placed
 ``colocated`` (``strategy.ps_placement``), the usual Distributed-TensorFlow deployment of one
 worker task and one PS task per machine: PS rank i then shares worker i's host and link
 (PS ranks beyond the worker count wrap around). RALP's PS device is a device of its own, and
@@ -25,6 +26,7 @@ worker task and one PS task per machine: PS rank i then shares worker i's host a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGY_KINDS, Config, cluster_kind, strategy_kind
 from ralp_pipe.config.schema import StrategyConfig
@@ -117,9 +119,11 @@ def links_of(cfg: Config) -> tuple[int, str | None]:
     return topo.num_hosts, link_pattern(topo)
 
 
-def largest_world(gpus: int, num_ps: int = 1) -> int:
-    """Ranks of the largest run any strategy makes at `gpus` (with `num_ps` servers): what a profile stands for."""
-    return max(topology(s, gpus, num_ps).world_size for s, kind in STRATEGY_KINDS.items() if gpus >= kind.min_gpus)
+def largest_world(gpus: int, num_ps: int = 1, strategies: Iterable[str] | None = None) -> int:
+    """Ranks of the largest run any of `strategies` (default: every strategy) makes at `gpus` (with `num_ps`
+    servers): what a profile stands for."""
+    names = STRATEGY_KINDS if strategies is None else strategies
+    return max(topology(s, gpus, num_ps).world_size for s in names if gpus >= strategy_kind(s).min_gpus)
 
 
 def cpu_share(cfg: Config, strategy: str, gpus: int) -> int | None:
@@ -133,7 +137,7 @@ def cpu_share(cfg: Config, strategy: str, gpus: int) -> int | None:
     if cfg.train.cpu_share is not None:
         return cfg.train.cpu_share
     if (strategy, gpus) == REFERENCE and cluster_kind(cfg.cluster.kind).shares_host_cpus:
-        return largest_world(max(cfg.experiment.gpus), cfg.strategy.num_ps)
+        return largest_world(max(cfg.experiment.gpus), cfg.strategy.num_ps, cfg.experiment.strategies)
     return None
 
 

@@ -59,7 +59,7 @@ from torch import nn
 
 from ralp_pipe.config import CONFIG_DIR, Config, ConfigError, DeviceConfig, strategy_kind
 from ralp_pipe.config.compose import with_arch
-from ralp_pipe.config.dilation import fixed_factor, shaped_rate
+from ralp_pipe.config.dilation import emulated_rate, fixed_factor
 from ralp_pipe.config.schema import REAL
 from ralp_pipe.contract.records import Profile, check_profile_matches
 from ralp_pipe.contract.topology import Topology
@@ -307,7 +307,7 @@ def record(cfg: Config, result: Mapping[str, Any], calibration: dict[str, Any] |
         "mode": cfg.dilation.mode,
         "target_device": target_label(cfg),
         "target_link_rate": cfg.network.rate,
-        "shaped_link_rate": shaped_rate(cfg.network.rate, factor),
+        "shaped_link_rate": emulated_rate(cfg),
         "compute_batch_size": batch,
         "compute_image_size": image,
         "overruns": measured_overruns(result["rows"]),

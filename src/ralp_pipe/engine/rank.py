@@ -214,6 +214,7 @@ def run_rank(
             pacer,
             message_batch=t.batch_size,
             message_image=t.image_size,
+            variable_placement=cfg.strategy.variable_placement,
         )
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device, shards, targets)

@@ -35,8 +35,9 @@ import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import AUTO_FACTOR, Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
-from ralp_pipe.config.dilation import fixed_factor, shaped_rate
+from ralp_pipe.config.dilation import emulated_rate, fixed_factor
 from ralp_pipe.config.schema import MODELLED, REAL
+from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.contract.topology import PS, WORKER, Topology, links_of, of_strategy
@@ -46,6 +47,7 @@ from ralp_pipe.engine import dilation, models, volume
 from ralp_pipe.engine.metrics import link_rate, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets, receive_elements
+from ralp_pipe.engine.strategies.dtf import GREEDY, variable_buckets
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
 from ralp_pipe.locks import LockHeld, exclusive
 from ralp_pipe.runtime import devices, hardware
@@ -293,6 +295,23 @@ def resolve_auto(
     return cfg, dataclasses.replace(ranks, targets=dilation.targets(cfg, topo)), how
 
 
+def transport_record(cfg: Config) -> dict[str, Any] | None:
+    """metrics.json's ``transport``: where ``strategy.transport_efficiency`` is below 1, the efficiency and how the
+    run applied it (emulated links shaped to that share of ``network.rate`` / D; elsewhere nothing slows the
+    transfers, so they ran at the link's rate); None at 1."""
+    efficiency = cfg.strategy.transport_efficiency
+    if efficiency == 1.0:
+        return None
+    shaped = cluster_kind(cfg.cluster.kind).shapes_links and rate_bits_per_s(cfg.network.rate) is not None
+    return {
+        "efficiency": efficiency,
+        "applied": shaped,
+        "how": f"emulated links shaped to {emulated_rate(cfg)}: network.rate x efficiency / D"
+        if shaped
+        else "not applied: nothing shapes this cluster's links, so transfers ran at the link's own rate",
+    }
+
+
 def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics:
     """The run's record from the driver's split and analytic bytes and rank 0's result."""
     t, split, analytic, result = cfg.train, measured.split, measured.analytic, measured.result
@@ -323,6 +342,7 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
         images_per_sec=figures.images_per_sec,
         target_images_per_sec=target_equivalent(figures.images_per_sec, fixed_factor(cfg)),
         dilation=dilation.record(cfg, result, measured.calibration),
+        transport=transport_record(cfg),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],
@@ -431,7 +451,9 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
     kind = strategy_kind(topo.strategy)
     s = cfg.strategy
     buckets = (
-        plan_buckets(sizes, topo.ps, bucket_elements(s.bucket_mb, element) if s.overlap else None)
+        variable_buckets(sizes, topo.ps, s.variable_placement == GREEDY)
+        if kind.whole_variables
+        else plan_buckets(sizes, topo.ps, bucket_elements(s.bucket_mb, element) if s.overlap else None)
         if kind.has_ps
         else []
     )
@@ -615,7 +637,7 @@ def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate:
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
-            rate = shaped_rate(cfg.network.rate, fixed_factor(cfg))
+            rate = emulated_rate(cfg)
             with emulated_sites(topo.hosts, rate, cfg.network.burst, ranks.shared) as emulated:
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:

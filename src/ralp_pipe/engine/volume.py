@@ -8,8 +8,8 @@ below the split, A activation elements per image at the split and batch b per wo
 - `ps`: every worker pushes P gradients and every worker receives P parameters (sent by the
   PSes): gradients = W*P, parameters = W*P elements.
 - `dtf`: as `ps`, every worker pushes every gradient and pulls every variable, each whole to and
-  from the PS task holding it: gradients = W*P, parameters = W*P elements (where hosts of several GPUs
-  sum before pushing, the cost model prices the bytes that then cross their links).
+  from the PS task holding it (:func:`variable_owners`): gradients = W*P, parameters = W*P elements
+  (where hosts of several GPUs sum before pushing, the cost model prices the bytes that then cross their links).
 - `allreduce`: each gradient bucket of n elements goes through a ring all-reduce; rank r sends
   the chunks the ring schedule gives it (:func:`ring_send_elements`, chunks as
   ``torch.tensor_split`` cuts them), which sums to exactly 2*(N-1)*n over the N ranks, so
@@ -22,6 +22,7 @@ below the split, A activation elements per image at the split and batch b per wo
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from ralp_pipe.config import strategy_kind
 from ralp_pipe.contract.topology import Topology
@@ -81,6 +82,21 @@ def push_pull_bytes(
     """`ps`: every worker pushes all gradients and receives all parameters."""
     params = sum(parameter_count(u.module) for u in units) * bytes_per_element
     return {"gradients": topology.num_workers * params, "parameters": topology.num_workers * params}
+
+
+def variable_owners(sizes: Sequence[int], num_ps: int, greedy: bool = False) -> list[int]:
+    """The PS task (0..num_ps-1) holding each of `dtf`'s variables of `sizes`, whole, given in creation order:
+    round-robin as ``tf.train.replica_device_setter`` placed them, or with `greedy` each onto the task holding
+    the fewest bytes so far (``GreedyLoadBalancingStrategy``), ties to the lowest task. The one assignment the
+    cost model prices and the engine's `dtf` servers hold."""
+    if num_ps < 1:
+        raise ValueError(f"num_ps={num_ps} must be at least 1")
+    loads, owners = [0] * num_ps, []
+    for index, size in enumerate(sizes):
+        task = min(range(num_ps), key=lambda p: (loads[p], p)) if greedy else index % num_ps
+        loads[task] += size
+        owners.append(task)
+    return owners
 
 
 def whole_variable_bytes(

@@ -94,6 +94,7 @@ from ralp_pipe.config import strategy_kind
 from ralp_pipe.config.units import payload_bytes_per_s
 from ralp_pipe.contract.records import at_batch, unit_curve
 from ralp_pipe.engine.models import check_split
+from ralp_pipe.engine.volume import variable_owners
 
 # DDP's gradient buckets: the first (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then bucket_cap_mb's default
 DDP_FIRST_BUCKET_BYTES = 2**20
@@ -265,12 +266,12 @@ class WholeVariables:
     greedy: bool = False  # onto the least-loaded task (GreedyLoadBalancingStrategy); False: round-robin
     sum_in_host: bool = True  # distributed_replicated: a host's GPUs summed before the push
     transport_efficiency: float = 1.0  # achieved / line rate of the transport
+    colocated: bool = True  # a PS task on every worker host (strategy.ps_placement); False: hosts of their own
 
     def loads(self, num_ps: int) -> list[int]:
-        """Bytes each of `num_ps` PS tasks holds."""
+        """Bytes each of `num_ps` PS tasks holds (the engine's assignment, :func:`variable_owners`)."""
         loads = [0] * num_ps
-        for index, size in enumerate(self.sizes):
-            task = min(range(num_ps), key=lambda p: (loads[p], p)) if self.greedy else index % num_ps
+        for size, task in zip(self.sizes, variable_owners(self.sizes, num_ps, self.greedy)):
             loads[task] += size
         return loads
 

@@ -185,6 +185,7 @@ def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> Wh
         greedy=options.variable_placement == "greedy",
         sum_in_host=options.variable_update == "distributed_replicated",
         transport_efficiency=options.transport_efficiency,
+        colocated=options.ps_placement == "colocated",
     )
 
 
@@ -267,11 +268,13 @@ def plan_gpus(unit_names: Sequence[str], volume: VolumeFn, gpus: int, pricing: P
 
 
 def strategy_pricing(strategy: str, gpus: int, pricing: Pricing) -> Pricing:
-    """How `strategy` is priced at `gpus`: `dtf` with one PS task per host beside its worker, as Distributed
-    TensorFlow was deployed; every other strategy as `pricing` says."""
+    """How `strategy` is priced at `gpus`: `dtf` with one PS task per host, beside its worker as Distributed
+    TensorFlow was deployed (or on hosts of their own, as its ``strategy.ps_placement`` says); every other
+    strategy as `pricing` says."""
     if not strategy_kind(strategy).whole_variables:
         return pricing
-    return replace(pricing, num_ps=pricing.hosts.count(gpus), colocated=True)
+    colocated = pricing.variables.colocated if pricing.variables is not None else True
+    return replace(pricing, num_ps=pricing.hosts.count(gpus), colocated=colocated)
 
 
 def build_plan(

@@ -220,16 +220,18 @@ def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
 
 
 def rank_threads(cfg: Any, gpus: int | None = None) -> int | None:
-    """Torch threads of a CPU training rank of `cfg` on this host, the fewest any strategy's rank gets.
+    """Torch threads of a CPU training rank of `cfg` on this host, the fewest any experiment strategy's rank gets.
 
-    Ranks of a local or emulated cluster share this host's CPUs, so the largest world of any
-    strategy at `gpus` (default `cluster.gpus`) sets the share; under SLURM a rank gets its task's
+    Ranks of a local or emulated cluster share this host's CPUs, so the largest world of any of
+    ``experiment.strategies`` at `gpus` (default `cluster.gpus`) sets the share; under SLURM a rank gets its task's
     CPUs. None where training runs on GPUs (torch's own threads then only feed the device).
     """
     if devices.resolve_device(cfg.cluster.device) != "cpu":
         return None
     shares = cluster_kind(cfg.cluster.kind).shares_host_cpus
-    return hardware.threads_per_rank(largest_world(gpus or cfg.cluster.gpus, cfg.strategy.num_ps) if shares else 1)
+    return hardware.threads_per_rank(
+        largest_world(gpus or cfg.cluster.gpus, cfg.strategy.num_ps, cfg.experiment.strategies) if shares else 1
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,7 +282,9 @@ def build_profile(
     if timing.repeats < 1 or timing.warmup < 0:
         raise ConfigError(f"--repeats={timing.repeats} must be >= 1 and --warmup={timing.warmup} >= 0")
     counts = device_counts(cfg, gpus)
-    device_type, backend = devices.resolve(cfg.cluster, largest_world(counts[-1], cfg.strategy.num_ps))
+    device_type, backend = devices.resolve(
+        cfg.cluster, largest_world(counts[-1], cfg.strategy.num_ps, cfg.experiment.strategies)
+    )
     device = torch.device(device_type)
     batches = profile_batches(cfg.train.batch_size, counts)
     started = time.perf_counter()

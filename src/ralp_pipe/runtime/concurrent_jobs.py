@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from ralp_pipe.atomic import check_writable, write_json_atomic
 from ralp_pipe.config import Config, ConfigError, load
-from ralp_pipe.config.dilation import fixed_factor, shaped_rate
+from ralp_pipe.config.dilation import emulated_rate
 from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE
 from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.contract.topology import of_strategy
@@ -84,7 +84,7 @@ def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Pa
         raise ConfigError(f"concurrent needs at least 2 jobs, got {len(jobs)}: give --job once per job")
     overrides = [[*common, "cluster=emulated", *job] for job in jobs]
     configs = [load(o) for o in overrides]
-    networks = {(shaped_rate(c.network.rate, fixed_factor(c)), c.network.burst) for c in configs}
+    networks = {(emulated_rate(c), c.network.burst) for c in configs}
     if len(networks) != 1:
         raise ConfigError(
             f"the jobs ask for different networks (tc rate and burst, dilated: network.rate / dilation.factor) "

@@ -50,6 +50,7 @@ class StepSetup:
     # the batch per worker and crop RALP's messages carry where a dilated run computes on less (None: the above)
     message_batch: int | None = None
     message_image: int | None = None
+    variable_placement: str = StrategyConfig.variable_placement  # `dtf`: how its variables go to PS tasks
 
     def pace(self, modules: list[nn.Module], first: int, role: str) -> None:
         """Pad the forward and backward of `modules`, units `first`.. at `role`'s batch, where the run is dilated."""

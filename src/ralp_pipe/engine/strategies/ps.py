@@ -17,6 +17,7 @@ from ralp_pipe.contract.topology import PS, Topology
 from ralp_pipe.engine.dilation import WORKER
 from ralp_pipe.engine.strategies.base import (
     Batch,
+    Bucket,
     Piece,
     PushPullClient,
     PushPullServer,
@@ -38,8 +39,8 @@ class ParameterServerStrategy(Strategy):
     def __init__(self, setup: StepSetup):
         self.setup = setup
         named = setup.layout()  # meta tensors on a PS rank (see holds_model)
-        workers, servers = setup.topology.workers, setup.topology.ps
-        buckets = setup.buckets([p.numel() for _, p in named], servers, named[0][1].element_size())
+        workers = setup.topology.workers
+        buckets = self.server_buckets(setup, [p.numel() for _, p in named], named[0][1].element_size())
         self.server: PushPullServer | None = None
         self.client: PushPullClient | None = None
         if setup.role == PS:
@@ -64,6 +65,11 @@ class ParameterServerStrategy(Strategy):
                 self.client.send_initial()
             self.client.attach(list(self.net.modules()))
             setup.pace(list(self.net), 0, WORKER)
+
+    @staticmethod
+    def server_buckets(setup: StepSetup, sizes: list[int], element_size: int) -> list[Bucket]:
+        """The buckets parameters of `sizes` elements travel in, spread over the PS ranks by size."""
+        return setup.buckets(sizes, setup.topology.ps, element_size)
 
     def step(self, batch: Batch | None) -> None:
         """Worker: forward/backward, pushing and pulling buckets. PS: serve its buckets."""
