@@ -32,7 +32,7 @@ from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
 from ralp_pipe.config.units import rate_bits_per_s  # noqa: E402
 from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration, target_seconds  # noqa: E402
-from ralp_pipe.results.tables import Tables  # noqa: E402
+from ralp_pipe.results.tables import BASELINES, Tables, baselines_present  # noqa: E402
 
 CATEGORY_LABELS = {
     "gb_gradients": "gradients",
@@ -251,10 +251,13 @@ def gb_per_step(tables: Tables, path: Path) -> None:
 
 
 def speedup(tables: Tables, path: Path) -> None:
-    """Speedup over ps (top) and over allreduce (bottom) per strategy with interval whiskers."""
+    """Speedup over each baseline that ran (ps, dtf, allreduce: a panel each, top to bottom) per strategy with
+    interval whiskers."""
     runs = tables.runs
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.6 * runs.groupby(["model", "dataset", "gpus"]).ngroups), 7))
-    for axis, baseline in zip(axes, ("ps", "allreduce")):
+    baselines = baselines_present(runs) or list(BASELINES[:1])
+    width_in = max(6.0, 1.6 * runs.groupby(["model", "dataset", "gpus"]).ngroups)
+    fig, axes = plt.subplots(len(baselines), 1, figsize=(width_in, 3.5 * len(baselines)), squeeze=False)
+    for axis, baseline in zip(axes[:, 0], baselines):
         column = f"speedup_vs_{baseline}"
         compared = runs[(runs["strategy"] != baseline) & runs[column].notna()]
         groups = _panels(compared, ["model", "dataset", "gpus", "network"])
@@ -339,16 +342,32 @@ HEADLINE_STYLES: dict[str, tuple[str, LineStyleType, MarkerType, bool]] = {
 }
 
 
+def _ps_ranks(runs: pd.DataFrame, baseline: str, shown: pd.DataFrame) -> str:
+    """The PS ranks of `baseline`'s runs beside the configurations `shown`, e.g. " (1 PS rank at N=8)"; empty for a
+    baseline without any."""
+    rows = runs[
+        (runs["strategy"] == baseline)
+        & runs.set_index(["model", "dataset", "gpus"]).index.isin(shown.set_index(["model", "dataset", "gpus"]).index)
+    ]
+    counts = sorted({(int(n), int(g)) for n, g in zip(rows["num_ps"], rows["gpus"]) if n})
+    if not counts:
+        return ""
+    return " (" + ", ".join(f"{n} PS rank{'s' * (n != 1)} at N={g}" for n, g in counts) + ")"
+
+
 def speedup_vs_link(tables: Tables, path: Path) -> None:
-    """The reproduction's headline: the RALP strategies' speedup over ps (left) and allreduce (right) against the
-    link rate, at each model x dataset's largest N; measured points with 95% whiskers, the planner's prediction for
-    the same devices and link as a line. Both axes are logarithmic: speedups of the paper's matrix span 0.3x-20x,
-    and a ratio and its inverse then lie equally far from 1."""
+    """The reproduction's headline: the RALP strategies' speedup over each baseline that ran (ps, dtf, allreduce: a
+    panel each, left to right, titled with its PS ranks) against the link rate, at each model x dataset's largest N;
+    measured points with 95% whiskers, the planner's prediction for the same devices and link as a line. Both axes
+    are logarithmic: speedups of the paper's matrix span 0.3x-20x, and a ratio and its inverse then lie equally far
+    from 1."""
     runs = tables.runs.assign(link=_target_gbit(tables.runs))
     ralp = runs[runs["strategy"].isin(["ralp_h", "ralp_n"]) & runs["link"].notna()]
     largest = ralp.groupby(["model", "dataset"])["gpus"].transform("max")
     ralp = ralp[ralp["gpus"] == largest]
-    fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.5))
+    baselines = baselines_present(runs) or list(BASELINES[:1])
+    fig, grid = plt.subplots(1, max(2, len(baselines)), figsize=(6.75 * max(2, len(baselines)), 4.5), squeeze=False)
+    axes = list(grid[0])
     colours = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
     groups = list(ralp.groupby(["model", "dataset", "gpus"], sort=True))
     fig.suptitle("RALP speedup vs link rate: points measured (95% interval), lines the planner's prediction")
@@ -357,8 +376,11 @@ def speedup_vs_link(tables: Tables, path: Path) -> None:
             _empty(axis, "one link rate in this experiment: the headline needs several (experiment=paper-dilated)")
         _save(fig, path)
         return
-    for axis, baseline in zip(axes, ("ps", "allreduce")):
+    for axis in axes[len(baselines) :]:
+        _empty(axis, "no other baseline ran in this experiment")
+    for axis, baseline in zip(axes, baselines):
         base = runs[runs["strategy"] == baseline].set_index(["model", "dataset", "gpus", "network"])
+        axis.set_title(f"over {baseline}{_ps_ranks(runs, baseline, ralp)}", fontsize="small")
         shown: list[np.ndarray] = [np.array([1.0])]
         for index, ((model, dataset, gpus), group) in enumerate(groups):
             for strategy, line in group.groupby("strategy", sort=True):

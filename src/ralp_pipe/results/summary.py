@@ -14,11 +14,11 @@ import pandas as pd
 from ralp_pipe.results.accuracy import median_abs_error
 from ralp_pipe.results.intervals import LEVEL
 from ralp_pipe.results.markdown import fmt, plus_minus, table
-from ralp_pipe.results.tables import BASELINES
+from ralp_pipe.results.tables import baselines_present
 
 # the columns that name a configuration, at the head of both tables of a network
 HEAD = ["model", "dataset", "classes", "N", "strategy", "devices", "global batch"]
-THROUGHPUT_HEAD = ["split", "repeats", "images/sec", "per device", "step p50 / p95 (s)", "vs ps", "vs allreduce"]
+THROUGHPUT_HEAD = ["split", "repeats", "images/sec", "per device", "step p50 / p95 (s)"]  # then "vs <baseline>"
 # where a run was time-dilated: the target's figures first, the emulator's wall-clock images/sec last
 DILATED_THROUGHPUT = {"images/sec": "target-equivalent images/sec"}
 EMULATOR_HEAD = "emulator images/sec (wall clock)"
@@ -37,9 +37,19 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     """summary.md: per network, throughput with intervals and speedups, then volume and predictions, one row per configuration."""
     dilated = bool(runs["dilation_factor"].notna().any())
     parts = ["# Results", "", _introduction(runs) + (DILATED_NOTE if dilated else ""), ""]
+    baselines = baselines_present(runs)
     for network, by_net in runs.groupby("network", sort=True):
-        parts += _network_section(str(network), by_net, dilated)
+        parts += _network_section(str(network), by_net, dilated, baselines)
     return "\n".join(parts) + "\n"  # a blank line before the sections that follow
+
+
+def _baseline_words(baselines: list[str]) -> str:
+    """The baselines speedups are over, in words: "`ps`, over `dtf` and over `allreduce` (pipelined ...)"."""
+    if not baselines:
+        return "a baseline (none ran here)"
+    named = [f"`{b}`" for b in baselines]
+    listed = ", over ".join(named[:-1]) + " and over " + named[-1] if len(named) > 1 else named[0]
+    return f"{listed} (pipelined: not their `-sequential` rows)"
 
 
 def _introduction(runs: pd.DataFrame) -> str:
@@ -54,7 +64,7 @@ def _introduction(runs: pd.DataFrame) -> str:
         "(workers plus parameter servers or the PS device). The per-worker batch is the same for "
         "every strategy, so the global batch is workers x batch and differs between strategies. "
         "Step p50/p95: median and 95th percentile of the measured steps within a run (mean over repeats). "
-        f"Speedups are ratios of mean throughput over `ps` (pipelined) and over `allreduce` at the same "
+        f"Speedups are ratios of mean throughput over {_baseline_words(baselines_present(runs))} at the same "
         f"model, dataset, N and network, with {LEVEL:.0%} delta-method intervals. `-sequential` rows are the "
         "ablation without push/pull overlap (strategy.overlap=false). Split: the unit the lower part ends "
         "with and its index. Each network's heading gives its link: the tc rate the emulated cluster shapes "
@@ -62,8 +72,9 @@ def _introduction(runs: pd.DataFrame) -> str:
     )
 
 
-def _network_section(network: str, by_net: pd.DataFrame, dilated: bool) -> list[str]:
-    """One network's tables: throughput and speedups, then volume and predictions with their median error."""
+def _network_section(network: str, by_net: pd.DataFrame, dilated: bool, baselines: list[str]) -> list[str]:
+    """One network's tables: throughput and speedups over `baselines`, then volume and predictions with their median
+    error."""
     rows = list(by_net.itertuples())
     errors = by_net["prediction_error"].dropna()
     return [
@@ -72,8 +83,10 @@ def _network_section(network: str, by_net: pd.DataFrame, dilated: bool) -> list[
         "### Throughput (images/sec) and speedups",
         "",
         table(
-            _header(HEAD + THROUGHPUT_HEAD, dilated, DILATED_THROUGHPUT, EMULATOR_HEAD),
-            [_throughput_row(r, dilated) for r in rows],
+            _header(
+                HEAD + THROUGHPUT_HEAD + [f"vs {b}" for b in baselines], dilated, DILATED_THROUGHPUT, EMULATOR_HEAD
+            ),
+            [_throughput_row(r, dilated, baselines) for r in rows],
         ),
         "",
         "### Transfer volume (GB/step) and predicted throughput (images/sec, error against the measurement)",
@@ -96,9 +109,9 @@ def _configuration_cells(r: Any) -> list[str]:
     return [r.model, r.dataset, str(r.classes), str(r.gpus), r.strategy, str(r.devices), str(r.global_batch)]
 
 
-def _throughput_row(r: Any, dilated: bool) -> list[str]:
+def _throughput_row(r: Any, dilated: bool, baselines: list[str]) -> list[str]:
     """A configuration's split, repeats, the target's images/sec (all and per device), step quantiles (the target's
-    seconds) and speedups, then where dilated the emulator's wall-clock images/sec."""
+    seconds) and speedups over `baselines`, then where dilated the emulator's wall-clock images/sec."""
     per_device = (r.images_per_sec_per_device_ci_low, r.images_per_sec_per_device_ci_high)
     factor = 1.0 if math.isnan(r.dilation_factor) else r.dilation_factor
     return [
@@ -108,7 +121,7 @@ def _throughput_row(r: Any, dilated: bool) -> list[str]:
         plus_minus(r.images_per_sec, r.images_per_sec_ci_low, r.images_per_sec_ci_high),
         plus_minus(r.images_per_sec_per_device, *per_device, 2),
         f"{fmt(r.step_p50_s / factor, 3)} / {fmt(r.step_p95_s / factor, 3)}",
-        *(_speedup_cell(r, baseline) for baseline in BASELINES),
+        *(_speedup_cell(r, baseline) for baseline in baselines),
         *([_emulator_cell(r)] if dilated else []),
     ]
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ralp_pipe.config import STRATEGIES, ConfigError
+from ralp_pipe.config import STRATEGIES, STRATEGY_KINDS, ConfigError
 from ralp_pipe.contract.layout import BREAKDOWN_TABLE, CONCURRENT_TABLE, REPEATS_TABLE, RUNS_TABLE, SPEEDUPS_TABLE, arm
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.engine.metrics import link_rate, target_equivalent
@@ -36,7 +36,8 @@ from ralp_pipe.results.intervals import Estimate, mean_interval, pool, pooled_in
 
 GROUP = ["model", "dataset", "gpus", "network"]  # strategies are compared within a group
 CONFIGURATION = GROUP + ["strategy"]  # what repeats share (strategy: the row name, see the module docstring)
-BASELINES = ("ps", "allreduce")  # speedup_vs_<baseline> of every row
+# speedup_vs_<baseline> of every row: the strategy table's baselines (`ps`, `dtf`), then `allreduce`
+BASELINES = (*(name for name, kind in STRATEGY_KINDS.items() if kind.baseline), "allreduce")
 SPEEDUP_METHOD = "delta"  # how speedup intervals are computed (ralp_pipe.results.intervals.ratio_interval)
 # Settings every repeat of a configuration must share (else the records mix two experiments).
 SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "devices", "batch_size",
@@ -264,7 +265,7 @@ def _configuration_row(repeats: pd.DataFrame, estimates: dict[str, Estimate]) ->
 
 
 def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
-    """runs.parquet: one row per configuration, with speedups over `ps` and `allreduce` in the same group."""
+    """runs.parquet: one row per configuration, with speedups over each of :data:`BASELINES` in the same group."""
     groups = repeats.groupby(CONFIGURATION, sort=False, dropna=False)
     pooled = {column: pooled_estimates(repeats, column) for column in POOLED}
     rows = [_configuration_row(group, {c: pooled[c][key] for c in POOLED}) for key, group in groups]
@@ -287,6 +288,11 @@ def runs_table(repeats: pd.DataFrame) -> pd.DataFrame:
     # a dilated configuration's plan priced the target's devices and link: its prediction is of the target's figure
     frame["prediction_error"] = relative_error(frame["predicted_images_per_sec"], frame["images_per_sec"])
     return frame
+
+
+def baselines_present(runs: pd.DataFrame) -> list[str]:
+    """The :data:`BASELINES` some configuration of `runs` ran (the speedups summary.md and the plots show)."""
+    return [baseline for baseline in BASELINES if (runs["strategy"] == baseline).any()]
 
 
 def speedups_table(runs: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,72 @@
+"""RALP's speedup over `dtf` beside those over `ps` and `allreduce`: in runs.parquet, speedups.parquet, summary.md and
+the plots, wherever `dtf` ran (and nowhere else)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ralp_pipe.results import plots
+from ralp_pipe.results.aggregate import build_tables, load_records
+from ralp_pipe.results.tables import BASELINES, Tables, baselines_present
+from workflow_records import PAPER_FOUR, images_per_sec, write_results
+
+WITH_DTF = (*PAPER_FOUR, "dtf")
+
+
+def _tables(root: Path, strategies: tuple[str, ...], networks: tuple[str, ...] = ("1gbit",)) -> Tables:
+    runs = write_results(root, models=("vgg11",), strategies=strategies, gpus=(4,), networks=networks, repeats=2)
+    return build_tables(load_records(runs, [root / "plans"]))
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch, plot: Any, tables: Tables) -> Any:
+    figures: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plot(tables, Path("unused.png"))
+    [figure] = figures
+    return figure
+
+
+def test_baselines_are_the_strategy_tables_then_allreduce() -> None:
+    assert BASELINES == ("ps", "dtf", "allreduce")
+
+
+def test_runs_and_speedups_hold_the_speedup_over_dtf(tmp_path: Path) -> None:
+    tables = _tables(tmp_path, WITH_DTF)
+    runs = tables.runs.set_index("strategy")
+    want = images_per_sec("vgg11", "1gbit", "ralp_n", 4) / images_per_sec("vgg11", "1gbit", "dtf", 4)
+    assert runs.loc["ralp_n", "speedup_vs_dtf"] == pytest.approx(want)
+    assert runs.loc["dtf", "speedup_vs_dtf"] == 1.0
+    assert runs.loc["ralp_n", "speedup_vs_dtf_ci_low"] < want < runs.loc["ralp_n", "speedup_vs_dtf_ci_high"]
+    speedups = tables.speedups.set_index("strategy")
+    assert speedups.loc["ralp_n", "dtf_images_per_sec"] == pytest.approx(runs.loc["dtf", "images_per_sec"])
+    assert baselines_present(tables.runs) == ["ps", "dtf", "allreduce"]
+    header = next(line for line in tables.summary.splitlines() if line.startswith("| model") and "vs ps" in line)
+    assert header.rstrip().endswith("| vs ps | vs dtf | vs allreduce |")
+    assert "over `ps`, over `dtf` and over `allreduce`" in tables.summary
+
+
+def test_without_dtf_the_summary_has_no_dtf_column(tmp_path: Path) -> None:
+    tables = _tables(tmp_path, PAPER_FOUR)
+    assert tables.runs["speedup_vs_dtf"].isna().all()
+    assert "vs dtf" not in tables.summary and "vs allreduce" in tables.summary
+
+
+def test_the_plots_draw_a_panel_over_each_baseline_that_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tables = _tables(tmp_path, WITH_DTF, networks=("100mbit", "1gbit"))
+    bars = _drawn(monkeypatch, plots.speedup, tables)
+    assert [a.get_ylabel() for a in bars.axes] == ["speedup over ps", "speedup over dtf", "speedup over allreduce"]
+    headline = _drawn(monkeypatch, plots.speedup_vs_link, tables)
+    titles = [a.get_title() for a in headline.axes]
+    dtf_ps = int(tables.runs.set_index("strategy").loc["dtf", "num_ps"].iloc[0])
+    assert titles == ["over ps (1 PS rank at N=4)", f"over dtf ({dtf_ps} PS ranks at N=4)", "over allreduce"]
+    over_dtf = headline.axes[1]
+    line = next(x for x in over_dtf.get_lines() if x.get_label() == "vgg11/synthetic1k N=4 ralp_n predicted")
+    runs = tables.runs.set_index(["strategy", "network"])
+    want = [
+        runs.loc[("ralp_n", n), "predicted_images_per_sec"] / runs.loc[("dtf", n), "predicted_images_per_sec"]
+        for n in ("100mbit", "1gbit")
+    ]
+    assert list(line.get_ydata()) == pytest.approx(want)
