@@ -27,10 +27,12 @@ def _variant(name: str, *overrides: str) -> str:
 def test_networks_by_model_runs_a_model_on_its_own_networks_and_refuses_one_the_experiment_lacks() -> None:
     both = ["experiment.networks=[loopback,1gbit]"]
     every = _matrix(*both)
-    own = _matrix(*both, "+experiment.networks_by_model.alexnet=[1gbit]")
+    own = _matrix(*both, "+experiment.networks_by_model.alexnet=[1gbit]", "experiment.reference=true")
     assert {r.network for r in every.runs if r.model == "alexnet"} == {"loopback", "1gbit"}
-    assert {r.network for r in own.runs if r.model == "alexnet"} == {"1gbit"}
-    assert [r for r in own.runs if r.model == "resnet18"] == [r for r in every.runs if r.model == "resnet18"]
+    assert {r.network for r in own.runs if r.model == "alexnet"} == {"1gbit"}  # its N=1 reference's too
+    assert {r.network for r in own.runs if r.gpus == 1} == {"loopback", "1gbit"}
+    resnet = [r for r in own.runs if r.model == "resnet18" and r.gpus > 1]
+    assert resnet == [r for r in every.runs if r.model == "resnet18"]
     with pytest.raises(ConfigError, match=re.escape("networks_by_model.alexnet=['10gbit']")):
         _matrix(*both, "+experiment.networks_by_model.alexnet=[10gbit]")
 

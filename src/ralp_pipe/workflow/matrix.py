@@ -355,13 +355,17 @@ class Matrix:
 
     def _reference_runs(self) -> list[Run]:
         """The single-device reference of every (dataset, model) and repeat (experiment.reference), on the
-        first network: one rank has no link to shape."""
+        model's first network: one rank has no link to shape."""
         e = self.base.experiment
         if not e.reference:
             return []
         strategy, gpus = REFERENCE
         overlap = self._sections["strategy", strategy].overlap
-        return [Run(d, m, strategy, gpus, e.networks[0], overlap, r) for d, m in self.pairs() for r in range(e.repeats)]
+        return [
+            Run(d, m, strategy, gpus, e.networks_by_model.get(m, e.networks)[0], overlap, r)
+            for d, m in self.pairs()
+            for r in range(e.repeats)
+        ]
 
     def pairs(self) -> list[tuple[str, str]]:
         """The (dataset, model) pairs: experiment.pairs where given, else every dataset with every model."""
