@@ -10,6 +10,7 @@ import pytest
 from ralp_pipe.contract.records import Plan
 from ralp_pipe.results.fidelity import intervals_markdown, modes_markdown, profiles_markdown, twin_of
 from ralp_pipe.results.intervals import Estimate, ratio_interval
+from ralp_pipe.results.tables import order
 
 
 def _row(strategy: str, variant: str | None, mode: str | None, factor: float, mean: float, **extra: object) -> dict:
@@ -92,3 +93,11 @@ def test_the_intervals_section_names_each_pool_its_widest_half_width_and_the_ove
     assert "| dilated | 4 | 40 | 1.00% | 3.00% (resnet18 N=2 10gbit ps) |" in text
     assert f"{100 * 2.021 * 0.01 / math.sqrt(2):.2f}%" in text
     assert "Overruns: 0 over the 8 dilated runs (stalls: 4)." in text
+
+
+def test_variant_rows_follow_their_strategy_in_one_order_whatever_order_the_records_came_in() -> None:
+    names = ["ralp_n-real", "ps", "ralp_n", "ralp_n-d16", "ps-sequential", "allreduce"]
+    expected = ["ps", "ps-sequential", "allreduce", "ralp_n", "ralp_n-d16", "ralp_n-real"]
+    for shuffled in (names, names[::-1]):
+        frame = pd.DataFrame({"model": "resnet18", "strategy": shuffled})
+        assert list(order(frame, ["model", "strategy"])["strategy"]) == expected

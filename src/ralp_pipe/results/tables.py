@@ -170,9 +170,15 @@ def dilation_columns(record: RunMetrics) -> dict[str, Any]:
 
 
 def order(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Rows sorted by `keys`, strategies in STRATEGIES order with each sequential ablation after its strategy."""
+    """Rows sorted by `keys`, strategies in STRATEGIES order with each sequential ablation after its strategy and the
+    rows of experiment.variants after both, by name (``ralp_n``, ``ralp_n-d16``, ``ralp_n-real``)."""
     rank = {arm(s, overlap): 2 * i + (not overlap) for i, s in enumerate(STRATEGIES) for overlap in (True, False)}
-    ordered = frame.sort_values(keys, key=lambda col: col.map(rank) if col.name == "strategy" else col)
+
+    def position(name: str) -> str:
+        base = max((a for a in rank if name == a or name.startswith(a + "-")), key=len, default=None)
+        return f"{rank.get(base, len(rank)) if base else len(rank):04d}/{'' if name == base else name}"
+
+    ordered = frame.sort_values(keys, key=lambda col: col.map(position) if col.name == "strategy" else col)
     return ordered.reset_index(drop=True)
 
 
