@@ -6,6 +6,7 @@ One set of 4 spawned gloo ranks (2 workers + 2 PS tasks, or `ps` with 2 PS ranks
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -19,7 +20,7 @@ from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import Piece, assemble, loss_fn
 from ralp_pipe.engine.strategies.dtf import variable_buckets
-from ralp_pipe.planning.costmodel import WholeVariables
+from ralp_pipe.planning.costmodel import ComputeCosts, Link, Pipelining, Pricing, UnitCost, WholeVariables, predict
 from support.spawn import spawn_function
 
 OPTIM = Optim(lr=0.05, momentum=0.9, weight_decay=1e-3)
@@ -163,3 +164,16 @@ def test_dtf_is_a_trainable_baseline_with_a_ps_task_per_worker_host() -> None:
     topo = topology("dtf", 4, num_ps=1, ps_placement="colocated")  # strategy.num_ps does not apply
     assert topo.roles.count(PS) == 4 and topo.num_hosts == 4
     assert topology("dtf", 4, ps_placement="dedicated").num_hosts == 8
+
+
+def test_pipelined_dtf_pulls_a_variable_only_after_all_of_it_was_pushed() -> None:
+    """The busiest link's pulls end the largest variable after its pushes: (bytes each way + largest) / rate, as
+    the engine's whole-variable buckets run (a variable returns once every worker's copy of it has arrived)."""
+    costs = ComputeCosts(tuple(UnitCost(f"u{i}", 0, (1,), (0.0,), (0.0,)) for i in range(2)), 0.0, 0.0)
+    variables = WholeVariables((600, 100, 300))  # round-robin over 2 tasks: 900 and 100 bytes
+    pricing = Pricing(costs, 1, Link(1e6), num_ps=2, colocated=True, pipelining=Pipelining(10), variables=variables)
+    each_way = 900 + 100  # a host pushes to the other host's task and serves the other worker from its own
+    assert variables.largest(2) == 600
+    assert predict("dtf", 2, 2, {"total": 0}, pricing).comm_s == pytest.approx((each_way + 600) / 1e6)
+    slower = dataclasses.replace(pricing, variables=dataclasses.replace(variables, transport_efficiency=0.5))
+    assert predict("dtf", 2, 2, {"total": 0}, slower).comm_s == pytest.approx((each_way + 600) / 0.5e6)

@@ -66,7 +66,8 @@ through each host's one link, which its GPUs' flows share.
   in creation order as ``replica_device_setter`` placed them, or greedily onto the least-loaded task), so
   the busiest PS task holds more than 1/num_ps; a host's GPUs summed before the push
   (``distributed_replicated``) or every GPU pushing (``parameter_server``); its transport achieving
-  ``transport_efficiency`` of the link's rate (gRPC).
+  ``transport_efficiency`` of the link's rate (gRPC); pipelined, each variable travels whole, so the busiest
+  task's pulls end its largest variable after its pushes (not one bucket, as with `ps`).
 - RALP: the PS device is a GPU of a host of its own, or one GPU of a worker host whose other G-1 GPUs
   are workers (:attr:`Pricing.ps_device_shares_host`); the busiest link then carries the remote
   workers' share of the traffic and the interconnect the local workers' share. The planner prices both
@@ -268,6 +269,13 @@ class WholeVariables:
     transport_efficiency: float = 1.0  # achieved / line rate of the transport
     colocated: bool = True  # a PS task on every worker host (strategy.ps_placement); False: hosts of their own
 
+    def largest(self, num_ps: int) -> int:
+        """Bytes of the largest variable on the busiest of `num_ps` PS tasks (the one holding the most bytes)."""
+        owners = variable_owners(self.sizes, num_ps, self.greedy)
+        loads = self.loads(num_ps)
+        busiest = loads.index(max(loads))
+        return max((size for size, task in zip(self.sizes, owners) if task == busiest), default=0)
+
     def loads(self, num_ps: int) -> list[int]:
         """Bytes each of `num_ps` PS tasks holds (the engine's assignment, :func:`variable_owners`)."""
         loads = [0] * num_ps
@@ -418,7 +426,10 @@ def _dtf_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]
         return server, 2 * direction_s + 2 * link.latency_s
     backward_s = costs.bwd(slice(None), pricing.batch_size) * pricing.slowdown(workers, world)
     remote = (host_count - 1 if pricing.colocated else host_count) * per_host
-    return _pipelined_ps(pricing, backward_s, server, direction_s, remote, busiest)
+    # a variable travels whole, so it is pulled only once all of it has been pushed: the busiest task's pulls end
+    # its largest variable after its pushes (pushes back to back, each pull right behind its own push)
+    whole = dataclasses.replace(pricing, pipelining=Pipelining(variables.largest(pricing.num_ps)))
+    return _pipelined_ps(whole, backward_s, server, direction_s, remote, busiest)
 
 
 def _ring_hop(pricing: Pricing, workers: int) -> tuple[float, float]:

@@ -66,6 +66,7 @@ CONFIG_KEYS = (
     "cluster.kind",
     "cluster.gpus",
     "experiment.gpus",  # the single-device reference's CPU share: one rank of the largest run
+    "experiment.strategies",  # ... of the experiment's strategies (dtf's PS task per host makes 2N ranks)
     "train.batch_size",
     "train.image_size",
     "train.cpu_share",

@@ -49,6 +49,7 @@ CONFIG_KEYS = (
     "strategy.num_ps",
     "cluster.kind",
     "cluster.gpus",  # N: its PS-device batches, the threads of a rank of its largest run
+    "experiment.strategies",  # ... of the experiment's strategies (dtf's PS task per host makes 2N ranks)
     "cluster.device",
     "cluster.backend",
     "cluster.slurm.gpus_per_node",
