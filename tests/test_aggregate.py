@@ -150,7 +150,7 @@ def test_concurrent_workloads_get_a_table_and_a_summary_section(tmp_path: Path) 
     tables = build_tables(load_records(runs, [tmp_path / "plans"]), workloads)
     assert list(tables.concurrent.slowdown) == pytest.approx([2.0, 100 / 60])
     assert "## Concurrent workloads on one network" in tables.summary
-    assert "| w0 | 1 | `strategy=ps model=resnet18` | 100.0 | 60.0 | 1.67x |" in tables.summary.splitlines()
+    assert "| w0 | 2 | 1 | `strategy=ps model=resnet18` | 100.0 | 60.0 | 1.67x |" in tables.summary.splitlines()
     assert build_tables(load_records(runs, [tmp_path / "plans"])).concurrent.empty
 
 

@@ -46,7 +46,7 @@ def test_the_concurrent_stage_runs_each_job_alone_and_together_and_summarises_th
     ]
     for job in summary["jobs"]:
         alone, together = (
-            RunMetrics.read(out / f"job{job['job']}" / run / METRICS_FILE) for run in ("alone", "together")
+            RunMetrics.read(out / f"job{job['job']}" / "r0" / run / METRICS_FILE) for run in ("alone", "together")
         )
         assert job["alone_images_per_sec"] == alone.images_per_sec
         assert job["together_images_per_sec"] == together.images_per_sec

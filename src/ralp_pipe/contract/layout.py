@@ -58,6 +58,7 @@ LOG_IDS = {
 METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; metrics.json marks it complete
 MANIFEST_FILE = "manifest.json"  # in a dataset's shards folder: what was prepared, from what
 CONCURRENT_FILE = "concurrent.json"  # in a concurrent workload's folder
+MAX_CONCURRENT_JOBS = 4  # jobs of one concurrent workload at most (k = 2 to 4 together; k = 1: each alone)
 RUNS_TABLE, SPEEDUPS_TABLE, CONCURRENT_TABLE = "runs.parquet", "speedups.parquet", "concurrent.parquet"
 REPEATS_TABLE = "repeats.parquet"  # one row per repeat; runs.parquet has one row per configuration
 BREAKDOWN_TABLE = "breakdown.parquet"  # one row per run: where a step's time goes
@@ -79,6 +80,7 @@ PLOT_NAMES = (
     "predicted_vs_measured",
     "breakdown",
     "speedup_vs_link",
+    "concurrent_slowdown",
 )
 
 

@@ -32,7 +32,7 @@ from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
 from ralp_pipe.config.units import rate_bits_per_s  # noqa: E402
 from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration, target_seconds  # noqa: E402
-from ralp_pipe.results.tables import BASELINES, Tables, baselines_present  # noqa: E402
+from ralp_pipe.results.tables import BASELINES, ITSELF, Tables, baselines_present, slowdown_by_k  # noqa: E402
 
 CATEGORY_LABELS = {
     "gb_gradients": "gradients",
@@ -485,6 +485,28 @@ def breakdown(tables: Tables, path: Path) -> None:
     _save(fig, path)
 
 
+def concurrent_slowdown(tables: Tables, path: Path) -> None:
+    """Slowdown (alone / together) against k jobs sharing the PS link, per strategy: beside itself solid, mixed
+    dashed (:func:`~ralp_pipe.results.tables.slowdown_by_k`)."""
+    frame = slowdown_by_k(tables.concurrent)
+    fig, [axis] = _grid(1, width=5.5)
+    if frame.empty:
+        _empty(axis, "no concurrent workloads in this experiment (experiment.concurrent)")
+        _save(fig, path)
+        return
+    for (strategy, companions), line in frame.groupby(["strategy", "companions"], sort=True):
+        style = {**_style(str(strategy)), "linestyle": "-" if companions == ITSELF else "--"}
+        axis.errorbar(line["k"], line["slowdown"], yerr=_errors(line, "slowdown"), capsize=3,
+                      label=f"{strategy} beside {companions}", **style)  # fmt: skip
+    ks = sorted(frame["k"].unique())
+    axis.set_xticks(ks, [str(k) for k in ks])
+    axis.set(xlabel="jobs sharing the PS link (k; 1: alone)", ylabel="slowdown (alone / together)")
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.legend(fontsize="small", loc="upper left")
+    _say_dilated(fig, tables.concurrent, "slowdowns of target-equivalent images/sec")
+    _save(fig, path)
+
+
 PLOTS = {
     "throughput_vs_n": throughput_vs_n,
     "scaling_efficiency": scaling_efficiency,
@@ -493,6 +515,7 @@ PLOTS = {
     "predicted_vs_measured": predicted_vs_measured,
     "breakdown": breakdown,
     "speedup_vs_link": speedup_vs_link,
+    "concurrent_slowdown": concurrent_slowdown,
 }
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 from ralp_pipe.results.accuracy import median_abs_error
 from ralp_pipe.results.intervals import LEVEL
 from ralp_pipe.results.markdown import fmt, plus_minus, table
-from ralp_pipe.results.tables import baselines_present
+from ralp_pipe.results.tables import baselines_present, slowdown_by_k
 
 # the columns that name a configuration, at the head of both tables of a network
 HEAD = ["model", "dataset", "classes", "N", "strategy", "devices", "global batch"]
@@ -172,7 +172,7 @@ def _prediction_cell(row: Any) -> str:
     return "-" if math.isnan(predicted) else f"{fmt(predicted)} ({fmt(100 * row.prediction_error, 0, '%')})"
 
 
-CONCURRENT_HEAD = ["workload", "job", "overrides", "alone (img/s)", "together (img/s)", "slowdown"]
+CONCURRENT_HEAD = ["workload", "k", "job", "overrides", "alone (img/s)", "together (img/s)", "slowdown"]
 DILATED_CONCURRENT = {
     "alone (img/s)": "alone (target-equivalent img/s)",
     "together (img/s)": "together (target-equivalent img/s)",
@@ -182,28 +182,52 @@ CONCURRENT_DILATED_NOTE = (
     "Time-dilated jobs: images/sec are the target's, target-equivalent = the emulator's wall-clock images/sec x D "
     "(its own figures last); the slowdown is alone / together of the target's figures."
 )
+CONCURRENT_NOTE = (
+    "k jobs at once with their servers on one host link (k = 1: each job alone); figures are means over the "
+    "rounds (repeats), ± the 95% half-width from the run-to-run spread pooled over every job's rounds alone and "
+    "together; the slowdown's by the delta method."
+)
+BY_K_HEAD = ["strategy", "beside", "k", "jobs", "slowdown"]
 
 
 def concurrent_markdown(concurrent: pd.DataFrame) -> str:
-    """The summary's section on concurrent jobs, the target's images/sec first ('' when there are none)."""
+    """The summary's section on concurrent jobs, the target's images/sec first, then slowdown against k per strategy
+    ('' when there are none)."""
     if concurrent.empty:
         return ""
     dilated = bool(concurrent["dilation_factor"].notna().any())
-    rows = [
-        [
-            str(r.workload),
-            str(r.job),
-            f"`{r.overrides}`",
-            fmt(r.alone_images_per_sec),
-            fmt(r.together_images_per_sec),
-            fmt(r.slowdown, 2, "x"),
-            *([_concurrent_emulator_cell(r)] if dilated else []),
-        ]
-        for r in concurrent.itertuples()
-    ]
+    rows = [_concurrent_cells(r, dilated) for r in concurrent.itertuples()]
     header = _header(CONCURRENT_HEAD, dilated, DILATED_CONCURRENT, CONCURRENT_EMULATOR_HEAD)
     note = [CONCURRENT_DILATED_NOTE, ""] if dilated else []
-    return "\n".join(["## Concurrent workloads on one network", "", *note, table(header, rows), ""])
+    by_k = [_by_k_cells(r) for r in slowdown_by_k(concurrent).itertuples()]
+    k_note = (
+        "Slowdown against k per strategy, beside itself (k copies of one job) or mixed: the mean over its jobs; "
+        "jobs of one workload ran at once, so the interval shown is the mean of theirs (a bound on the mean's)."
+    )
+    return "\n".join(
+        ["## Concurrent workloads on one network", "", CONCURRENT_NOTE, "", *note, table(header, rows), "", k_note, "",
+         table(BY_K_HEAD, by_k), ""]
+    )  # fmt: skip
+
+
+def _concurrent_cells(r: Any, dilated: bool) -> list[str]:
+    """A concurrent job's row of the summary's table."""
+    return [
+        str(r.workload),
+        str(r.k),
+        str(r.job),
+        f"`{r.overrides}`",
+        fmt(r.alone_images_per_sec),
+        plus_minus(r.together_images_per_sec, r.together_ci_low, r.together_ci_high),
+        plus_minus(r.slowdown, r.slowdown_ci_low, r.slowdown_ci_high, 2, "x"),
+        *([_concurrent_emulator_cell(r)] if dilated else []),
+    ]
+
+
+def _by_k_cells(r: Any) -> list[str]:
+    """A row of the slowdown against k (:func:`ralp_pipe.results.tables.slowdown_by_k`)."""
+    slowdown = plus_minus(r.slowdown, r.slowdown_ci_low, r.slowdown_ci_high, 2, "x")
+    return [str(r.strategy), str(r.companions), str(r.k), str(r.jobs) if r.k > 1 else "alone", slowdown]
 
 
 def _concurrent_emulator_cell(row: Any) -> str:

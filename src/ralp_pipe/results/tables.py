@@ -32,7 +32,7 @@ from ralp_pipe.engine.metrics import link_rate, target_equivalent
 from ralp_pipe.engine.volume import CATEGORIES
 from ralp_pipe.errors import DataError
 from ralp_pipe.results.accuracy import relative_error
-from ralp_pipe.results.intervals import Estimate, mean_interval, pool, pooled_interval, ratio_interval
+from ralp_pipe.results.intervals import Estimate, Pool, mean_interval, pool, pooled_interval, ratio_interval
 
 GROUP = ["model", "dataset", "gpus", "network"]  # strategies are compared within a group
 CONFIGURATION = GROUP + ["strategy"]  # what repeats share (strategy: the row name, see the module docstring)
@@ -47,9 +47,14 @@ SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "d
 MEANS = ["step_time_s", "step_p50_s", "step_p95_s", "wire_gb_total"]
 # figures whose intervals use the run-to-run spread pooled over configurations (results.intervals.pool)
 POOLED = ["images_per_sec", "emulator_images_per_sec", "images_per_sec_per_device"]
-# a concurrent job's images/sec alone and together, the target's first (as in runs.parquet), and its slowdown
-CONCURRENT_COLUMNS = ["workload", "job", "overrides", "alone_images_per_sec", "together_images_per_sec", "slowdown"]
+# a concurrent job: its workload's k (jobs together) and companions (ITSELF: k copies of one job; MIXED), its images/sec
+# alone and together, the target's first (as in runs.parquet), and its slowdown, means over the repeats with 95%
+# intervals from the spread pooled over every job (:func:`concurrent_table`)
+CONCURRENT_COLUMNS = ["workload", "job", "overrides", "strategy", "k", "companions", "repeats"]
+CONCURRENT_COLUMNS += ["alone_images_per_sec", "together_images_per_sec", "together_ci_low", "together_ci_high"]
+CONCURRENT_COLUMNS += ["slowdown", "slowdown_ci_low", "slowdown_ci_high"]
 CONCURRENT_COLUMNS += ["dilation_factor", "alone_emulator_images_per_sec", "together_emulator_images_per_sec"]
+ITSELF, MIXED = "itself", "mixed"  # a concurrent workload of one job's copies, or of different jobs
 RECORDED_TARGET = "target_images_per_sec"  # the record's field that tables show as images_per_sec
 STEP_QUANTILES = {"step_p50_s": 0.5, "step_p95_s": 0.95}  # of the per-step times within a run
 MEASURED, WORKER = "measure", "worker"  # steps.parquet's phase of measured steps and role of workers
@@ -322,33 +327,97 @@ def _target_or_measured(images_per_sec: float, factor: float | None) -> float:
     return images_per_sec if target is None else target
 
 
-def concurrent_row(workload: str, job: dict[str, Any]) -> dict[str, Any]:
-    """One job of a concurrent workload (an entry of its concurrent.json): images/sec alone and together, the target's
-    (measured x D where the jobs were dilated, the measured figures where not), the slowdown alone / together of
-    those, then D and the emulator's wall-clock images/sec."""
+def _runs(workload: str, job: dict[str, Any], side: str) -> list[float]:
+    """A concurrent job's measured images/sec `side` (alone / together) in every round (its mean where the file
+    predates the rounds' lists)."""
+    runs = job.get(f"{side}_runs", [job[f"{side}_images_per_sec"]])
+    if not runs or any(not float(v) > 0 for v in runs):
+        raise DataError(f"concurrent workload {workload}: job {job.get('job')} has {side} images/sec {runs}")
+    return [float(v) for v in runs]
+
+
+def _job_strategy(job: dict[str, Any]) -> str:
+    """The job's strategy as its concurrent.json records it (older files: its strategy= override; '' without)."""
+    named = [o.split("=", 1)[1] for o in job["overrides"] if o.startswith("strategy=")]
+    return str(job.get("strategy", named[-1] if named else ""))
+
+
+def concurrent_row(workload: str, doc: dict[str, Any], job: dict[str, Any], spread: Pool) -> dict[str, Any]:
+    """One job of a concurrent workload (`doc`, its concurrent.json): its k and companions, images/sec alone and
+    together, the target's (measured x D where the jobs were dilated, the measured figures where not), means over
+    the rounds with 95% intervals of the pooled relative spread `spread`, the slowdown alone / together of those
+    (delta-method interval), then D and the emulator's wall-clock images/sec."""
     if "dilation_factor" not in job:
         raise DataError(
             f"concurrent workload {workload}: job {job.get('job')} does not record its dilation factor (written "
             f"before concurrent.json did): re-run `ralp-pipe concurrent` for it"
         )
     factor = None if job["dilation_factor"] is None else float(job["dilation_factor"])
-    emulator = {side: float(job[f"{side}_images_per_sec"]) for side in ("alone", "together")}
-    target = {side: _target_or_measured(measured, factor) for side, measured in emulator.items()}
+    runs = {side: _runs(workload, job, side) for side in ("alone", "together")}
+    target = {
+        side: pooled_interval([_target_or_measured(v, factor) for v in values], spread) for side, values in runs.items()
+    }
+    slowdown = ratio_interval(target["alone"], target["together"])
+    jobs = doc["jobs"]
     return {
         "workload": workload,
         "job": int(job["job"]),
         "overrides": " ".join(job["overrides"]),
-        "alone_images_per_sec": target["alone"],
-        "together_images_per_sec": target["together"],
-        "slowdown": target["alone"] / target["together"],
+        "strategy": _job_strategy(job),
+        "k": len(jobs),
+        "companions": ITSELF if len({tuple(j["overrides"]) for j in jobs}) == 1 else MIXED,
+        "repeats": min(len(v) for v in runs.values()),
+        "alone_images_per_sec": target["alone"].mean,
+        "together_images_per_sec": target["together"].mean,
+        "together_ci_low": target["together"].low,
+        "together_ci_high": target["together"].high,
+        "slowdown": slowdown.mean,
+        "slowdown_ci_low": slowdown.low,
+        "slowdown_ci_high": slowdown.high,
         "dilation_factor": math.nan if factor is None else factor,
-        "alone_emulator_images_per_sec": emulator["alone"],
-        "together_emulator_images_per_sec": emulator["together"],
+        "alone_emulator_images_per_sec": math.fsum(runs["alone"]) / len(runs["alone"]),
+        "together_emulator_images_per_sec": math.fsum(runs["together"]) / len(runs["together"]),
     }
 
 
+def concurrent_spread(workloads: Sequence[tuple[str, dict[str, Any]]]) -> Pool:
+    """The run-to-run spread of ln images/sec pooled over every concurrent job's rounds, alone and together (a job
+    alone counted once where several jobs of a workload share its alone runs)."""
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    for name, doc in workloads:
+        for job in doc["jobs"]:
+            groups[(name, "alone", job.get("alone_of", job["job"]))] = _runs(name, job, "alone")
+            groups[(name, "together", job["job"])] = _runs(name, job, "together")
+    return pool(list(groups.values()))
+
+
 def concurrent_table(workloads: Sequence[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
-    """concurrent.parquet: each job of each concurrent workload (:func:`concurrent_row`)."""
-    rows = [concurrent_row(name, job) for name, doc in workloads for job in doc["jobs"]]
-    frame = pd.DataFrame(rows, columns=CONCURRENT_COLUMNS).astype({"dilation_factor": "float64"})
+    """concurrent.parquet: each job of each concurrent workload (:func:`concurrent_row`), its intervals from the
+    spread of :func:`concurrent_spread`."""
+    spread = concurrent_spread(workloads)
+    rows = [concurrent_row(name, doc, job, spread) for name, doc in workloads for job in doc["jobs"]]
+    frame = pd.DataFrame(rows, columns=CONCURRENT_COLUMNS).astype({"dilation_factor": "float64", "k": "int64"})
     return frame.sort_values(["workload", "job"]).reset_index(drop=True)
+
+
+def slowdown_by_k(concurrent: pd.DataFrame) -> pd.DataFrame:
+    """Slowdown against k per strategy and companions: the mean over the jobs of that strategy in workloads of that
+    k (the jobs of one workload ran at once, so their mean's interval is bounded by the mean of their intervals,
+    which it shows), with k = 1 (each job alone: 1 by definition) first."""
+    keys = ["strategy", "companions", "k"]
+    if concurrent.empty:
+        return pd.DataFrame(columns=[*keys, "jobs", "slowdown", "slowdown_ci_low", "slowdown_ci_high"])
+    frame = (
+        concurrent.assign(jobs=1)
+        .groupby(keys, as_index=False)
+        .agg(
+            jobs=("jobs", "sum"),
+            slowdown=("slowdown", "mean"),
+            slowdown_ci_low=("slowdown_ci_low", "mean"),
+            slowdown_ci_high=("slowdown_ci_high", "mean"),
+        )
+    )
+    alone = (
+        frame[keys[:2]].drop_duplicates().assign(k=1, jobs=0, slowdown=1.0, slowdown_ci_low=1.0, slowdown_ci_high=1.0)
+    )
+    return pd.concat([alone, frame]).sort_values(keys).reset_index(drop=True)

@@ -1,13 +1,17 @@
 """Several training jobs at once on one emulated network, each also measured alone.
 
-Layout: the parameter-server ranks (PS or RALP PS device) of every job share host 0, so their
+A workload is a group of k = 2 to :data:`MAX_CONCURRENT_JOBS` jobs (experiment.concurrent: a list of groups); k = 1 is each
+job alone. Layout: the parameter-server ranks (PS or RALP PS device) of every job share host 0, so their
 traffic meets on one host link, as when jobs share a parameter-server machine; every other
 rank gets a host of its own. Each job runs as a ``ralp-pipe train`` child whose launcher
 joins the shared cluster: its command line names the hosts (``--shared-hosts``, from
 :meth:`ralp_pipe.runtime.emulated.EmulatedCluster.share`).
-First each job runs alone on the same layout, then all together; ``concurrent.json`` holds
-each job's measured images/sec alone and together, the slowdown (alone / together) and its dilation
-factor D (null where undilated; the tables show target-equivalent figures, measured x D).
+Each of ``experiment.repeats`` rounds runs every distinct job alone on the same layout (jobs with the same
+overrides share one alone run: the same configuration on the same links), then all together. ``concurrent.json``
+holds each job's strategy, its measured images/sec alone and together in every round (``alone_runs``,
+``together_runs``) and their means, the slowdown (mean alone / mean together) and its dilation factor D (null where undilated; the
+tables show target-equivalent figures, measured x D, with intervals, the group's k and whether its jobs are
+all alike: :func:`ralp_pipe.results.tables.concurrent_table`).
 
 CLI: ``ralp-pipe concurrent --out DIR --job "strategy=ps model=vgg11" --job "strategy=ps" [overrides]``
 (the trailing overrides apply to every job; ``cluster=emulated`` is implied).
@@ -25,7 +29,7 @@ from typing import Any, Sequence
 from ralp_pipe.atomic import check_writable, write_json_atomic
 from ralp_pipe.config import Config, ConfigError, load
 from ralp_pipe.config.dilation import emulated_rate
-from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE
+from ralp_pipe.contract.layout import CONCURRENT_FILE, MAX_CONCURRENT_JOBS, METRICS_FILE
 from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.contract.topology import of_strategy
 from ralp_pipe.errors import RunFailure
@@ -78,10 +82,19 @@ def _record(out: Path) -> RunMetrics:
     return RunMetrics.read(out / METRICS_FILE)
 
 
+def check_group(jobs: Sequence[Sequence[str]], where: str) -> None:
+    """Refuse a workload of fewer than 2 or more than :data:`MAX_CONCURRENT_JOBS` jobs (`where` names it in the error)."""
+    if not 2 <= len(jobs) <= MAX_CONCURRENT_JOBS:
+        raise ConfigError(
+            f"{where} has {len(jobs)} jobs: a concurrent workload runs 2 to {MAX_CONCURRENT_JOBS} jobs at once (each job alone "
+            f"is k = 1)"
+        )
+
+
 def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Path) -> dict[str, Any]:
-    """Run each job (its overrides + `common`) alone, then all together; write and return concurrent.json."""
-    if len(jobs) < 2:
-        raise ConfigError(f"concurrent needs at least 2 jobs, got {len(jobs)}: give --job once per job")
+    """Run each distinct job (its overrides + `common`) alone, then all together, experiment.repeats rounds; write
+    and return concurrent.json."""
+    check_group(jobs, "--job")
     overrides = [[*common, "cluster=emulated", *job] for job in jobs]
     configs = [load(o) for o in overrides]
     networks = {(emulated_rate(c), c.network.burst) for c in configs}
@@ -93,33 +106,56 @@ def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Pa
     rate, burst = networks.pop()
     hosts, n_hosts = layout(configs)
     timeout_s = max(c.cluster.timeout_s for c in configs)
-    for i, job_overrides in enumerate(overrides):
+    repeats = max(c.experiment.repeats for c in configs)
+    first = {tuple(job): i for i, job in reversed(list(enumerate(jobs)))}  # the job whose alone run each one shares
+    alone_of = [first[tuple(job)] for job in jobs]
+    for r in range(repeats):
+        for i in sorted(set(alone_of)):
+            with EmulatedCluster(n_hosts, rate, burst) as cluster:
+                _run_jobs(cluster, [(_run_dir(out, i, r, "alone"), overrides[i], hosts[i])], timeout_s)
+        at_once = [(_run_dir(out, i, r, "together"), o, hosts[i]) for i, o in enumerate(overrides)]
         with EmulatedCluster(n_hosts, rate, burst) as cluster:
-            _run_jobs(cluster, [(out / f"job{i}" / "alone", job_overrides, hosts[i])], timeout_s)
-    with EmulatedCluster(n_hosts, rate, burst) as cluster:
-        _run_jobs(cluster, [(out / f"job{i}" / "together", o, hosts[i]) for i, o in enumerate(overrides)], timeout_s)
-    summary: dict[str, Any] = {"network": {"rate": rate, "burst": burst}, "shared_host": SHARED_HOST, "jobs": []}
+            _run_jobs(cluster, at_once, timeout_s)
+    summary: dict[str, Any] = {
+        "network": {"rate": rate, "burst": burst},
+        "shared_host": SHARED_HOST,
+        "repeats": repeats,
+        "jobs": [],
+    }
     for i, job in enumerate(jobs):
-        alone, together = _record(out / f"job{i}" / "alone"), _record(out / f"job{i}" / "together")
+        alone = [_record(_run_dir(out, alone_of[i], r, "alone")) for r in range(repeats)]
+        together = [_record(_run_dir(out, i, r, "together")) for r in range(repeats)]
+        alone_runs = [m.images_per_sec for m in alone]
+        together_runs = [m.images_per_sec for m in together]
+        alone_mean, together_mean = sum(alone_runs) / repeats, sum(together_runs) / repeats
         summary["jobs"].append(
             {
                 "job": i,
                 "overrides": list(job),
+                "strategy": configs[i].strategy.name,
                 "hosts": hosts[i],
-                "alone_images_per_sec": alone.images_per_sec,
-                "together_images_per_sec": together.images_per_sec,
-                "slowdown": alone.images_per_sec / together.images_per_sec,
+                "alone_of": alone_of[i],
+                "alone_runs": alone_runs,
+                "together_runs": together_runs,
+                "alone_images_per_sec": alone_mean,
+                "together_images_per_sec": together_mean,
+                "slowdown": alone_mean / together_mean,
                 # D of both runs (its fixed dilation.factor; null: undilated): target-equivalent = images/sec x D
-                "dilation_factor": (alone.dilation or {}).get("factor"),
+                "dilation_factor": (alone[0].dilation or {}).get("factor"),
             }
         )
     write_json_atomic(out / CONCURRENT_FILE, summary)
     return summary
 
 
+def _run_dir(out: Path, job: int, repeat: int, side: str) -> Path:
+    """Folder of job `job`'s run `side` (alone / together) in round `repeat`."""
+    return out / f"job{job}" / f"r{repeat}" / side
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the `concurrent` stage."""
-    parser.add_argument("--out", type=Path, required=True, help="folder for job*/alone|together and concurrent.json")
+    parser.add_argument("--out", type=Path, required=True, help="folder for job*/r*/alone|together and concurrent.json")
     parser.add_argument(
         "--job",
         action="append",
@@ -139,6 +175,7 @@ def main(args: argparse.Namespace) -> int:
         dilated = "" if factor is None else f" (emulator wall clock at D={factor:g}; target-equivalent: x {factor:g})"
         print(
             f"job {job['job']} ({' '.join(job['overrides'])}): alone {job['alone_images_per_sec']:.2f} img/s, "
-            f"together {job['together_images_per_sec']:.2f} img/s, slowdown {job['slowdown']:.2f}x{dilated}"
+            f"together {job['together_images_per_sec']:.2f} img/s, slowdown {job['slowdown']:.2f}x{dilated}, "
+            f"mean of {summary['repeats']} rounds, k={len(summary['jobs'])}"
         )
     return 0

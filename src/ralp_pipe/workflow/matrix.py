@@ -48,7 +48,7 @@ from ralp_pipe.config import (
     validate,
 )
 from ralp_pipe.config.schema import MODELLED
-from ralp_pipe.contract.layout import PATHS, RUN_ID, arm, log_path
+from ralp_pipe.contract.layout import MAX_CONCURRENT_JOBS, PATHS, RUN_ID, arm, log_path
 from ralp_pipe.contract.stages import STAGES
 from ralp_pipe.contract.topology import cpu_share, links_of
 from ralp_pipe.workflow.compositions import cached_load
@@ -530,8 +530,11 @@ class Matrix:
         head = [f"experiment={self.settings.experiment}", *self.settings.overrides, "cluster=emulated"]
         self._workload_configs: list[list[Config]] = []
         for index, workload in enumerate(self.workloads):
-            if len(workload) < 2:
-                raise ConfigError(f"experiment.concurrent[{index}]={workload!r} needs at least 2 jobs")
+            if not 2 <= len(workload) <= MAX_CONCURRENT_JOBS:
+                raise ConfigError(
+                    f"experiment.concurrent[{index}]={workload!r} has {len(workload)} jobs: a workload runs 2 to "
+                    f"{MAX_CONCURRENT_JOBS} jobs at once (each job alone is k = 1)"
+                )
             self._workload_configs.append(
                 [self._compose(head + shlex.split(job), "concurrent job", job) for job in workload]
             )

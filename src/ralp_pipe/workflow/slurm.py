@@ -8,7 +8,7 @@ the workflow parses when a node or the partition cannot hold it, naming the numb
 | ``train`` | those :func:`~ralp_pipe.runtime.nodes.node_of_ranks` places ranks on | one per rank (``mpi``: the launcher runs ``srun``) | ``gres=gpu:G`` (G: ranks on the fullest node, at most ``gpus_per_node``), ``mem_mb`` x ranks | ``init_timeout_s + timeout_s`` + ``margin_min`` |
 | ``probe`` (link) | 2 (1 where every training run fits on one) | 2 | ``mem_mb``, ``cpus_per_task`` | ``time_min`` |
 | ``profile`` | 1 | 1 | ``cpus_per_task`` CPUs and ``gres=gpu:1`` on GPU nodes: the compute of one rank | ``time_min`` |
-| ``concurrent`` | 1 | 1 | every rank of the workload's jobs at once: ``cpus_per_task`` and ``mem_mb`` x those ranks | each job's bound alone, then the longest again for the run together, + ``margin_min`` |
+| ``concurrent`` | 1 | 1 | every rank of the workload's jobs at once: ``cpus_per_task`` and ``mem_mb`` x those ranks | experiment.repeats x (each job's bound alone, then the longest again for the run together), + ``margin_min`` |
 | ``prepare_shards``, ``plan`` | 1 | 1 | ``mem_mb`` (CPUs: the rule's threads, ``dataset.shards.workers`` or 1) | ``time_min`` |
 
 The plan prices hosts of ``cluster.gpus_per_node`` GPUs; the nodes hold ``cluster.slurm.gpus_per_node``. Where
@@ -145,7 +145,8 @@ def concurrent_resources(cfg: Config, jobs: Sequence[Config]) -> dict[str, Any]:
         "tasks": 1,
         "cpus_per_task": ranks * s.cpus_per_task,
         "mem_mb": ranks * s.mem_mb,
-        "runtime": math.ceil((sum(bounds) + max(bounds)) / 60) + s.margin_min,
+        # each of experiment.repeats rounds: every job alone, then the longest again for all together
+        "runtime": math.ceil(cfg.experiment.repeats * (sum(bounds) + max(bounds)) / 60) + s.margin_min,
     }
     resources.update(_placement(cfg))
     if s.exclusive:
