@@ -113,6 +113,9 @@ class RunMetrics(Record):
     dilation: dict[str, Any] | None = None
     # strategy.transport_efficiency below 1 (dtf's gRPC): the efficiency, whether and how the run applied it
     transport: dict[str, Any] | None = None
+    # emulated hosts of several GPUs: their count, each rank's host, the interconnect and how ranks of one host
+    # exchanged data (route), where RALP's PS device was; None at one GPU per host
+    intra_host: dict[str, Any] | None = None
     images_per_step: int = field(metadata=_COLUMN)
     step_time_s: float = field(metadata=_COLUMN)
     window_s: float | None = None

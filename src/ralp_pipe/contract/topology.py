@@ -21,11 +21,18 @@ Hosts (:attr:`Topology.hosts`): every rank is a host of its own, except `ps` and
 worker task and one PS task per machine: PS rank i then shares worker i's host and link
 (PS ranks beyond the worker count wrap around). RALP's PS device is a device of its own, and
 `allreduce` has no PS, so the placement changes nothing for them.
+
+Hosts of G GPUs (:func:`on_hosts`, ``cluster.gpus_per_node`` G > 1, the emulated cluster's hosts): the
+GPU ranks (workers, RALP's PS device) fill hosts G at a time in rank order, so an all-reduce ring leaves
+each host once as NCCL's does; RALP's PS device has a host of its own after the workers' hosts, or
+(``ps_device_shares_host``, where the plan priced it faster) the first slot of host 0 beside workers
+0..G-2, the placement the cost model prices (:class:`ralp_pipe.planning.costmodel.Pricing`). PS ranks,
+which hold no GPU, are colocated on worker host i mod H or get hosts of their own after them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGY_KINDS, Config, cluster_kind, strategy_kind
@@ -35,6 +42,8 @@ WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
 # the traffic a run's links carry: workers pushing to and pulling from a PS or PS device; an all-reduce ring
 STAR, RING = "star", "ring"
 LINK_PATTERNS = (RING, STAR)
+# where RALP's PS device is on hosts of several GPUs (plans' ps_device_host), by whether it shares a worker host
+PS_DEVICE_HOSTS = {False: "a host of its own", True: "a worker host"}
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,28 @@ def of_strategy(strategy: StrategyConfig, gpus: int) -> Topology:
     return topology(strategy.name, gpus, strategy.num_ps, strategy.ps_placement)
 
 
+def on_hosts(topo: Topology, gpus_per_node: int, ps_device_shares_host: bool = False) -> Topology:
+    """`topo` with its ranks on hosts of `gpus_per_node` GPUs (see the module doc); unchanged at one GPU per host."""
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node={gpus_per_node} must be at least 1")
+    if gpus_per_node == 1:
+        return topo
+    shares = ps_device_shares_host and PS_DEVICE in topo.roles
+    first = 1 if shares else 0  # the slot of worker 0: after the PS device where it shares host 0
+    worker_hosts = -(-(topo.num_workers + first) // gpus_per_node)
+    hosts = [(first + w) // gpus_per_node for w in topo.workers]
+    extra = worker_hosts
+    for index, rank in enumerate(topo.ps):
+        if topo.roles[rank] == PS_DEVICE and shares:
+            hosts.append(0)
+        elif topo.hosts[rank] < topo.num_workers:  # a PS rank colocated on a worker's host: on a worker host
+            hosts.append(index % worker_hosts)
+        else:
+            hosts.append(extra)
+            extra += 1
+    return replace(topo, hosts=hosts)
+
+
 def link_pattern(topo: Topology) -> str | None:
     """The traffic `topo`'s links carry (:data:`STAR` or :data:`RING`); None where its ranks share one host."""
     if topo.num_hosts < 2:
@@ -114,8 +145,9 @@ def link_pattern(topo: Topology) -> str | None:
 
 
 def links_of(cfg: Config) -> tuple[int, str | None]:
-    """The hosts of the run configured as `cfg` and the pattern its links carry (what a link check is made for)."""
-    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    """The hosts of the run configured as `cfg` and the pattern its links carry (what a link check is made for);
+    on hosts of ``cluster.gpus_per_node`` GPUs, RALP's PS device on a host of its own (the most links)."""
+    topo = on_hosts(of_strategy(cfg.strategy, cfg.cluster.gpus), cfg.cluster.gpus_per_node)
     return topo.num_hosts, link_pattern(topo)
 
 

@@ -312,6 +312,15 @@ def transport_record(cfg: Config) -> dict[str, Any] | None:
     }
 
 
+def _intra_host(cfg: Config, topo: Topology) -> dict[str, Any] | None:
+    """metrics.json's ``intra_host`` on emulated hosts of several GPUs (:func:`ralp_pipe.runtime.emulated.intra_host_record`)."""
+    if cluster_kind(cfg.cluster.kind).launcher != "emulated":
+        return None
+    from ralp_pipe.runtime.emulated import intra_host_record
+
+    return intra_host_record(cfg, topo)
+
+
 def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics:
     """The run's record from the driver's split and analytic bytes and rank 0's result."""
     t, split, analytic, result = cfg.train, measured.split, measured.analytic, measured.result
@@ -343,6 +352,7 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
         target_images_per_sec=target_equivalent(figures.images_per_sec, fixed_factor(cfg)),
         dilation=dilation.record(cfg, result, measured.calibration),
         transport=transport_record(cfg),
+        intra_host=_intra_host(cfg, topo),
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],
@@ -670,6 +680,16 @@ def run(
     strategy_kind(cfg.strategy.name).check_trainable()
     topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
     kind = cluster_kind(cfg.cluster.kind)
+    if kind.launcher == "emulated":  # hosts of cluster.gpus_per_node ranks, the PS device where the plan put it
+        from ralp_pipe.runtime.emulated import emulated_topology
+
+        entry = plan_entry(cfg)
+        topo = emulated_topology(cfg, topo, None if entry is None else entry.get("ps_device_host"))
+        if shared is not None and cfg.cluster.gpus_per_node > 1:
+            raise ConfigError(
+                f"--shared-hosts lays out hosts of one rank each, but cluster.gpus_per_node="
+                f"{cfg.cluster.gpus_per_node} puts several on a host: run this job on its own"
+            )
     if shared is not None and kind.launcher != "emulated":
         raise ConfigError(
             f"--shared-hosts places ranks on an emulated cluster but this run has cluster.kind={cfg.cluster.kind}: "

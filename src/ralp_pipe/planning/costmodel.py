@@ -94,14 +94,13 @@ from typing import Any, Mapping, Sequence, cast
 from ralp_pipe.config import strategy_kind
 from ralp_pipe.config.units import payload_bytes_per_s
 from ralp_pipe.contract.records import at_batch, unit_curve
+from ralp_pipe.contract.topology import PS_DEVICE_HOSTS  # where RALP's PS device is, by Pricing.ps_device_shares_host
 from ralp_pipe.engine.models import check_split
 from ralp_pipe.engine.volume import variable_owners
 
 # DDP's gradient buckets: the first (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then bucket_cap_mb's default
 DDP_FIRST_BUCKET_BYTES = 2**20
 DDP_BUCKET_BYTES = 25 * 2**20
-# where RALP's PS device is on hosts of several GPUs, by Pricing.ps_device_shares_host
-PS_DEVICE_HOSTS = {False: "a host of its own", True: "a worker host"}
 
 
 @dataclass(frozen=True)

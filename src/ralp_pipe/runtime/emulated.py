@@ -17,6 +17,15 @@ Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.pr
 (:meth:`EmulatedCluster.namespaces`) with :func:`ralp_pipe.runtime.sites.enter_namespaces`. Both
 get the environment :meth:`EmulatedCluster.env` (``GLOO_SOCKET_IFNAME=eth0``, ``MASTER_ADDR`` = host 0,
 and the host's index for its link counters, :mod:`ralp_pipe.runtime.wire`).
+
+Hosts of G GPUs (``cluster.gpus_per_node`` G > 1, :func:`emulated_topology`): a host is one namespace
+holding its G ranks, which share its one shaped link (network.rate / D), as a real host's GPUs share its
+NIC; ranks fill hosts as :func:`ralp_pipe.contract.topology.on_hosts` lays them out, RALP's PS device where
+the plan priced it faster. Traffic between ranks of one host takes the namespace's loopback
+(:data:`INTRA_HOST_ROUTE`): unshaped, at what this machine's cores copy, not at the interconnect's
+rate / D; metrics.json's ``intra_host`` says so (docs/method/dilation.md gives the measured rates).
+`ps` and `dtf` are refused there: the engine pushes every worker's gradients, where the cost model
+prices a host's GPUs summing theirs over the interconnect before one push (BytePS, distributed_replicated).
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ import subprocess
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from ralp_pipe.config import ConfigError
+from ralp_pipe.config import Config, ConfigError, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
+from ralp_pipe.contract.topology import PS_DEVICE, PS_DEVICE_HOSTS, Topology, on_hosts
 from ralp_pipe.runtime.sites import RankSite, Sites, nsenter_argv
 from ralp_pipe.runtime.wire import HOST_ENV, INTERFACE
 
@@ -36,6 +46,8 @@ SUBNET = "10.213.0"  # private /24 that exists only inside the emulated namespac
 SWITCH_ENV = "RALP_PIPE_EMULATION"  # set to "off" to refuse emulation (forces the loopback fallback)
 TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
+# how ranks of one emulated host exchange data: over their namespace's loopback, unshaped
+INTRA_HOST_ROUTE = "loopback"
 
 
 class EmulationUnavailable(ConfigError):
@@ -278,3 +290,39 @@ def emulated_sites(
         yield lambda rank: RankSite(
             cluster.namespaces(hosts[rank]), cluster.env(hosts[rank]), cluster.address(hosts[0])
         )
+
+
+def emulated_topology(cfg: Config, topo: Topology, ps_device_host: str | None = None) -> Topology:
+    """`topo` on the emulated hosts of ``cluster.gpus_per_node`` ranks each; RALP's PS device on a worker host
+    where `ps_device_host` (the plan's ``ps_device_host``) says so. One GPU per host: `topo` unchanged."""
+    gpus_per_node = cfg.cluster.gpus_per_node
+    if gpus_per_node > 1 and strategy_kind(topo.strategy).has_ps:
+        raise ConfigError(
+            f"strategy={topo.strategy} with cluster.gpus_per_node={gpus_per_node} on cluster=emulated: the cost model "
+            f"prices a host's GPUs summing their gradients over the interconnect before one push per host, which "
+            f"the engine's parameter servers do not do (every worker pushes its own); run it at "
+            f"cluster.gpus_per_node=1, or price it with `ralp-pipe plan`/`simulate` only"
+        )
+    return on_hosts(topo, gpus_per_node, ps_device_host == PS_DEVICE_HOSTS[True])
+
+
+def intra_host_record(cfg: Config, topo: Topology) -> dict[str, Any] | None:
+    """metrics.json's ``intra_host`` for a run on emulated hosts of several GPUs: the hosts, each rank's host, how
+    ranks of one host exchanged data (:data:`INTRA_HOST_ROUTE`) and where RALP's PS device was; None at one GPU
+    per host."""
+    gpus_per_node = cfg.cluster.gpus_per_node
+    if gpus_per_node == 1:
+        return None
+    record: dict[str, Any] = {
+        "gpus_per_node": gpus_per_node,
+        "hosts": topo.num_hosts,
+        "host_of_rank": list(topo.hosts),
+        "route": INTRA_HOST_ROUTE,
+        "how": "ranks of one host exchange over their namespace's loopback, unshaped (not slowed to the "
+        "interconnect's rate / D); only the host's link is shaped",
+    }
+    if PS_DEVICE in topo.roles:
+        device = topo.roles.index(PS_DEVICE)
+        beside = any(topo.hosts[w] == topo.hosts[device] for w in topo.workers)
+        record["ps_device_host"] = PS_DEVICE_HOSTS[beside]
+    return record
