@@ -441,20 +441,14 @@ def _validate_experiment(e: ExperimentConfig) -> None:
         _choice("experiment.strategies[]", strategy, tuple(STRATEGY_KINDS))
     for gpus in e.gpus:
         _at_least("experiment.gpus[]", gpus, 2)
-    for model, own in e.gpus_by_model.items():
-        _choice("experiment.gpus_by_model", model, e.models)
-        if not own or not set(own) <= set(e.gpus):
-            raise ConfigError(
-                f"experiment.gpus_by_model.{model}={list(own)} must be some of experiment.gpus={e.gpus}: "
-                f"experiment.gpus lists every N of the experiment, a model's entry the N it runs at"
-            )
-    for model, networks in e.networks_by_model.items():
-        _choice("experiment.networks_by_model", model, e.models)
-        if not networks or not set(networks) <= set(e.networks):
-            raise ConfigError(
-                f"experiment.networks_by_model.{model}={list(networks)} must be some of experiment.networks="
-                f"{e.networks}: experiment.networks lists every network of the experiment, a model's entry its own"
-            )
+    _by_model("gpus", e.gpus_by_model, e.gpus, e.models, "every N of the experiment, a model's entry the N it runs at")
+    _by_model(
+        "networks",
+        e.networks_by_model,
+        e.networks,
+        e.models,
+        "every network of the experiment, a model's entry its own",
+    )
     for name in e.variants:
         _safe_name("experiment.variants", name)
         if f"-{name}" == SEQUENTIAL_SUFFIX:
@@ -471,6 +465,17 @@ def _validate_experiment(e: ExperimentConfig) -> None:
             raise ConfigError(
                 f"experiment.pairs has {list(pair)!r}: each pair is [dataset, model] with the dataset in "
                 f"experiment.datasets={e.datasets} and the model in experiment.models={e.models}"
+            )
+
+
+def _by_model(name: str, by_model: dict[str, Any], every: list[Any], models: list[str], meaning: str) -> None:
+    """experiment.<name>_by_model: each entry a model of the experiment's, its values some of experiment.<name>."""
+    for model, own in by_model.items():
+        _choice(f"experiment.{name}_by_model", model, models)
+        if not own or not set(own) <= set(every):
+            raise ConfigError(
+                f"experiment.{name}_by_model.{model}={list(own)} must be some of experiment.{name}={every}: "
+                f"experiment.{name} lists {meaning}"
             )
 
 
