@@ -50,7 +50,6 @@ from ralp_pipe.config.schema import (
 )
 from ralp_pipe.config.strategies import STRATEGY_KINDS, strategy_kind
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
-from ralp_pipe.contract.layout import SEQUENTIAL_SUFFIX
 from ralp_pipe.errors import ConfigError
 
 
@@ -451,8 +450,6 @@ def _validate_experiment(e: ExperimentConfig) -> None:
     )
     for name in e.variants:
         _safe_name("experiment.variants", name)
-        if f"-{name}" == SEQUENTIAL_SUFFIX:
-            raise ConfigError(f"experiment.variants.{name}: the name is the sequential ablation's row suffix")
     for model in e.measured_profiles:
         _choice("experiment.measured_profiles[]", model, e.models)
     _at_least("experiment.repeats", e.repeats, 1)

@@ -48,7 +48,7 @@ from ralp_pipe.config import (
     validate,
 )
 from ralp_pipe.config.schema import MODELLED
-from ralp_pipe.contract.layout import MAX_CONCURRENT_JOBS, PATHS, RUN_ID, arm, log_path
+from ralp_pipe.contract.layout import MAX_CONCURRENT_JOBS, PATHS, RUN_ID, SEQUENTIAL_SUFFIX, arm, log_path
 from ralp_pipe.contract.stages import STAGES
 from ralp_pipe.contract.topology import cpu_share, links_of
 from ralp_pipe.workflow.compositions import cached_load
@@ -327,6 +327,8 @@ class Matrix:
         """A run of every variant for each matrix run (pipelined arms) its selectors match, each repeat."""
         runs = []
         for name in self.base.experiment.variants:
+            if f"-{name}" == SEQUENTIAL_SUFFIX:
+                raise ConfigError(f"experiment.variants.{name}: the name is the sequential ablation's row suffix")
             selectors, _ = self.variant_overrides(name)
             matched = [
                 dataclasses.replace(run, variant=name)
