@@ -1,7 +1,7 @@
 """How many steps give the paper's 100-step figure: k measured steps (after w warm-ups) against 5 + 100.
 
 Usage: python benchmarks/steps.py [--out DIR] [--factor 8] [--real-factor 8] [--warmup 5] [--steps 100]
-                                  [--modes modelled real] [--tolerance 0.01]
+                                  [--modes modelled real] [--tolerance 0.01] [--long]
 
 One long `ralp-pipe train` per strategy (ps, allreduce, ralp_h, ralp_n) and dilation mode (modelled: no rank
 computes, each layer unit waits D x its V100 time; real: each rank computes ResNet-18 on 2 images at 32 px, then
@@ -185,6 +185,7 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", default=["modelled", "real"], choices=["modelled", "real"])
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument("--tolerance", type=float, default=0.01, help="the choice's largest relative deviation")
+    parser.add_argument("--long", action="store_true", help="also every row with its windows' mean and interval")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ralp-steps-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -218,31 +219,39 @@ def main() -> int:
     table = pd.DataFrame(rows)
     table.to_csv(out / "steps.csv", index=False)
     wall = time.monotonic() - began
-    report(table, pd.DataFrame(runs), ref, args.tolerance)
+    report(table, pd.DataFrame(runs), ref, args.tolerance, args.long)
     print(f"wall time {wall:.0f} s; records in {out}/steps.csv")
     return 0
 
 
-def report(table: pd.DataFrame, runs: pd.DataFrame, ref: Recipe, tolerance: float) -> None:
-    """Print the runs, the recipes' table (Markdown) and the choice."""
+def report(table: pd.DataFrame, runs: pd.DataFrame, ref: Recipe, tolerance: float, long: bool) -> None:
+    """Print the runs, each recipe's deviations per run (Markdown; `long`: every row's figures too) and the choice."""
     print("Runs (the per-step figure of the reference window against the run's own metrics.json)")
     print(runs.to_markdown(index=False, floatfmt=".4g"))
     print()
+    references = table.drop_duplicates("run").set_index("run")
+    print(f"The reference, {ref}: target-equivalent images/sec ± 95% half-width from {BATCHES} batch means")
+    print("  " + "; ".join(f"{run} {r.reference:.1f} ± {r.reference_half:.1f}" for run, r in references.iterrows()))
+    print()
     print(
-        f"Target-equivalent images/sec of k steps after w warm-ups against {ref} (its 95% interval from "
-        f"{BATCHES} batch means); prefix: a run of w + k steps; windows: every disjoint k-step window after w"
+        f"k steps after w warm-ups against {ref}, per run: the prefix's deviation (a run of w + k steps) / the RMS "
+        f"deviation of every disjoint k-step window after w (the typical error of a k-step run), in %"
     )
-    lines = [
-        "| run | reference | w + k | prefix (dev) | windows: mean ± 95% | RMS dev | n |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in table.itertuples():
-        lines.append(
-            f"| {r.run} | {r.reference:.1f} ± {r.reference_half:.1f} | {r.recipe} | {r.prefix:.1f} "
-            f"({100 * r.prefix_dev:+.2f}%) | {r.window_mean:.1f} ± {r.window_half:.1f} | {100 * r.window_rms:.2f}% "
-            f"| {r.windows} |"
-        )
-    print("\n".join(lines))
+    cells = table.assign(cell=[f"{100 * p:+.2f} / {100 * r:.2f}" for p, r in zip(table.prefix_dev, table.window_rms)])
+    order = sorted(table.recipe.unique(), key=lambda name: tuple(int(x) for x in name.split("+"))[::-1])
+    grid = cells.pivot(index="recipe", columns="run", values="cell").reindex(order)[list(references.index)]
+    print(grid.rename_axis("w + k").to_markdown())
+    if long:
+        lines = ["| run | reference | w + k | prefix (dev) | windows: mean ± 95% | RMS dev | n |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for r in table.itertuples():
+            lines.append(
+                f"| {r.run} | {r.reference:.1f} ± {r.reference_half:.1f} | {r.recipe} | {r.prefix:.1f} "
+                f"({100 * r.prefix_dev:+.2f}%) | {r.window_mean:.1f} ± {r.window_half:.1f} | "
+                f"{100 * r.window_rms:.2f}% | {r.windows} |"
+            )
+        print()
+        print("\n".join(lines))
     print()
     worst = table.assign(worst=table[["prefix_dev", "window_rms"]].abs().max(axis=1))
     summary = worst.pivot_table(index="recipe", values="worst", aggfunc="max").sort_values("worst")
