@@ -113,9 +113,9 @@ def test_concurrent_jobs_give_target_equivalent_figures_and_slowdowns_from_them(
     assert list(concurrent["dilation_factor"]) == [FACTOR] * 2
     assert list(concurrent["together_emulator_images_per_sec"]) == [50.0, 60.0]
     header, rows = _table_of(tables.summary, "## Concurrent workloads on one network")
-    assert header[3:6] == ["alone (target-equivalent img/s)", "together (target-equivalent img/s)", "slowdown"]
+    assert header[4:7] == ["alone (target-equivalent img/s)", "together (target-equivalent img/s)", "slowdown"]
     assert header[-1] == "emulator alone / together (img/s, wall clock)"
-    assert rows[1][3:] == ["800.0", "480.0", "1.67x", "100.0 / 60.0 (D=8)"]
+    assert rows[1][4:] == ["800.0", "480.0", "1.67x", "100.0 / 60.0 (D=8)"]
 
 
 def test_undilated_concurrent_jobs_keep_their_measured_figures(tmp_path: Path) -> None:
