@@ -497,7 +497,7 @@ def concurrent_slowdown(tables: Tables, path: Path) -> None:
     for (strategy, companions), line in frame.groupby(["strategy", "companions"], sort=True):
         style = {**_style(str(strategy)), "linestyle": "-" if companions == ITSELF else "--"}
         axis.errorbar(line["k"], line["slowdown"], yerr=_errors(line, "slowdown"), capsize=3,
-                      label=f"{strategy} beside {companions}", **style)  # fmt: skip
+                      label=f"{strategy} {'beside itself' if companions == ITSELF else 'in a mixed group'}", **style)  # fmt: skip
     ks = sorted(frame["k"].unique())
     axis.set_xticks(ks, [str(k) for k in ks])
     axis.set(xlabel="jobs sharing the PS link (k; 1: alone)", ylabel="slowdown (alone / together)")
