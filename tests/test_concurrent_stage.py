@@ -1,4 +1,4 @@
-"""`ralp-pipe concurrent` end to end: two tiny jobs, each alone, then together with their servers on one host."""
+"""`ralp-pipe concurrent` end to end: two tiny jobs, each alone, then together with their servers on one host, twice."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.results.aggregate import load_workloads
 from ralp_pipe.results.tables import concurrent_table
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]  # four training runs of two ranks each (250 s at load 12 on 2 cores)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.netns,
+]  # two rounds of three training runs of two ranks each (3 rounds: 53 s here)
 
 JOBS = ["strategy=ps cluster.gpus=1", "strategy=ralp_n cluster.gpus=2"]  # each a worker and a server rank
 COMMON = [
@@ -26,6 +29,7 @@ COMMON = [
     "train.warmup_steps=0",
     "train.measure_steps=1",
     "train.loader=synthetic",  # the stage is about sharing links, not input
+    "experiment.repeats=2",  # two rounds, each job alone then both together
 ]
 
 
@@ -44,16 +48,21 @@ def test_the_concurrent_stage_runs_each_job_alone_and_together_and_summarises_th
         (0, JOBS[0].split(), [1, 0]),
         (1, JOBS[1].split(), [2, 0]),
     ]
+    assert summary["repeats"] == 2
     for job in summary["jobs"]:
         alone, together = (
-            RunMetrics.read(out / f"job{job['job']}" / "r0" / run / METRICS_FILE) for run in ("alone", "together")
+            [RunMetrics.read(out / f"job{job['job']}" / f"r{r}" / run / METRICS_FILE) for r in range(2)]
+            for run in ("alone", "together")
         )
-        assert job["alone_images_per_sec"] == alone.images_per_sec
-        assert job["together_images_per_sec"] == together.images_per_sec
-        assert job["slowdown"] == pytest.approx(alone.images_per_sec / together.images_per_sec, rel=1e-12)
-        assert job["dilation_factor"] is None and alone.dilation is None  # undilated: the table shows these figures
+        assert job["alone_runs"] == [m.images_per_sec for m in alone]
+        assert job["together_runs"] == [m.images_per_sec for m in together]
+        assert job["alone_images_per_sec"] == pytest.approx(sum(job["alone_runs"]) / 2, rel=1e-12)
+        assert job["together_images_per_sec"] == pytest.approx(sum(job["together_runs"]) / 2, rel=1e-12)
+        ratio = job["alone_images_per_sec"] / job["together_images_per_sec"]
+        assert job["slowdown"] == pytest.approx(ratio, rel=1e-12)
+        assert job["dilation_factor"] is None and alone[0].dilation is None  # undilated: the tables show these
         # Each run's ranks read their own host's link counters: the job ran on the hosts of its layout.
-        for run in (alone, together):
+        for run in (*alone, *together):
             assert run.wire_per_host is not None and sorted(run.wire_per_host) == sorted(f"h{h}" for h in job["hosts"])
             assert run.model == "resnet18" and run.strategy == job["overrides"][0].split("=")[1]
         assert f"job {job['job']} ({' '.join(job['overrides'])}): alone" in proc.stdout
