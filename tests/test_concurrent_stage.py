@@ -14,10 +14,7 @@ from ralp_pipe.contract.records import RunMetrics
 from ralp_pipe.results.aggregate import load_workloads
 from ralp_pipe.results.tables import concurrent_table
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.netns,
-]  # two rounds of three training runs of two ranks each (3 rounds: 53 s here)
+pytestmark = [pytest.mark.slow, pytest.mark.netns]  # 2 rounds of 3 runs of two ranks each (42 s on 2 cores)
 
 JOBS = ["strategy=ps cluster.gpus=1", "strategy=ralp_n cluster.gpus=2"]  # each a worker and a server rank
 COMMON = [
