@@ -4,13 +4,13 @@ the plots, wherever `dtf` ran (and nowhere else)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ralp_pipe.results import plots
 from ralp_pipe.results.aggregate import build_tables, load_records
 from ralp_pipe.results.tables import BASELINES, Tables, baselines_present
+from test_plots import drawn
 from workflow_records import PAPER_FOUR, images_per_sec, write_results
 
 WITH_DTF = (*PAPER_FOUR, "dtf")
@@ -19,14 +19,6 @@ WITH_DTF = (*PAPER_FOUR, "dtf")
 def _tables(root: Path, strategies: tuple[str, ...], networks: tuple[str, ...] = ("1gbit",)) -> Tables:
     runs = write_results(root, models=("vgg11",), strategies=strategies, gpus=(4,), networks=networks, repeats=2)
     return build_tables(load_records(runs, [root / "plans"]))
-
-
-def _drawn(monkeypatch: pytest.MonkeyPatch, plot: Any, tables: Tables) -> Any:
-    figures: list[Any] = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
-    plot(tables, Path("unused.png"))
-    [figure] = figures
-    return figure
 
 
 def test_baselines_are_the_strategy_tables_then_allreduce() -> None:
@@ -57,9 +49,9 @@ def test_without_dtf_the_summary_has_no_dtf_column(tmp_path: Path) -> None:
 
 def test_the_plots_draw_a_panel_over_each_baseline_that_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tables = _tables(tmp_path, WITH_DTF, networks=("100mbit", "1gbit"))
-    bars = _drawn(monkeypatch, plots.speedup, tables)
+    bars = drawn(monkeypatch, plots.speedup, tables)
     assert [a.get_ylabel() for a in bars.axes] == ["speedup over ps", "speedup over dtf", "speedup over allreduce"]
-    headline = _drawn(monkeypatch, plots.speedup_vs_link, tables)
+    headline = drawn(monkeypatch, plots.speedup_vs_link, tables)
     titles = [a.get_title() for a in headline.axes]
     dtf_ps = int(tables.runs.loc[tables.runs["strategy"] == "dtf", "num_ps"].iloc[0])
     assert titles == ["over ps (1 PS rank at N=4)", f"over dtf ({dtf_ps} PS ranks at N=4)", "over allreduce"]
