@@ -58,3 +58,17 @@ def test_a_weight_decay_override_reaches_the_profile_job_and_amp_reaches_neither
         assert "train.amp=true" not in matrix.stage_args(stage, run) and '"train.amp"' not in matrix.stage_params(
             stage, run
         )
+
+
+@pytest.mark.slow  # composes a smoke matrix (~1.4 s)
+def test_hosts_of_several_gpus_reach_the_training_job_with_their_interconnect() -> None:
+    """Train validates `cluster.gpus_per_node > 1` against the interconnect: the workflow must hand it both."""
+    from ralp_pipe.config import compose
+    from ralp_pipe.workflow.matrix import Matrix, parse_settings
+
+    matrix = Matrix(
+        parse_settings({"experiment": "smoke", "overrides": ["cluster.gpus_per_node=2", "interconnect=pcie3"]})
+    )
+    args = matrix.stage_args("train", matrix.runs[0])
+    assert "interconnect=pcie3" in args
+    assert compose.load(args).interconnect.name == "pcie3"

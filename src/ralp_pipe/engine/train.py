@@ -55,7 +55,7 @@ from ralp_pipe.runtime.launch import RankEnv, in_slurm_step, launch_local, launc
 from ralp_pipe.runtime.nodes import node_of_ranks
 
 # what this stage and its ranks read of the config (a key covers those below it)
-CONFIG_KEYS = ("dataset", "model", "strategy", "cluster", "network", "train", "dilation", "paths")
+CONFIG_KEYS = ("dataset", "model", "strategy", "cluster", "interconnect", "network", "train", "dilation", "paths")
 LOCK_SUFFIX = ".lock"  # .NAME.lock next to --out: held by the driver writing it, removed when it ends
 STAGING_INFIX = ".ranks-"  # a run's staging folder (rank logs, rank 0's result) is .NAME.ranks-<random> next to --out
 DRIVER_FILE = "driver.json"  # in the staging folder: host, PID and start time of the driver that owns it

@@ -60,6 +60,10 @@ CONFIG_KEYS = (
     "strategy.overlap",
     "strategy.bucket_mb",
     "strategy.ps_placement",
+    "strategy.name",  # where it is dtf, its own options price dtf (dtf_options) ...
+    "strategy.variable_placement",
+    "strategy.variable_update",
+    "strategy.transport_efficiency",  # ... else config/strategy/dtf.yaml's
     "network",
     "interconnect",
     "cluster.gpus_per_node",

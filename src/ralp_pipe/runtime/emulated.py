@@ -320,6 +320,8 @@ def intra_host_record(cfg: Config, topo: Topology) -> dict[str, Any] | None:
         "route": INTRA_HOST_ROUTE,
         "how": "ranks of one host exchange over their namespace's loopback, unshaped (not slowed to the "
         "interconnect's rate / D); only the host's link is shaped",
+        "interconnect": cfg.interconnect.name,  # what the plan priced inside a host, at this bandwidth
+        "interconnect_gbytes_per_s": cfg.interconnect.gbytes_per_s,
     }
     if PS_DEVICE in topo.roles:
         device = topo.roles.index(PS_DEVICE)
