@@ -21,15 +21,17 @@ from ralp_pipe.runtime.linkcheck import FactorChoice, LinkMeasurement, accurate_
 
 
 def _check_records(choice: FactorChoice) -> None:
-    """Factors tried in ascending order up to the chosen one, which alone meets the threshold, each read at most
-    ATTEMPTS times, again only after a near miss."""
+    """Factors tried upward up to the first accurate one, which alone meets the threshold, or, where that is D = 1,
+    then downward while accurate (time compression); each read at most ATTEMPTS times, again only after a near miss."""
     factors = [m.factor for m in choice.measurements]
-    assert factors == sorted(factors) and factors[-1] == choice.factor
+    upward, downward = linkcheck.search_order(linkcheck.CANDIDATES)
+    tried = list(dict.fromkeys(factors))
+    assert tried in (upward[: len(tried)], [upward[0], *downward][: len(tried)])
     assert max(factors.count(f) for f in factors) <= linkcheck.ATTEMPTS
     for before, after in zip(choice.measurements, choice.measurements[1:]):
-        assert before.factor < after.factor or before.worst >= choice.threshold - linkcheck.NEAR_MISS
-    assert all(m.worst < choice.threshold for m in choice.measurements[:-1])
-    assert choice.measurements[-1].worst >= choice.threshold
+        assert before.factor != after.factor or before.worst >= choice.threshold - linkcheck.NEAR_MISS
+    passed = [m.factor for m in choice.measurements if m.worst >= choice.threshold]
+    assert choice.factor == min(passed) and set(passed) == {f for f in tried if f >= choice.factor}
     for m in choice.measurements:
         assert m.shaped_rate == shaped_rate(choice.rate, m.factor)
         backend = () if m.backend is None else (m.backend.efficiency,)
@@ -121,7 +123,7 @@ def test_a_factor_is_chosen_only_where_both_loads_are_accurate(
     monkeypatch.setattr(
         linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, *figures[int(factor)])
     )
-    choice = accurate_factor(3, "10gbit")
+    choice = accurate_factor(3, "10gbit", candidates=(1, 2, 4))  # upward only: compression is tested below
     assert choice.factor == chosen
     assert [m.factor for m in choice.measurements] == sorted(figures)[: len(choice.measurements)]
     record = choice.to_dict()
@@ -150,12 +152,47 @@ def test_a_near_miss_is_read_again_before_the_factor_is_raised(
         "measure_link",
         lambda hosts, rate, burst, factor, seconds: _measured(factor, next(left[int(factor)]), 1.0),
     )
-    choice = accurate_factor(3, "10gbit")
+    choice = accurate_factor(3, "10gbit", candidates=(1, 2, 4))
     assert choice.factor == chosen
     assert [m.factor for m in choice.measurements] == tried
     assert [m.worst for m in choice.measurements] == [f for factor in sorted(readings) for f in readings[factor]][
         : len(tried)
     ]
+
+
+def test_the_search_goes_up_from_1_and_down_below_it_only_from_there() -> None:
+    assert linkcheck.search_order(linkcheck.CANDIDATES) == ([1, 2, 4, 8, 16, 32, 64], [0.5, 0.25, 0.125])
+    assert linkcheck.search_order((4, 0.5, 2)) == ([2, 4], [0.5])
+    assert linkcheck.search_order((0.25, 0.5)) == ([0.5], [0.25])  # no D >= 1: from the largest down
+
+
+@pytest.mark.parametrize(
+    ("readings", "chosen", "tried"),
+    [
+        ({1: [0.99], 0.5: [0.98], 0.25: [0.97], 0.125: [0.60]}, 0.25, [1, 0.5, 0.25, 0.125]),
+        ({1: [0.99], 0.5: [0.99], 0.25: [0.99], 0.125: [0.96]}, 0.125, [1, 0.5, 0.25, 0.125]),
+        ({1: [0.99], 0.5: [0.93, 0.96], 0.25: [0.80]}, 0.5, [1, 0.5, 0.5, 0.25]),  # a near miss read again
+        ({1: [0.99], 0.5: [0.70], 0.25: [0.99]}, 1, [1, 0.5]),  # the first shortfall ends the descent
+        ({1: [0.90, 0.70], 2: [0.97]}, 2, [1, 1, 2]),  # D = 1 falls short: nothing below it is tried
+    ],
+)
+def test_time_compression_takes_the_smallest_accurate_factor_below_1(
+    monkeypatch: pytest.MonkeyPatch, readings: dict[float, list[float]], chosen: float, tried: list[float]
+) -> None:
+    left = {factor: iter(figures) for factor, figures in readings.items()}
+    asked: list[str] = []
+
+    def measure(hosts: int, rate: str, burst: str, factor: float, seconds: float) -> LinkMeasurement:
+        asked.append(shaped_rate(rate, factor))
+        return _measured(factor, next(left[factor]), 1.0)
+
+    monkeypatch.setattr(linkcheck, "measure_link", measure)
+    choice = accurate_factor(3, "1gbit")
+    assert choice.factor == chosen
+    assert [m.factor for m in choice.measurements] == tried
+    assert asked[: tried.count(1)] == ["1000000000bit"] * tried.count(1)
+    if 0.125 in tried:  # 1 Gbit/s compressed 8x: links at 8 Gbit/s
+        assert asked[tried.index(0.125)] == "8000000000bit"
 
 
 def test_a_check_whose_every_reading_falls_short_names_each_factor_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,7 +224,7 @@ def test_an_all_reduce_run_also_needs_the_backends_ring_to_keep_up(
     monkeypatch.setattr(
         linkcheck, "measure_backend", lambda hosts, rate, burst, factor, pattern: _ring(rings[int(2 * factor)])
     )  # measured at twice the run's rate: half its factor
-    choice = accurate_factor(3, "10gbit", backend="ring")
+    choice = accurate_factor(3, "10gbit", candidates=(1, 2, 4), backend="ring")
     assert choice.factor == chosen
     assert [m.backend.efficiency for m in choice.measurements if m.backend] == list(rings.values())
     record = choice.to_dict()

@@ -3,8 +3,9 @@
 Time-dilated emulation shapes every link to R / D. ``tc tbf`` holds its rate up to a few
 Gbit/s on a small machine, but above that the kernel's CPU binds (the more so the more hosts
 send at once) and a link delivers less than asked: a dilated run would then be slowed by the
-emulation, not by the target's network. :func:`accurate_factor` tries factors D in ascending
-order. For each it brings up an emulated cluster with every link at R / D and loads it twice,
+emulation, not by the target's network. :func:`accurate_factor` tries factors D upward from 1 and,
+where D = 1 is accurate, downward through 1/2, 1/4, 1/8 (time compression: links at R / D faster than the
+target's, so a modelled run takes D x the target's time; :func:`search_order`). For each it brings up an emulated cluster with every link at R / D and loads it twice,
 each direction of a link at once, one TCP stream and one process per sender. First host 0's
 link the way a parameter server's is loaded: every other host sends to host 0 (incast) while
 host 0 sends to every other host (fan-out). Then every link the way an all-reduce ring loads
@@ -29,9 +30,11 @@ share the cores with the kernel's TCP work, so the backend can fall short at a D
 pass. It runs at :data:`BACKEND_HEADROOM` times the run's link rate, because the run's ranks also
 pace, copy buckets and messages and run Python on those cores: 8 hosts at 10 Gbit/s / 4 all-reduced
 at 0.89 of the payload rate alone, while ``allreduce`` at N = 8 and D = 4 measured 23% below its D =
-16 figure (D = 8: 4% below). It returns the first D whose worst direction (tbf's bytes) under both
+16 figure (D = 8: 4% below). A D is accurate where its worst direction (tbf's bytes) under both
 loads (for the ring, the worst host's upload and download), and the backend's figure over the
-payload rate where measured, reach the threshold, with every measurement taken.
+payload rate where measured, reach the threshold. It returns the first accurate D upward, or, where
+that is D = 1, the last accurate D downward (the smallest before one falls short), with every
+measurement taken.
 
 A D whose reading falls short by less than :data:`NEAR_MISS` is read again, up to :data:`ATTEMPTS` readings,
 before the next D is tried: the check asks what the links can deliver, and a short window also reads how
@@ -73,7 +76,8 @@ from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.process import Process, start, stop
 from ralp_pipe.runtime.wire import INTERFACE
 
-CANDIDATES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+# below 1, time compression: the emulation runs faster than the target, where the links keep up (module doc)
+CANDIDATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 BACKEND_HEADROOM = 2.0  # the backend must keep up at this many times the run's link rate (module doc)
 THRESHOLD = 0.95
 ATTEMPTS = 3  # readings of one D that falls short by less than NEAR_MISS (module doc)
@@ -174,12 +178,12 @@ def accurate_factor(
     seconds: float = WINDOW_S,
     backend: str | None = None,
 ) -> FactorChoice:
-    """The smallest factor D in `candidates` at which `hosts` emulated hosts' links, shaped to `rate` / D
-    with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link under the
+    """The smallest factor D in `candidates` (tried as :func:`search_order` says) at which `hosts` emulated hosts'
+    links, shaped to `rate` / D with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link under the
     parameter server's load and of every host's link under the ring's, and (with `backend`, a pattern) the
     training backend's traffic in that pattern reaches `threshold` of the payload rate at
     :data:`BACKEND_HEADROOM` times that rate (a near miss read again, see the module doc). One host (a single-device run)
-    has no link and an unlimited rate shapes none: either is accurate at the smallest candidate, unmeasured."""
+    has no link and an unlimited rate shapes none: either takes the first candidate tried (D = 1), unmeasured."""
     if hosts < 1:
         raise ConfigError(f"the link check needs at least 1 host, got {hosts}")
     if not 0 < threshold <= 1:
@@ -188,10 +192,12 @@ def accurate_factor(
         raise ConfigError(f"the link check needs positive candidate factors, got {list(candidates)}")
     if seconds <= 0:
         raise ConfigError(f"the link check's window must be positive, got {seconds} s")
+    upward, downward = search_order(candidates)
     if rate_bits_per_s(rate) is None or hosts == 1:
-        return FactorChoice(rate, hosts, burst, threshold, float(min(candidates)), (), backend)
+        return FactorChoice(rate, hosts, burst, threshold, upward[0], (), backend)
     measured: list[LinkMeasurement] = []
-    for factor in sorted({float(c) for c in candidates}):
+
+    def accurate(factor: float) -> bool:
         for _ in range(ATTEMPTS):
             measurement = measure_link(hosts, rate, burst, factor, seconds)
             if backend and measurement.worst >= threshold:  # the streams pass: does the backend?
@@ -199,9 +205,19 @@ def accurate_factor(
                 measurement = replace(measurement, backend=checked)
             measured.append(measurement)
             if measurement.worst >= threshold:
-                return FactorChoice(rate, hosts, burst, threshold, factor, tuple(measured), backend)
+                return True
             if measurement.worst < threshold - NEAR_MISS:  # the cores bind: reading it again will not help
+                return False
+        return False
+
+    chosen = next((factor for factor in upward if accurate(factor)), None)
+    if chosen == upward[0]:  # the first tried (D = 1) is accurate: compress time while the links keep up
+        for factor in downward:
+            if not accurate(factor):
                 break
+            chosen = factor
+    if chosen is not None:
+        return FactorChoice(rate, hosts, burst, threshold, chosen, tuple(measured), backend)
     best = max(measured, key=lambda m: m.worst)
     raise ConfigError(
         f"emulated links of {hosts} hosts at {rate} / D deliver at best {best.worst:.2f} of their rate "
@@ -210,6 +226,16 @@ def accurate_factor(
         f"({', '.join(f'{factor:g}' for factor in dict.fromkeys(m.factor for m in measured))}); try larger factors or "
         "fewer hosts"
     )
+
+
+def search_order(candidates: Sequence[float]) -> tuple[list[float], list[float]]:
+    """The order the check tries `candidates` in: upward from the smallest D >= 1 (the largest candidate where none
+    is), then, only where that first one is accurate, downward through the smaller ones (time compression): the
+    smallest accurate D where the links deliver less the faster they run, without loading them at rates far
+    beyond what they pass (80 Gbit/s for 10 Gbit/s at D = 1/8) where D >= 1 is needed."""
+    factors = sorted({float(c) for c in candidates})
+    start = next((i for i, factor in enumerate(factors) if factor >= 1.0), len(factors) - 1)
+    return factors[start:], factors[:start][::-1]
 
 
 def run_check(cfg: Config, hosts: int, pattern: str | None) -> FactorChoice:
