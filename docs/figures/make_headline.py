@@ -6,8 +6,9 @@ For every (model, dataset) of ``experiment=paper-dilated`` it models the experim
 (``experiment.target``) at the experiment's batch and image size, prices every strategy at N = `--gpus` on
 each of the experiment's link rates with the simulator's cost model (``ralp-pipe simulate``'s
 :func:`~ralp_pipe.planning.simulate.simulate`, `ps` deployed as the experiment runs it: ``strategy.num_ps``
-and ``strategy.ps_placement``) and plots RALP-N's and RALP-H's speedup over `ps` and over `allreduce`
-against the link rate, as ``results/plots.py``'s ``speedup_vs_link`` draws a measured matrix.
+and ``strategy.ps_placement``; `dtf` as ``config/strategy/dtf.yaml`` deploys Distributed TensorFlow: one PS task
+per host, each variable whole on one task, over gRPC) and plots RALP-N's and RALP-H's speedup over `dtf`, over
+`ps` and over `allreduce` against the link rate, as ``results/plots.py``'s ``speedup_vs_link`` draws a measured matrix.
 These are predictions, not measurements.
 """
 
@@ -22,14 +23,14 @@ from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import load
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.engine import devicemodel, models
-from ralp_pipe.planning.planner import pipelining_of
+from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
 from ralp_pipe.results.plots import HEADLINE_STYLES
 
 EXPERIMENT = "paper-dilated"
 DEFAULT_OUT = Path(__file__).resolve().parent / "headline_predicted.png"
-SPEEDUP_TICKS = (0.2, 0.3, 0.5, 1, 2, 3, 5, 10, 20, 30)  # labelled ticks of the logarithmic speedup axes
+SPEEDUP_TICKS = (0.2, 0.3, 0.5, 1, 2, 3, 5, 10, 20, 30, 50, 100, 200)  # labelled ticks of the logarithmic speedup axes
 
 
 def predictions(gpus: int) -> pd.DataFrame:
@@ -50,13 +51,21 @@ def predictions(gpus: int) -> pd.DataFrame:
             profile = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, [gpus]), gpus)
             units = models.placement_units(models.build(model, cfg.dataset.num_classes, cfg.model.dropout))
             servers = Servers(cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", False, pipelining_of(cfg))
-            frame = simulate(profile, units, cfg.train.batch_size, Grid([gpus], links), servers)
+            variables = whole_variables(units, dtf_options(cfg))
+            frame = simulate(profile, units, cfg.train.batch_size, Grid([gpus], links), servers, variables=variables)
             frames.append(frame.assign(dataset=dataset, device=cfg.device.name.upper()))
     return pd.concat(frames, ignore_index=True)
 
 
+BASELINE_LABELS = {  # each panel's baseline, named with its PS count and placement as the matrix deploys it
+    "dtf": "dtf (Distributed TensorFlow: a PS task on every host, whole variables, gRPC)",
+    "ps": "ps (1 dedicated PS, tensors partitioned, pipelined)",
+    "allreduce": "allreduce (ring, NCCL-style)",
+}
+
+
 def draw(frame: pd.DataFrame, path: Path, caption: str) -> None:
-    """RALP-N and RALP-H over `ps` (left) and `allreduce` (right) against the link rate, both axes logarithmic."""
+    """RALP-N and RALP-H over each of :data:`BASELINE_LABELS` against the link rate, both axes logarithmic."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,11 +74,11 @@ def draw(frame: pd.DataFrame, path: Path, caption: str) -> None:
     from matplotlib.lines import Line2D
 
     rate = frame.set_index(["model", "dataset", "gpus", "link_gbit", "strategy"])["images_per_sec"]
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.6))
+    fig, axes = plt.subplots(1, len(BASELINE_LABELS), figsize=(17, 4.8))
     colours = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
     groups = list(frame.groupby(["model", "dataset", "gpus"], sort=True))
     links = sorted(frame["link_gbit"].unique())
-    for axis, baseline in zip(axes, ("ps", "allreduce")):
+    for axis, baseline in zip(axes, BASELINE_LABELS):
         for index, ((model, dataset, gpus), _) in enumerate(groups):
             for strategy, (_, linestyle, marker, filled) in HEADLINE_STYLES.items():
                 speedup = [
@@ -95,6 +104,7 @@ def draw(frame: pd.DataFrame, path: Path, caption: str) -> None:
         axis.yaxis.set_minor_formatter(ticker.NullFormatter())
         axis.grid(True, which="both", alpha=0.3)
         axis.set(xlabel="target link rate (Gbit/s)", ylabel=f"predicted speedup over {baseline}")
+        axis.set_title(BASELINE_LABELS[baseline], fontsize="small")
     handles = [
         Line2D([], [], color=colours[i % len(colours)], label=f"{model}/{dataset} N={gpus}")
         for i, ((model, dataset, gpus), _) in enumerate(groups)
@@ -126,7 +136,7 @@ def main() -> None:
         index=["model", "dataset", "gpus", "link_gbit"], columns="strategy", values="images_per_sec"
     )
     speedups = pd.DataFrame(
-        {f"{s} / {base}": rate[s] / rate[base] for s in HEADLINE_STYLES for base in ("ps", "allreduce")}
+        {f"{s} / {base}": rate[s] / rate[base] for s in HEADLINE_STYLES for base in BASELINE_LABELS}
     )
     print(speedups.round(2).to_string())
     print(f"wrote {args.out}")
