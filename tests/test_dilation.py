@@ -177,13 +177,17 @@ def test_communication_waited_inside_a_unit_moves_its_deadline() -> None:
 
 def test_shaped_rate_divides_the_link_by_the_factor() -> None:
     assert shaped_rate("1gbit", 4.0) == "250000000bit"
+    assert shaped_rate("1gbit", 0.125) == "8000000000bit"  # time compressed: faster than the target
     assert shaped_rate("1gbit", None) == "1gbit"
     assert shaped_rate("unlimited", 4.0) == "unlimited"
 
 
 def test_dilation_settings_are_checked() -> None:
-    with pytest.raises(ConfigError, match=r"dilation.factor=0.5"):
-        load(["dilation.factor=0.5"])
+    for factor in ("0", "-0.5", "inf"):
+        with pytest.raises(ConfigError, match=rf"dilation.factor={factor}.*\(0, inf\).*0 < D < 1.*0\.125"):
+            load([f"dilation.factor={factor}"])
+    for factor in (0.5, 0.25, 0.125, 3):  # time compressed (D < 1) or dilated
+        assert load([f"dilation.factor={factor}"]).dilation.factor == factor
     with pytest.raises(ConfigError, match=r"dilation.mode='fast'.*real, modelled"):
         load(["dilation.mode=fast"])
     with pytest.raises(ConfigError, match=r"dilation.factor='fast'.*auto"):

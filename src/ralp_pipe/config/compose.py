@@ -230,7 +230,7 @@ def with_arch(device: DeviceConfig, config_dir: Path = CONFIG_DIR) -> DeviceConf
 
 
 def _validate_dilation(cfg: Config) -> None:
-    """The dilation section: a mode, a shipped target or a readable profile file, a factor >= 1 or "auto", a compute
+    """The dilation section: a mode, a shipped target or a readable profile file, a factor > 0 or "auto", a compute
     size no larger than the run's. (What the profile holds is checked against the run where it is read:
     :func:`ralp_pipe.engine.dilation.target_profile`.)"""
     d, t = cfg.dilation, cfg.train
@@ -247,8 +247,17 @@ def _validate_dilation(cfg: Config) -> None:
     factor = d.factor
     if factor is not None and factor != AUTO_FACTOR:
         if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-            raise ConfigError(f"dilation.factor={factor!r} is not allowed: give a number >= 1, {AUTO_FACTOR} or null")
-        _in_range("dilation.factor", factor, 1.0, math.inf, f"[1, inf), {AUTO_FACTOR} or null (no dilation)")
+            raise ConfigError(f"dilation.factor={factor!r} is not allowed: give a number > 0, {AUTO_FACTOR} or null")
+        _in_range(
+            "dilation.factor",
+            factor,
+            0.0,
+            math.inf,
+            f"(0, inf): D >= 1 slows the emulated cluster, 0 < D < 1 runs it faster than the target (e.g. 0.5, 0.25, "
+            f"0.125, where `ralp-pipe check-links` finds its links accurate at rate / D); or {AUTO_FACTOR} or null "
+            "(no dilation)",
+            low_open=True,
+        )
     _in_range("dilation.margin", d.margin, 1.0, math.inf, "[1, inf)")
     _in_range("dilation.link_accuracy", d.link_accuracy, 0.0, 1.0, "(0, 1]", low_open=True)
     for key, value, target in (

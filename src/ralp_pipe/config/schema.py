@@ -226,7 +226,7 @@ class DilationConfig:
     message carries its bytes; in `real` mode the ranks may compute at a smaller batch and image size.
     """
 
-    factor: Any = None  # D >= 1, or "auto" (the smallest fitting D, measured before the run); None: no dilation
+    factor: Any = None  # D > 0 (below 1: time compression), or "auto" (the smallest fitting D, measured); None: none
     mode: str = "real"  # real: run the real computation, then wait; modelled: no computation, only the wait
     # the config/device entry emulated (its shipped file, apart from the `device` group), or a profile file
     # (`ralp-pipe profile --out FILE`): a path ending in .json
