@@ -134,6 +134,24 @@ def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls_wh
             pending[server].discard(b)
 
 
+@pytest.mark.parametrize("modelled", [False, True])
+def test_a_modelled_worker_pushes_and_pulls_through_one_buffer_the_size_of_its_parameters(modelled: bool) -> None:
+    """Modelled units produce no gradient: a push sends the bucket its pull last filled, so the worker holds one
+    parameter-sized buffer (N = 16 of VGG/22K fits) and a step zeroes nothing; a computing worker holds two."""
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    params = list(net.parameters())
+    buckets = plan_buckets([p.numel() for p in params], [9], 10)
+    client = PushPullClient(LedgerComm(), params, buckets, overlap=False, modelled=modelled)  # type: ignore[arg-type]
+    shared = client.flat_grads.untyped_storage().data_ptr() == client.flat_params.untyped_storage().data_ptr()
+    assert shared == modelled
+    assert all(p.untyped_storage().data_ptr() == client.flat_params.untyped_storage().data_ptr() for p in params)
+    client.flat_params.fill_(3.0)
+    client.flat_grads.fill_(1.0)
+    client.begin()
+    assert client.flat_grads.eq(1.0 if modelled else 0.0).all()  # a computing worker's gradients start at zero
+    assert client.flat_params.eq(1.0 if modelled else 3.0).all()
+
+
 def test_a_servers_buckets_share_credit_sets_of_receive_buffers_where_that_holds_less() -> None:
     sizes = [100, 100, 100, 100, 60]
     shared = receive_buffers(sizes, sets=3, credit=2, dtype=torch.float32, device=None)

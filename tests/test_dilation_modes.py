@@ -201,9 +201,12 @@ MODELLED = ["dataset.num_classes=10", "train.image_size=64", "train.measure_step
 
 
 @pytest.mark.slow  # train subprocesses
-@pytest.mark.parametrize("strategy,gpus", [("ps", 2), ("allreduce", 2), ("ralp_n", 3)])
-def test_a_modelled_run_moves_the_target_bytes_in_the_padded_time(strategy: str, gpus: int, tmp_path: Path) -> None:
-    factor = 20.0
+@pytest.mark.parametrize(
+    "strategy,gpus,factor", [("ps", 2, 20.0), ("allreduce", 2, 20.0), ("ralp_n", 3, 20.0), ("ps", 2, 0.5)]
+)  # 0.5: time compressed, the target's time halved
+def test_a_modelled_run_moves_the_target_bytes_in_the_padded_time(
+    strategy: str, gpus: int, factor: float, tmp_path: Path
+) -> None:
     overrides = small(*MODELLED, f"strategy={strategy}", f"cluster.gpus={gpus}", f"dilation.factor={factor}")
     metrics = train_metrics(tmp_path / "run", overrides)
     record = metrics["dilation"]

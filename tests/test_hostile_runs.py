@@ -437,21 +437,23 @@ def test_failed_rerun_sets_the_older_records_aside_and_a_successful_one_replaces
 def test_a_parameter_server_holds_only_the_gradients_its_credit_lets_fly(
     monkeypatch: pytest.MonkeyPatch, credit: int, fits: bool
 ) -> None:
-    """VGG-11 on 21841 classes, `ps` at N=8, modelled: 9 ranks of 0.87 GB of parameters in 25.3 GB. With a credit
-    of 4 buckets (of 4 MB) the PS holds 8 workers' gradients of 4 buckets (0.13 GB); with no cap, of all (7 GB)."""
+    """VGG-11 on 21841 classes, `ps` at N=16, modelled: 17 ranks of 0.87 GB of parameters in 25.3 GB (2 cores: 9
+    modelled ranks a core). A modelled worker holds one buffer of the parameters' size (its pushes and pulls), no
+    gradient. With a credit of 4 buckets (of 4 MB) the PS holds 16 workers' gradients of 4 buckets (0.26 GB); with
+    no cap, of all (14 GB)."""
     monkeypatch.setattr(hardware, "usable_cores", lambda: 2)
     monkeypatch.setattr(hardware, "usable_memory", lambda: (25_300_000_000, "this machine's"))
     cfg = load(
-        ["cluster=emulated", "model=vgg11", "dataset=synthetic22k", "strategy=ps", "cluster.gpus=8"]
+        ["cluster=emulated", "model=vgg11", "dataset=synthetic22k", "strategy=ps", "cluster.gpus=16"]
         + ["train.batch_size=32", "train.image_size=224", "dilation.factor=8", "dilation.mode=modelled"]
         + [f"strategy.credit={credit}", "strategy.bucket_mb=4"]
     )
     topo, units = of_strategy(cfg.strategy, cfg.cluster.gpus), train.meta_units(cfg)
     needs = train.rank_memory(cfg, topo, units, activations=0)
-    assert [round(b / 1e9, 2) for b, _ in needs[:8]] == [2.25] * 8  # 0.5 GB and 2 x 0.87 GB: parameters, gradients
-    assert round(needs[8][0] / 1e9, 2) == (1.5 if fits else 8.36), needs[8]
+    assert [round(b / 1e9, 2) for b, _ in needs[:16]] == [1.37] * 16  # 0.5 GB and one 0.87 GB buffer
+    assert round(needs[16][0] / 1e9, 2) == (1.63 if fits else 15.34), needs[16]
     if fits:
         train.check_host(cfg, topo, units, on_cpu=True)
     else:
-        with pytest.raises(ConfigError, match=r"its ranks need 26\.3 GB .* 6\.98 GB of the workers' gradients"):
+        with pytest.raises(ConfigError, match=r"its ranks need 37\.3 GB .* 13\.97 GB of the workers' gradients"):
             train.check_host(cfg, topo, units, on_cpu=True)

@@ -415,7 +415,9 @@ def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bo
     keeps = on_cpu and dilation.computes_for_real(cfg)  # modelled units keep no activations
     activations = models.activation_bytes(units, image, batch, 2 if t.amp else 4) if keeps else 0
     needs = rank_memory(cfg, topo, units, activations)
-    spread = 4 if dilation.computes_for_real(cfg) else 8  # modelled ranks only wait and move bytes
+    # modelled ranks only wait and move bytes: 9 a core, so N = 16's `ps` (16 workers and a PS) runs on 2 cores, its
+    # overruns and stalls saying whether they kept up
+    spread = 4 if dilation.computes_for_real(cfg) else 9
     by_cores, need = max(2 * spread, spread * cores), sum(b for b, _ in needs)
     if topo.world_size <= by_cores and need <= memory:
         return
@@ -448,11 +450,14 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
     """Each rank's memory (bytes, and what they are): a base, its copies of the parameters and, where it computes
     on the CPU, its activations.
 
-    A `ps` worker holds the parameters and their gradients (its PS updates them), as does a modelled `allreduce`
-    worker (DDP-sized buffers, no optimizer state); other workers and RALP's PS device also the optimizer's
-    momentum (:data:`PARAMETER_COPIES`). A PS rank holds its share of the parameters (and, where it computes,
-    their momentum) and every worker's gradients of the buckets that may be in flight at once
-    (:func:`ralp_pipe.engine.strategies.base.receive_elements`).
+    A `ps` worker holds the parameters and their gradients (its PS updates them); other workers and RALP's PS
+    device also the optimizer's momentum (:data:`PARAMETER_COPIES`). A modelled worker or PS device holds one
+    parameter-sized buffer at most: the buffer its pushes leave from and its pulls land in (`allreduce`: DDP-sized
+    buckets), no gradient (its units' are empty) and no momentum (no update runs); its units' own parameters are
+    allocated uninitialised and never touched, so they take no memory (measured, VGG-16/22K at N = 8: 1.38 GB a
+    modelled `allreduce` worker, 0.5 GB and one 0.9 GB buffer; 0.64-0.73 GB a RALP-N rank). A PS rank holds its
+    share of the parameters (and, where it computes, their momentum) and every worker's gradients of the buckets
+    that may be in flight at once (:func:`ralp_pipe.engine.strategies.base.receive_elements`).
     """
     sizes = [p.numel() for u in units for p in u.module.parameters()]
     element = next(p.element_size() for u in units for p in u.module.parameters())
@@ -479,7 +484,7 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
             )
             needs.append((RANK_BASE_BYTES + held + inbox, what))
             continue
-        copies = 2 if role == WORKER and (kind.has_ps or modelled) else PARAMETER_COPIES
+        copies = 1 if modelled else 2 if role == WORKER and kind.has_ps else PARAMETER_COPIES
         what = (
             f"{RANK_BASE_BYTES / 1e9:.1f} GB + {copies} x {parameters / 1e9:.2f} GB of {name} parameters + "
             f"{activations / 1e9:.2f} GB of activations (train.batch_size={cfg.train.batch_size} at "

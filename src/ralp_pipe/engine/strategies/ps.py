@@ -60,7 +60,7 @@ class ParameterServerStrategy(Strategy):
         else:
             self.net = setup.network()
             params = [p for _, p in self.net.named_parameters()]
-            self.client = PushPullClient(setup.comm, params, buckets, setup.overlap, setup.credit)
+            self.client = PushPullClient(setup.comm, params, buckets, setup.overlap, setup.credit, setup.modelled)
             if setup.rank == workers[0]:
                 self.client.send_initial()
             self.client.attach(list(self.net.modules()))

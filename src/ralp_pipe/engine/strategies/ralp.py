@@ -59,7 +59,9 @@ class LayerPlacementStrategy(Strategy):
             setup.pace(list(self.upper), split, PS_DEVICE_BATCH)
             del self.lower
         else:
-            self.client = PushPullClient(setup.comm, [p for _, p in named], buckets, setup.overlap, setup.credit)
+            self.client = PushPullClient(
+                setup.comm, [p for _, p in named], buckets, setup.overlap, setup.credit, setup.modelled
+            )
             self.client.attach(list(self.lower.modules()))
             setup.pace(list(self.lower), 0, WORKER)
             del self.upper
