@@ -2,6 +2,14 @@
 import os
 
 from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE, STEPS_FILE
+from ralp_pipe.workflow import resources as side_by_side
+
+# Training runs go side by side where this machine keeps up (ralp_pipe.workflow.resources): the emulated links of
+# the runs going at once carry at most the budget their link checks certified D beside (--resources may lower it).
+if not MATRIX.settings.slurm:
+    workflow.global_resources.setdefault(
+        side_by_side.LINK_RESOURCE, side_by_side.budget_mbps()
+    )
 
 
 def run_of(wildcards, stage="train"):
@@ -53,3 +61,26 @@ def empty_logs(jobs):
                 os.truncate(log, 0)
             except FileNotFoundError:
                 pass
+
+
+def train_demand(wildcards, input):
+    """What a training job needs of this machine (ralp_pipe.workflow.resources), its D from its link check."""
+    return side_by_side.demand_of(MATRIX.config(run_of(wildcards)), input.link_check)
+
+
+def train_threads(wildcards, input):
+    """A training job's cores: every core under SLURM (its nodes are its own) or where it runs alone."""
+    if MATRIX.settings.slurm:
+        return workflow.cores
+    return side_by_side.threads(train_demand(wildcards, input), workflow.cores)
+
+
+def train_link_resources():
+    """A training job's link load, for the local scheduler only (none under SLURM)."""
+    if MATRIX.settings.slurm:
+        return {}
+    return {
+        side_by_side.LINK_RESOURCE: lambda wildcards, input: side_by_side.link_units(
+            train_demand(wildcards, input)
+        )
+    }

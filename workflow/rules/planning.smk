@@ -89,9 +89,11 @@ rule check_links:
     params:
         key=stage_params("check_links"),
         args=stage_args("check_links"),
+        # locally, D certified beside the rest of the side-by-side budget (ralp_pipe.workflow.resources)
+        budget="" if MATRIX.settings.slurm else f"--budget {side_by_side.LINK_BUDGET}",
     shell:
         "ralp-pipe check-links --out {output:q} --hosts {wildcards.hosts} --pattern {wildcards.pattern}"
-        " {params.args} > {log:q} 2>&1"
+        " {params.budget} {params.args} > {log:q} 2>&1"
 
 
 # experiment.measured_profiles: this machine's compute measured beside the target's modelled profile, and the plan

@@ -17,8 +17,9 @@ rule train:
         repeat=r"\d+",
     conda:
         ENV
-    threads: workflow.cores  # throughput measurements run alone
+    threads: train_threads  # alone, or beside others where the machine keeps up
     resources:
+        **train_link_resources(),
         **slurm_resources(
             "train",
             "mem_mb",

@@ -51,6 +51,13 @@ runs with those hosts, that pattern and that network (every strategy, N, arm, re
 that has them: ``ps`` at N = 2 and RALP-H at N = 4 both load 3 hosts as a star) then share it
 (``ralp-pipe train --link-check``) instead of each measuring the links again before its window (a median of
 20 s a run, up to 60 s, on 2 cores), and take the same D.
+
+Runs side by side (``--budget RATE``, :func:`accurate_factor`'s `budget`): a workflow that lets training runs share
+this machine caps the shaped rate of every emulated link of the runs going at once, summed (the budget; each run
+counts its hosts x rate / D, :mod:`ralp_pipe.workflow.resources`). The check then certifies D with the rest of the
+budget loaded beside it: while each D is measured, a second emulated cluster of two hosts sends both ways at once at
+budget - hosts x rate / D in all (:func:`beside_load`), so the kernel shapes and moves the most the runs beside
+it may. A D whose own links take the whole budget is measured alone, and its runs go alone.
 """
 
 from __future__ import annotations
@@ -61,9 +68,10 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, load
@@ -134,6 +142,7 @@ class LinkMeasurement:
     ring_kernel_cpu: float
     ring_timing_error: float
     backend: BackendMeasurement | None = None
+    beside_bits_per_s: float = 0.0  # what other emulated links carried meanwhile (:func:`beside_load`)
 
     @property
     def worst(self) -> float:
@@ -163,6 +172,7 @@ class FactorChoice:
     factor: float
     measurements: tuple[LinkMeasurement, ...]
     backend: str | None = None
+    budget: str | None = None  # the side-by-side budget it was certified under (module doc); None: alone
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready record (for metrics.json and ``ralp-pipe check-links``)."""
@@ -177,13 +187,15 @@ def accurate_factor(
     threshold: float = THRESHOLD,
     seconds: float = WINDOW_S,
     backend: str | None = None,
+    budget: str | None = None,
 ) -> FactorChoice:
     """The smallest factor D in `candidates` (tried as :func:`search_order` says) at which `hosts` emulated hosts'
     links, shaped to `rate` / D with `burst`, deliver at least `threshold` of that rate in both directions of host 0's link under the
     parameter server's load and of every host's link under the ring's, and (with `backend`, a pattern) the
     training backend's traffic in that pattern reaches `threshold` of the payload rate at
     :data:`BACKEND_HEADROOM` times that rate (a near miss read again, see the module doc). One host (a single-device run)
-    has no link and an unlimited rate shapes none: either takes the first candidate tried (D = 1), unmeasured."""
+    has no link and an unlimited rate shapes none: either takes the first candidate tried (D = 1), unmeasured.
+    With `budget` (a rate), each D is measured beside the rest of it (:func:`beside_load`, module doc)."""
     if hosts < 1:
         raise ConfigError(f"the link check needs at least 1 host, got {hosts}")
     if not 0 < threshold <= 1:
@@ -194,15 +206,18 @@ def accurate_factor(
         raise ConfigError(f"the link check's window must be positive, got {seconds} s")
     upward, downward = search_order(candidates)
     if rate_bits_per_s(rate) is None or hosts == 1:
-        return FactorChoice(rate, hosts, burst, threshold, upward[0], (), backend)
+        return FactorChoice(rate, hosts, burst, threshold, upward[0], (), backend, budget)
     measured: list[LinkMeasurement] = []
 
     def accurate(factor: float) -> bool:
+        beside = beside_bits_per_s(budget, hosts, rate, factor)
         for _ in range(ATTEMPTS):
-            measurement = measure_link(hosts, rate, burst, factor, seconds)
-            if backend and measurement.worst >= threshold:  # the streams pass: does the backend?
-                checked = measure_backend(hosts, rate, burst, factor / BACKEND_HEADROOM, backend)
-                measurement = replace(measurement, backend=checked)
+            with beside_load(beside, burst):
+                measurement = measure_link(hosts, rate, burst, factor, seconds)
+                if backend and measurement.worst >= threshold:  # the streams pass: does the backend?
+                    checked = measure_backend(hosts, rate, burst, factor / BACKEND_HEADROOM, backend)
+                    measurement = replace(measurement, backend=checked)
+            measurement = replace(measurement, beside_bits_per_s=beside)
             measured.append(measurement)
             if measurement.worst >= threshold:
                 return True
@@ -217,7 +232,7 @@ def accurate_factor(
                 break
             chosen = factor
     if chosen is not None:
-        return FactorChoice(rate, hosts, burst, threshold, chosen, tuple(measured), backend)
+        return FactorChoice(rate, hosts, burst, threshold, chosen, tuple(measured), backend, budget)
     best = max(measured, key=lambda m: m.worst)
     raise ConfigError(
         f"emulated links of {hosts} hosts at {rate} / D deliver at best {best.worst:.2f} of their rate "
@@ -238,12 +253,47 @@ def search_order(candidates: Sequence[float]) -> tuple[list[float], list[float]]
     return factors[start:], factors[:start][::-1]
 
 
-def run_check(cfg: Config, hosts: int, pattern: str | None) -> FactorChoice:
+def run_check(cfg: Config, hosts: int, pattern: str | None, budget: str | None = None) -> FactorChoice:
     """The factor choice for `hosts` hosts whose links carry `pattern` (the training backend's traffic the
-    check also loads, :func:`ralp_pipe.contract.topology.link_pattern`) on `cfg`'s network."""
+    check also loads, :func:`ralp_pipe.contract.topology.link_pattern`) on `cfg`'s network (beside the rest of a
+    side-by-side `budget`, where given)."""
     return accurate_factor(
-        hosts, cfg.network.rate, cfg.network.burst, threshold=cfg.dilation.link_accuracy, backend=pattern
+        hosts,
+        cfg.network.rate,
+        cfg.network.burst,
+        threshold=cfg.dilation.link_accuracy,
+        backend=pattern,
+        budget=budget,
     )
+
+
+def beside_bits_per_s(budget: str | None, hosts: int, rate: str, factor: float) -> float:
+    """What may run beside `hosts` links at `rate` / `factor` under a side-by-side `budget`: the budget less their
+    own shaped rate (0 without a budget, an unlimited rate or where they take it all)."""
+    total, own = rate_bits_per_s(budget or "unlimited"), rate_bits_per_s(shaped_rate(rate, factor))
+    return 0.0 if total is None or own is None else max(0.0, total - hosts * own)
+
+
+@contextmanager
+def beside_load(bits_per_s: float, burst: str) -> Iterator[None]:
+    """Other runs' traffic meanwhile: two emulated hosts sending to each other at once, their links shaped to half
+    of `bits_per_s` each (both hosts' links then carry `bits_per_s` in all, as runs count theirs); nothing for 0."""
+    if bits_per_s <= 0:
+        yield
+        return
+    per_link = bits_per_s / 2
+    procs: list[tuple[int, Process]] = []
+    with EmulatedCluster(2, f"{per_link:.0f}bit", burst) as cluster:
+        try:
+            procs = [
+                (h, _start_traffic(cluster, h, a)) for h, a in _ring_traffic(cluster, _receive_buffer(per_link, 1))
+            ]
+            for line in ("ready", "sending"):
+                for host, proc in procs:
+                    _expect(host, proc, line)
+            yield
+        finally:
+            _stop_traffic(procs)
 
 
 def recorded_choice(path: Path, cfg: Config) -> dict[str, Any]:
@@ -301,6 +351,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the traffic their links carry: star (workers and a PS or PS device: ps, ralp_h, ralp_n), "
         "ring (allreduce)",
     )
+    parser.add_argument(
+        "--budget",
+        help="certify D for runs side by side: the shaped rate all runs going at once may carry, summed "
+        "(e.g. 6gbit); each D is measured beside the rest of it",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -308,7 +363,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load(args.overrides)
     print(f"ralp-pipe check-links: {args.hosts} hosts in a {args.pattern} at {cfg.network.rate} / D", flush=True)
     began = time.monotonic()
-    choice = run_check(cfg, args.hosts, args.pattern)
+    choice = run_check(cfg, args.hosts, args.pattern, args.budget)
     write_json_atomic(args.out, choice.to_dict() | {"seconds": time.monotonic() - began})
     print(f"ralp-pipe check-links: D = {choice.factor:g} ({time.monotonic() - began:.0f} s) -> {args.out}")
     return 0
@@ -405,11 +460,16 @@ def _load(
                 raise RunFailure(f"the link check's traffic on host {host} stopped: {_stderr(proc)}")
         return found
     finally:
-        stop([proc for _, proc in procs])
-        for _, proc in procs:
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
+        _stop_traffic(procs)
+
+
+def _stop_traffic(procs: list[tuple[int, Process]]) -> None:
+    """Stop traffic processes ((host, process) pairs) and close their pipes."""
+    stop([proc for _, proc in procs])
+    for _, proc in procs:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def _receive_buffer(asked_bits_per_s: float, streams: int) -> int:
