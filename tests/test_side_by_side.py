@@ -11,7 +11,15 @@ from ralp_pipe.config import load
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime import linkcheck
 from ralp_pipe.workflow import resources
-from ralp_pipe.workflow.resources import LINK_BUDGET, budget_mbps, demand_of, link_units, threads, train_demand
+from ralp_pipe.workflow.resources import (
+    LINK_BUDGET,
+    budget_mbps,
+    cpu_units,
+    demand_of,
+    link_units,
+    threads,
+    train_demand,
+)
 
 MODELLED = ["experiment=dilated", "cluster=emulated", "dilation.mode=modelled", "dilation.factor=auto"]
 
@@ -28,7 +36,7 @@ def test_a_modelled_run_certified_beside_the_budget_declares_its_ranks_cores_and
     assert demand.cores == pytest.approx(3 * (resources.RANK_CORES + resources.RANK_CORES_PER_GBIT * 1.0))
     slower = train_demand(cfg, _check(4.0))  # the same run at D = 4: a quarter of the link load, fewer cores
     assert slower.link_mbps == 750 and slower.cores is not None and slower.cores < demand.cores
-    assert threads(demand, 2) == min(2, -(-demand.cores // 1)) and link_units(demand) == 3000
+    assert threads(cfg, 2) == 1 and cpu_units(demand, 2) == round(demand.cores * 1000) and link_units(demand) == 3000
 
 
 @pytest.mark.parametrize(
@@ -36,7 +44,7 @@ def test_a_modelled_run_certified_beside_the_budget_declares_its_ranks_cores_and
     [
         (["dilation.mode=real", "dilation.factor=16"], None, "computes"),  # a real-mode run computes on every core
         (["dilation.factor=null"], None, "computes"),  # undilated: its throughput is this machine's
-        (["dilation.factor=8"], None, "no link check certified"),  # a fixed D: nothing measured it beside others
+        (["dilation.factor=8"], None, "fixed"),  # nothing measured its links beside others
         ([], _check(1.0, budget=None), "no link check certified"),  # a check made for runs alone
         ([], _check(1.0, budget="12gbit"), "no link check certified"),  # one made for another budget
         (["cluster=local", "network=loopback"], None, "not emulated"),
@@ -49,14 +57,16 @@ def test_runs_that_compute_are_uncertified_or_fill_the_budget_run_alone(
     cfg = load([*MODELLED, "strategy=ps", "cluster.gpus=2", "network=1gbit", *overrides])
     demand = train_demand(cfg, check)
     assert demand.alone and why in demand.reason
-    assert threads(demand, 2) == 2 and threads(demand, 16) == 16  # every core
+    assert cpu_units(demand, 2) == 2000 and cpu_units(demand, 16) == 16000  # every core
+    by_its_check = why in ("no link check certified", "whole budget")  # one thread, every core as its resource
+    assert threads(cfg, 2) == (1 if by_its_check else 2)
     assert link_units(demand) == budget_mbps()  # the whole budget: no run's links beside it
 
 
-def test_the_cores_are_whole_threads_between_one_and_every_core() -> None:
+def test_the_cores_are_thousandths_of_a_core_up_to_every_core() -> None:
     light = resources.Demand(0.2, 100, "")
     heavy = resources.Demand(5.5, 100, "")
-    assert threads(light, 2) == 1 and threads(heavy, 2) == 2 and threads(heavy, 16) == 6
+    assert cpu_units(light, 2) == 200 and cpu_units(heavy, 2) == 2000 and cpu_units(heavy, 16) == 5500
 
 
 def test_the_workflow_reads_the_runs_link_check_record(tmp_path: Path) -> None:
@@ -65,9 +75,12 @@ def test_the_workflow_reads_the_runs_link_check_record(tmp_path: Path) -> None:
     record.write_text(json.dumps(_check(2.0)))
     assert demand_of(cfg, [str(record)]).link_mbps == 1000  # 2 hosts at 1 Gbit/s / 2
     assert demand_of(cfg, []).alone  # no check: its D uncertified
-    record.write_text("{")
-    with pytest.raises(ConfigError, match=r"ring-h2.json cannot be read.*check-links"):
-        demand_of(cfg, [str(record)])
+    for damaged in ("{", "[]"):
+        record.write_text(damaged)
+        with pytest.raises(ConfigError, match=r"ring-h2.json cannot be read.*check-links"):
+            demand_of(cfg, [str(record)])
+    with pytest.raises(FileNotFoundError):  # not written yet: Snakemake evaluates the job's demand again later
+        demand_of(cfg, [str(tmp_path / "star-h3.json")])
 
 
 def test_a_budget_must_be_a_limited_rate() -> None:

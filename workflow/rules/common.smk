@@ -4,11 +4,14 @@ import os
 from ralp_pipe.contract.layout import CONCURRENT_FILE, METRICS_FILE, STEPS_FILE
 from ralp_pipe.workflow import resources as side_by_side
 
-# Training runs go side by side where this machine keeps up (ralp_pipe.workflow.resources): the emulated links of
-# the runs going at once carry at most the budget their link checks certified D beside (--resources may lower it).
+# Training runs go side by side where this machine keeps up (ralp_pipe.workflow.resources): their cores, and the
+# load of the emulated links of the runs going at once, at most the budget their link checks certified D beside.
 if not MATRIX.settings.slurm:
     workflow.global_resources.setdefault(
         side_by_side.LINK_RESOURCE, side_by_side.budget_mbps()
+    )
+    workflow.global_resources.setdefault(
+        side_by_side.CPU_RESOURCE, 1000 * workflow.cores
     )
 
 
@@ -68,19 +71,22 @@ def train_demand(wildcards, input):
     return side_by_side.demand_of(MATRIX.config(run_of(wildcards)), input.link_check)
 
 
-def train_threads(wildcards, input):
-    """A training job's cores: every core under SLURM (its nodes are its own) or where it runs alone."""
+def train_threads(wildcards):
+    """A training job's threads: every core under SLURM (its nodes are its own) or where it goes alone, else one."""
     if MATRIX.settings.slurm:
         return workflow.cores
-    return side_by_side.threads(train_demand(wildcards, input), workflow.cores)
+    return side_by_side.threads(MATRIX.config(run_of(wildcards)), workflow.cores)
 
 
-def train_link_resources():
-    """A training job's link load, for the local scheduler only (none under SLURM)."""
+def train_side_by_side_resources():
+    """A training job's cores and link load, for the local scheduler only (none under SLURM)."""
     if MATRIX.settings.slurm:
         return {}
     return {
+        side_by_side.CPU_RESOURCE: lambda wildcards, input: side_by_side.cpu_units(
+            train_demand(wildcards, input), workflow.cores
+        ),
         side_by_side.LINK_RESOURCE: lambda wildcards, input: side_by_side.link_units(
             train_demand(wildcards, input)
-        )
+        ),
     }

@@ -19,7 +19,7 @@ rule train:
         ENV
     threads: train_threads  # alone, or beside others where the machine keeps up
     resources:
-        **train_link_resources(),
+        **train_side_by_side_resources(),
         **slurm_resources(
             "train",
             "mem_mb",
