@@ -24,6 +24,7 @@ import pytest
 
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.contract.topology import topology
+from ralp_pipe.engine.metrics import CONFIGURED
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.results.verify import verify_bundle
 from ralp_pipe.runtime.emulated import EmulatedCluster
@@ -34,6 +35,7 @@ from ralp_pipe.runtime.slurm_cluster import (
     PROGRAMS,
     ROOT_LINK,
     ClusterState,
+    _net_namespace,
     _pids_in_namespaces,
     munge_folder,
     node_counters,
@@ -266,3 +268,64 @@ def test_every_strategy_runs_across_nodes_as_slurm_jobs(
     assert len(pd.read_parquet(results / "tables" / "runs.parquet")) == len(STRATEGIES)
     (bundle,) = (results / "bundles").glob("smoke-*.tar.gz")
     assert verify_bundle(bundle).runs == len(STRATEGIES)
+
+
+def _namespaces_below(state: ClusterState) -> dict[int, set[int]]:
+    """Network namespaces (inode -> PIDs) of the processes the cluster's slurmd daemons started, other than
+    their nodes' own: the emulated hosts of a job still running, or left behind by one."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parent[int(entry)] = int(fields[1])
+    roots = {pid for name, pid in state.daemons.items() if re.fullmatch(r"n\d+", name)}
+    found: dict[int, set[int]] = {}
+    for pid in parent:
+        ancestor = parent.get(pid, 0)
+        while ancestor > 1 and ancestor not in roots:
+            ancestor = parent.get(ancestor, 0)
+        inode = _net_namespace(pid)
+        if ancestor in roots and inode is not None and inode not in state.namespaces:
+            found.setdefault(inode, set()).add(pid)
+    return found
+
+
+@pytest.mark.slurm
+@pytest.mark.netns
+@pytest.mark.slow  # the stages before training run here; the training job through SLURM (measured 25-40 s)
+@pytest.mark.timeout(300)
+def test_an_emulated_training_job_builds_its_hosts_on_its_node_and_leaves_no_namespace(
+    cluster: ClusterState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cluster=emulated under --profile slurm: the job's ranks run on emulated hosts (network namespaces, tc-shaped
+    links) that the job makes on the one node SLURM gives it, and nothing of them outlives the job."""
+    config = {
+        "experiment": "smoke",
+        "overrides": [
+            "cluster=emulated",
+            "experiment.strategies=[allreduce]",
+            f"experiment.networks=[{RATE}]",
+            "cluster.slurm.mem_mb=300",
+            f"cluster.slurm.cpus_per_node={os.cpu_count()}",
+        ],
+        "stage_options": CONFIG["stage_options"],
+    }
+    before = _namespaces_below(cluster)
+    upstream = snakemake(tmp_path, "--cores", "all", "--omit-from", "train", config=config, timeout=240)
+    assert upstream.returncode == 0, (upstream.stdout + upstream.stderr)[-4000:]  # shards, profile, probe, plan here
+    monkeypatch.setenv("SLURM_CONF", cluster.slurm_conf)
+    result = snakemake(tmp_path, "--profile", str(REPO / "profiles" / "slurm"), config=config, timeout=240)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    jobs = re.findall(r"Job \d+ has been submitted with SLURM jobid \d+ \(log: .*?/rule_(\w+)/", log)
+    assert jobs == ["train"], log  # the stages before it kept their outputs: the same commands as here
+    metrics = json.loads(
+        (tmp_path / f"results/runs/synthetic1k/resnet18/n2-{RATE}/allreduce/r0/metrics.json").read_text()
+    )
+    assert metrics["config"]["cluster"]["kind"] == "emulated" and metrics["link_source"] == CONFIGURED
+    (node,) = set(metrics["hosts"])  # every rank on the one node of the job: namespaces there, not srun tasks
+    assert node in {f"n{i + 1}" for i in range(NODES)} and metrics["hardware"]["hostname"] == node, metrics["hosts"]
+    assert len(metrics["wire_per_host"]) == 2 and metrics["wire_gb_per_step"] > 0  # counted on its hosts' links
+    assert _namespaces_below(cluster) == before == {}, "an emulated host outlived its job"

@@ -161,18 +161,51 @@ def test_a_concurrent_workload_asks_one_node_for_all_its_ranks_at_once(tmp_path:
     assert job["runtime"] == 3 * 31 + 10 and job["slurm_extra"] == "--exclusive", job
     line = sbatch_line(job).split()
     assert "--cpus-per-task=10" in line and "--nodes=1" in line and "--ntasks=1" in line, line
-    with pytest.raises(
-        ConfigError, match=r"concurrent workload of 2 jobs .* 5 x cluster.slurm.cpus_per_task=2 = 10 CPUs"
-    ):
+    # a node of 8 CPUs: the 5 ranks share them (as they share this machine's locally); its memory must hold them
+    shared = Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm",
+                                    "overrides": [*overrides, workload, "cluster.slurm.cpus_per_node=8"]}))  # fmt: skip
+    assert shared.concurrent_resources(0)["cpus_per_task"] == 8
+    with pytest.raises(ConfigError, match=r"concurrent workload of 2 jobs .* 5 x cluster.slurm.mem_mb=3000 = 15000 MB"):
         Matrix(
             parse_settings(
                 {
                     "experiment": "smoke",
                     "launcher": "slurm",
-                    "overrides": [*overrides, workload, "cluster.slurm.cpus_per_node=8"],
+                    "overrides": [*overrides, workload, "cluster.slurm.mem_mb_per_node=12000"],
                 }
             )
         )
+
+
+# ranks of each smoke strategy at N=4 (as EXPECTED): ps 4 workers + 1 PS, allreduce 4, ralp_h 2 + the PS device,
+# ralp_n 3 + the PS device
+EMULATED_RANKS = {"ps": 5, "allreduce": 4, "ralp_h": 3, "ralp_n": 4}
+
+
+def test_an_emulated_experiment_keeps_its_cluster_and_runs_each_job_on_one_node() -> None:
+    """cluster=emulated under the slurm profile: every job makes its hosts on its one node (one task, the
+    ranks' memory, CPUs at most the node's), and no stage composes cluster=slurm."""
+    overrides = ["cluster=emulated", "experiment.networks=[1gbit]", "experiment.gpus=[4]",
+                 "cluster.slurm.mem_mb=500", "cluster.slurm.cpus_per_node=2"]  # fmt: skip
+    matrix = Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm", "overrides": overrides}))
+    assert {run.strategy for run in matrix.runs} == set(EMULATED_RANKS)
+    for run in matrix.runs:
+        ranks, cfg = EMULATED_RANKS[run.strategy], matrix.config(run)
+        assert cfg.cluster.kind == "emulated" and "cluster=slurm" not in matrix.stage_args("train", run)
+        asked = matrix.slurm_resources(run, "train")
+        assert (asked["nodes"], asked["tasks"], asked["cpus_per_task"], asked["mem_mb"]) == (1, 1, 2, ranks * 500)
+        assert "mpi" not in asked and asked["slurm_extra"] == "--exclusive", asked  # no srun: ranks in namespaces
+        check = matrix.slurm_resources(run, "check_links")  # one rank per host checked (every rank a host: G = 1)
+        assert (check["nodes"], check["tasks"], check["mem_mb"], check["slurm_extra"]) == (
+            1,
+            1,
+            ranks * 500,
+            "--exclusive",
+        )
+    probe = matrix.slurm_resources(matrix.runs[0], "probe")
+    assert (probe["nodes"], probe["tasks"], probe["mem_mb"]) == (1, 1, 1000) and "mpi" not in probe
+    with pytest.raises(ConfigError, match=r"cluster=local.*cluster=slurm, or with cluster=emulated"):
+        parse_settings({"experiment": "smoke", "launcher": "slurm", "overrides": ["cluster=local"]})
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,16 @@ rule check_links:
     conda:
         ENV
     threads: workflow.cores  # link measurements run alone
+    resources:
+        **slurm_resources(
+            "check_links",
+            "mem_mb",
+            "runtime",
+            "nodes",
+            "tasks",
+            "cpus_per_task",
+            "slurm_extra",
+        ),
     params:
         key=stage_params("check_links"),
         args=stage_args("check_links"),

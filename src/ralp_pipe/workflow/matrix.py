@@ -13,7 +13,8 @@ The workflow's own settings come from Snakemake's ``--config`` (see :func:`parse
     extra command-line options per stage (not config keys), e.g. ``{profile: "--repeats 1"}``;
 ``launcher``
     ``local`` (default) or ``slurm``: set by ``profiles/slurm``; stages then compose ``cluster=slurm``
-    (training runs its ranks with ``srun``) and jobs ask SLURM for ``cluster.slurm.*`` resources.
+    (training runs its ranks with ``srun``), or keep an emulated experiment's ``cluster=emulated`` (each job's
+    hosts on its node), and jobs ask SLURM for ``cluster.slurm.*`` resources.
 
 Each stage is given only the overrides that can change what it computes (:data:`STAGE_KEYS`),
 and the resolved values of those keys become the rule's ``params``, so Snakemake reruns a stage
@@ -194,8 +195,11 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
                 f"--config experiment=NAME and choose matrix values with experiment.* overrides, "
                 f"e.g. 'experiment.models=[vgg11]' or 'experiment.gpus=[2,4]' (plans come from the plan stage)"
             )
-        if slurm and key == "cluster":
-            raise ConfigError(f"override {override!r}: the slurm profile runs every stage with cluster=slurm")
+        if slurm and key == "cluster" and override.partition("=")[2] != "emulated":
+            raise ConfigError(
+                f"override {override!r}: the slurm profile runs every stage with cluster=slurm, or with "
+                f"cluster=emulated (each job's emulated hosts on the node SLURM gives it)"
+            )
     per_dataset = {str(name): _override_list(value) for name, value in config["dataset_overrides"].items()}
     for name, values in per_dataset.items():
         try:
@@ -234,6 +238,9 @@ class Matrix:
 
     def __init__(self, settings: Settings, config_dir: Path = CONFIG_DIR) -> None:
         self.settings = settings
+        own = cached_load([f"experiment={settings.experiment}", *settings.overrides], config_dir)
+        # under the slurm profile an emulated experiment keeps its cluster: each job makes its hosts on its node
+        self.emulated = cluster_kind(own.cluster.kind).launcher == "emulated"
         head = [f"experiment={settings.experiment}", *self.launcher_args(), *settings.overrides]
         self.base = cached_load(head, config_dir)
         e = self.base.experiment
@@ -386,8 +393,10 @@ class Matrix:
         )
 
     def launcher_args(self) -> list[str]:
-        """``cluster=slurm`` when the workflow runs under the slurm profile: every stage runs in SLURM jobs."""
-        return ["cluster=slurm"] if self.settings.slurm else []
+        """``cluster=slurm`` when the workflow runs under the slurm profile: every stage runs in SLURM jobs, whose
+        ranks are srun tasks unless the experiment's cluster is emulated (its hosts then are namespaces on the job's
+        node: :mod:`ralp_pipe.workflow.slurm`)."""
+        return ["cluster=slurm"] if self.settings.slurm and not self.emulated else []
 
     @staticmethod
     def _compose(overrides: list[str], group: str, option: str) -> Config:
@@ -656,6 +665,8 @@ class Matrix:
     def slurm_resources(self, run: Run, stage: str) -> dict[str, Any]:
         """SLURM resources of a job of `stage` for `run` (:func:`ralp_pipe.workflow.slurm.job_resources`);
         the link probe spans as many nodes (at most two) as the training runs of its network do."""
+        if stage == "check_links":  # the hosts of the run it checks
+            return job_resources(self.config(run), stage)
         if stage != "probe":
             return job_resources(self.stage_config(stage, run), stage)
         spans = max(len(ranks_per_node(self.config(r))) for r in self.runs if r.network == run.network)

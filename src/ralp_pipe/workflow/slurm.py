@@ -9,15 +9,22 @@ the workflow parses when a node or the partition cannot hold it, naming the numb
 | ``probe`` (link) | 2 (1 where every training run fits on one) | 2 | ``mem_mb``, ``cpus_per_task`` | ``time_min`` |
 | ``profile`` | 1 | 1 | ``cpus_per_task`` CPUs and ``gres=gpu:1`` on GPU nodes: the compute of one rank | ``time_min`` |
 | ``concurrent`` | 1 | 1 | every rank of the workload's jobs at once: ``cpus_per_task`` and ``mem_mb`` x those ranks | experiment.repeats x (each job's bound alone, then the longest again for the run together), + ``margin_min`` |
+| ``train`` on emulated hosts (``cluster=emulated``) | 1 | 1 (the run starts its ranks in namespaces on the node) | every rank at once: ``cpus_per_task`` and ``mem_mb`` x ranks (CPUs at most ``cpus_per_node``) | as ``train`` |
+| ``check_links``; ``probe`` on emulated hosts | 1 | 1 | as an emulated ``train`` job, one rank per host checked (the probe: 2) | ``time_min`` |
 | ``prepare_shards``, ``plan`` | 1 | 1 | ``mem_mb`` (CPUs: the rule's threads, ``dataset.shards.workers`` or 1) | ``time_min`` |
 
 The plan prices hosts of ``cluster.gpus_per_node`` GPUs; the nodes hold ``cluster.slurm.gpus_per_node``. Where
 the ranks run on SLURM (``cluster.kind=slurm``) and the plan prices several GPUs per host, the two must agree
 (:func:`check_hosts_agree`), so the plan prices the links the job's ranks share.
 
-A concurrent workload runs its jobs on an emulated network inside its one node (network
-namespaces: the job needs root there). The rules of training, profile, probe and concurrent jobs pass ``cpus_per_task``: else the plugin would ask
-for their threads, every core of the submit host. Measurement jobs (:data:`MEASUREMENTS`) add ``--exclusive`` through
+Emulated hosts (``cluster.kind=emulated``: a training run, a link check, a concurrent workload) are network
+namespaces the job makes on its one node, as a local run makes them here (as root, or inside an unprivileged user
+namespace where the node allows them), so an emulated matrix spreads over the cluster one job per node. Its ranks
+share that node's CPUs, as they share this machine's in a local run: the job asks for one CPU per rank
+(``cpus_per_task`` each), at most the node's ``cpus_per_node`` where that is set.
+
+The rules of training, profile, probe, link-check and concurrent jobs pass ``cpus_per_task``: else the plugin would
+ask for their threads, every core of the submit host. Measurement jobs (:data:`MEASUREMENTS`) add ``--exclusive`` through
 ``slurm_extra`` when ``cluster.slurm.exclusive`` is set, so nothing else shares their nodes.
 """
 
@@ -28,11 +35,11 @@ from collections import Counter
 from typing import Any, Sequence
 
 from ralp_pipe.config import Config, cluster_kind
-from ralp_pipe.contract.topology import of_strategy
+from ralp_pipe.contract.topology import links_of, of_strategy
 from ralp_pipe.errors import ConfigError
 from ralp_pipe.runtime.nodes import node_of_ranks
 
-MEASUREMENTS = ("train", "profile", "probe", "concurrent")  # jobs whose timings must not share a node
+MEASUREMENTS = ("train", "profile", "probe", "check_links", "concurrent")  # jobs whose timings must not share a node
 PROBE_NODES = 2  # the link probe's two ranks, one per node, so its bytes cross the fabric
 
 
@@ -73,7 +80,17 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
     resources: dict[str, Any] = {"mem_mb": s.mem_mb, "runtime": s.time_min, "cpus_per_task": s.cpus_per_task}
     resources.update(_placement(cfg))
     extra = ["--exclusive"] if s.exclusive and stage in MEASUREMENTS else []
-    if stage == "train":
+    emulated = cluster_kind(cfg.cluster.kind).launcher == "emulated"
+    if stage == "train" and emulated:
+        ranks = of_strategy(cfg.strategy, cfg.cluster.gpus).world_size
+        resources.update(one_node(cfg, f"training {cfg.strategy.name} at N={cfg.cluster.gpus} (emulated)", ranks))
+        resources.update(tasks_per_gpu=0, runtime=training_minutes(cfg))
+    elif stage == "check_links":
+        hosts = links_of(cfg)[0]
+        resources.update(one_node(cfg, f"the link check of {hosts} emulated hosts", hosts))
+    elif stage == "probe" and emulated:  # its two ranks on emulated hosts of the node
+        resources.update(one_node(cfg, f"the link probe of network {cfg.network.name} (emulated)", PROBE_NODES))
+    elif stage == "train":
         per_node = ranks_per_node(cfg)
         fullest = max(per_node)
         resources.update(
@@ -113,8 +130,9 @@ def check_hosts_agree(cfg: Config) -> None:
         )
 
 
-def check_fits(cfg: Config, job: str, nodes: int, fullest: int) -> None:
-    """Refuse `job` of `nodes` nodes with `fullest` ranks on one where the configured nodes cannot hold it."""
+def check_fits(cfg: Config, job: str, nodes: int, fullest: int, shares_cpus: bool = False) -> None:
+    """Refuse `job` of `nodes` nodes with `fullest` ranks on one where the configured nodes cannot hold it
+    (`shares_cpus`: its ranks share the node's CPUs, so only their memory must fit)."""
     s = cfg.cluster.slurm
     what = f"{job} ({nodes} node(s), up to {fullest} rank(s) on one)"
     if s.max_nodes is not None and nodes > s.max_nodes:
@@ -126,7 +144,7 @@ def check_fits(cfg: Config, job: str, nodes: int, fullest: int) -> None:
         ("cpus_per_task", s.cpus_per_task, "cpus_per_node", s.cpus_per_node, "CPUs"),
         ("mem_mb", s.mem_mb, "mem_mb_per_node", s.mem_mb_per_node, "MB"),
     )
-    for key, each, node_key, node_has, unit in limits:
+    for key, each, node_key, node_has, unit in limits[shares_cpus:]:
         if node_has is not None and fullest * each > node_has:
             raise ConfigError(
                 f"{what} asks one node for {fullest} x cluster.slurm.{key}={each} = {fullest * each} {unit} "
@@ -134,22 +152,28 @@ def check_fits(cfg: Config, job: str, nodes: int, fullest: int) -> None:
             )
 
 
+def one_node(cfg: Config, job: str, ranks: int) -> dict[str, Any]:
+    """Nodes, tasks, CPUs and memory of `job`, whose `ranks` run on emulated hosts inside one node: one task, one
+    CPU (``cpus_per_task``) per rank, at most the node's ``cpus_per_node`` (the ranks share it, as they share this
+    machine's in a local run), and ``mem_mb`` per rank; refused where the node cannot hold the memory."""
+    s = cfg.cluster.slurm
+    cpus = ranks * s.cpus_per_task
+    if s.cpus_per_node is not None:
+        cpus = min(cpus, s.cpus_per_node)
+    check_fits(cfg, job, 1, ranks, shares_cpus=True)
+    return {"nodes": 1, "tasks": 1, "cpus_per_task": cpus, "mem_mb": ranks * s.mem_mb}
+
+
 def concurrent_resources(cfg: Config, jobs: Sequence[Config]) -> dict[str, Any]:
     """The resources of a concurrent-workload job of the experiment `cfg` (``cluster.slurm.*``) running `jobs`:
-    one node for every rank of them at once, for each job alone and then all together."""
+    one node for every rank of them at once (:func:`one_node`), for each job alone and then all together."""
     s = cfg.cluster.slurm
     ranks = sum(of_strategy(job.strategy, job.cluster.gpus).world_size for job in jobs)
     bounds = [training_seconds(job) for job in jobs]
-    resources: dict[str, Any] = {
-        "nodes": 1,
-        "tasks": 1,
-        "cpus_per_task": ranks * s.cpus_per_task,
-        "mem_mb": ranks * s.mem_mb,
-        # each of experiment.repeats rounds: every job alone, then the longest again for all together
-        "runtime": math.ceil(cfg.experiment.repeats * (sum(bounds) + max(bounds)) / 60) + s.margin_min,
-    }
+    resources: dict[str, Any] = one_node(cfg, f"a concurrent workload of {len(jobs)} jobs", ranks)
+    # each of experiment.repeats rounds: every job alone, then the longest again for all together
+    resources["runtime"] = math.ceil(cfg.experiment.repeats * (sum(bounds) + max(bounds)) / 60) + s.margin_min
     resources.update(_placement(cfg))
     if s.exclusive:
         resources["slurm_extra"] = "--exclusive"
-    check_fits(cfg, f"a concurrent workload of {len(jobs)} jobs", 1, ranks)
     return resources
