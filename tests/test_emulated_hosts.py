@@ -10,10 +10,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from ralp_pipe.config import ConfigError, load
+from ralp_pipe.config import load
 from ralp_pipe.contract.layout import STEPS_FILE
 from ralp_pipe.contract.topology import PS_DEVICE_HOSTS, links_of, of_strategy, on_hosts, topology
-from ralp_pipe.engine.train import run
+from ralp_pipe.engine.train import meta_units, run
+from ralp_pipe.engine.volume import host_groups, push_pull_link_bytes, variable_owners
 from ralp_pipe.runtime import emulated
 from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites, emulated_topology, intra_host_record
 from ralp_pipe.runtime.launch import PythonMain, launch_local
@@ -72,11 +73,14 @@ def test_the_emulated_layout_follows_the_plans_ps_device_choice() -> None:
     assert links_of(cfg) == (3, "star")
 
 
-@pytest.mark.parametrize("strategy", ["ps", "dtf"])
-def test_parameter_servers_on_hosts_of_several_gpus_are_refused_by_the_emulation(strategy: str) -> None:
-    cfg = load([*HOSTS_OF_4, f"strategy={strategy}", "cluster.gpus=8"])
-    with pytest.raises(ConfigError, match=f"strategy={strategy} with cluster.gpus_per_node=4 on cluster=emulated"):
-        emulated_topology(cfg, of_strategy(cfg.strategy, 8))
+def test_parameter_servers_on_hosts_of_several_gpus_push_once_per_host() -> None:
+    cfg = load([*HOSTS_OF_4, "strategy=ps", "cluster.gpus=8"])
+    ps = emulated_topology(cfg, of_strategy(cfg.strategy, 8))
+    assert ps.hosts == [0, 0, 0, 0, 1, 1, 1, 1, 2] and host_groups(ps) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    cfg = load([*HOSTS_OF_4, "strategy=dtf", "cluster.gpus=8"])
+    dtf = emulated_topology(cfg, of_strategy(cfg.strategy, 8))
+    assert dtf.ps == [8, 9] and dtf.hosts == [0, 0, 0, 0, 1, 1, 1, 1, 0, 1]  # a PS task per host, as priced
+    assert links_of(cfg) == (2, "star")
 
 
 class RecordingCluster(EmulatedCluster):
@@ -118,3 +122,28 @@ def test_two_ranks_of_a_host_share_its_namespace_and_its_one_shaped_link(
     # host 0's one upload shaper carried what both of its workers sent, more than either alone
     assert qdiscs["h0"]["bytes"] >= sent[0] + sent[1] > max(sent[0], sent[1]) > 0, (qdiscs["h0"], sent)
     assert metrics.wire_per_host is not None and sorted(metrics.wire_per_host) == ["h0", "h1"]
+
+
+@pytest.mark.netns
+@pytest.mark.slow  # two runs of 4 workers on 2 hosts of 2, ResNet-18 at 32 px (~35 s)
+@pytest.mark.parametrize("strategy", ["ps", "dtf"])
+def test_a_hosts_workers_sum_before_one_push_and_only_that_crosses_its_link(tmp_path: Path, strategy: str) -> None:
+    overrides = ["cluster=emulated", "cluster.gpus_per_node=2", "interconnect=pcie3", "network=1gbit"]
+    overrides += ["model=resnet18", f"strategy={strategy}", "cluster.gpus=4", "dataset.num_classes=10"]
+    overrides += ["train.batch_size=2", "train.image_size=32", "train.warmup_steps=1", "train.measure_steps=2"]
+    cfg = load([*overrides, "train.loader=synthetic"])
+    metrics = run(cfg, tmp_path / "run")
+    assert metrics is not None and metrics.intra_host is not None and metrics.wire_per_host is not None
+    topo = emulated_topology(cfg, of_strategy(cfg.strategy, 4))
+    assert metrics.intra_host["host_of_rank"] == topo.hosts and metrics.world_size == topo.world_size
+    for category in ("total", "gradients", "parameters"):  # every byte the ranks sent, the sums inside hosts too
+        assert metrics.gb_per_step[category] == pytest.approx(metrics.analytic_gb_per_step[category], rel=1e-9)
+    sizes = [4 * p.numel() for u in meta_units(cfg) for p in u.module.parameters()]
+    owners = [0] * len(sizes) if strategy == "ps" else variable_owners(sizes, len(topo.ps))
+    loads = {rank: sum(s for s, o in zip(sizes, owners) if o == task) for task, rank in enumerate(topo.ps)}
+    links = push_pull_link_bytes(topo, loads)
+    assert sum(link["tx"] for link in links.values()) <= metrics.analytic_gb_per_step["total"] * 1e9 / 2
+    for host, link in links.items():  # payload, plus TCP/IP headers (under 5% at these message sizes)
+        measured = metrics.wire_per_host[f"h{host}"]
+        for way in ("tx", "rx"):
+            assert link[way] / 1e9 <= measured[way] <= 1.05 * link[way] / 1e9, (host, way, measured, link)

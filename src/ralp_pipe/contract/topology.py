@@ -27,13 +27,15 @@ GPU ranks (workers, RALP's PS device) fill hosts G at a time in rank order, so a
 each host once as NCCL's does; RALP's PS device has a host of its own after the workers' hosts, or
 (``ps_device_shares_host``, where the plan priced it faster) the first slot of host 0 beside workers
 0..G-2, the placement the cost model prices (:class:`ralp_pipe.planning.costmodel.Pricing`). PS ranks,
-which hold no GPU, are colocated on worker host i mod H or get hosts of their own after them.
+which hold no GPU, are colocated on worker host i mod H or get hosts of their own after them. A strategy of
+whole variables (`dtf`) keeps one PS task per worker host, as the planner prices it: its tasks beyond the
+H worker hosts are dropped (the strategy table gives it one per GPU, one per host at G = 1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGY_KINDS, Config, cluster_kind, strategy_kind
 from ralp_pipe.config.schema import StrategyConfig
@@ -123,6 +125,9 @@ def on_hosts(topo: Topology, gpus_per_node: int, ps_device_shares_host: bool = F
     shares = ps_device_shares_host and PS_DEVICE in topo.roles
     first = 1 if shares else 0  # the slot of worker 0: after the PS device where it shares host 0
     worker_hosts = -(-(topo.num_workers + first) // gpus_per_node)
+    if strategy_kind(topo.strategy).whole_variables:  # one PS task per worker host
+        kept = topo.num_workers + min(len(topo.ps), worker_hosts)
+        topo = replace(topo, ps=topo.ps[: kept - topo.num_workers], roles=topo.roles[:kept], hosts=topo.hosts[:kept])
     hosts = [(first + w) // gpus_per_node for w in topo.workers]
     extra = worker_hosts
     for index, rank in enumerate(topo.ps):
@@ -134,6 +139,15 @@ def on_hosts(topo: Topology, gpus_per_node: int, ps_device_shares_host: bool = F
             hosts.append(extra)
             extra += 1
     return replace(topo, hosts=hosts)
+
+
+def placed(topo: Topology, hosts: Sequence[int]) -> Topology:
+    """`topo` with rank r on ``hosts[r]``, as a driver laid its ranks out (:func:`on_hosts`) and tells them: the
+    ranks beyond ``len(hosts)`` (PS tasks :func:`on_hosts` dropped) dropped."""
+    kept = len(hosts)
+    if not topo.num_workers <= kept <= topo.world_size:
+        raise ValueError(f"{kept} hosts for {topo.strategy}'s {topo.world_size} ranks of {topo.num_workers} workers")
+    return replace(topo, ps=topo.ps[: kept - topo.num_workers], roles=topo.roles[:kept], hosts=list(hosts))
 
 
 def link_pattern(topo: Topology) -> str | None:

@@ -28,14 +28,14 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, TypedDict
+from typing import Any, Iterator, Sequence, TypedDict
 
 import torch
 import torch.distributed as dist
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, from_dict, to_dict
-from ralp_pipe.contract.topology import Topology, of_strategy
+from ralp_pipe.contract.topology import Topology, of_strategy, placed
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.dilation import Pacer, Targets, compute_size, placeholder_batch, run_delay_s, stand_ins
@@ -73,15 +73,26 @@ def rank_command(
     shards: Path | None,
     targets: Targets | None = None,
     calibrate: bool = False,
+    hosts: Sequence[int] | None = None,
 ) -> PythonMain:
-    """What every rank of `cfg`'s run runs: this module's :func:`main` with these arguments."""
+    """What every rank of `cfg`'s run runs: this module's :func:`main` with these arguments (`hosts`: each rank's
+    host, where the driver laid them out on hosts of several ranks)."""
     split_args = () if split is None else ("--split", str(split))
+    host_args = () if hosts is None else ("--hosts", json.dumps(list(hosts)))
     shard_args = () if shards is None else ("--shards", str(shards))
     dilation_args: tuple[str, ...] = () if targets is None else ("--dilation", json.dumps(targets.to_dict()))
     dilation_args += ("--calibrate",) if calibrate else ()
     return PythonMain(
         __name__,
-        ("--rank-result", str(result_file), *split_args, *shard_args, *dilation_args, json.dumps(to_dict(cfg))),
+        (
+            "--rank-result",
+            str(result_file),
+            *split_args,
+            *host_args,
+            *shard_args,
+            *dilation_args,
+            json.dumps(to_dict(cfg)),
+        ),
     )
 
 
@@ -169,6 +180,7 @@ def run_rank(
     shards: Path | None,
     targets: Targets | None = None,
     calibrate: bool = False,
+    hosts: Sequence[int] | None = None,
 ) -> RankResult | None:
     """Train with the driver's `split` on batches from `shards` (None: no shard loader), padded to `targets`
     where dilated (`calibrate`: only measured against them); rank 0 returns every rank's records and the window,
@@ -183,6 +195,7 @@ def run_rank(
     init_group(env, backend, cfg.cluster.init_timeout_s, cfg.cluster.timeout_s)
     try:
         topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+        topo = topo if hosts is None else placed(topo, hosts)
         if env.world_size != topo.world_size:
             raise RunFailure(
                 f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}"
@@ -215,6 +228,7 @@ def run_rank(
             message_batch=t.batch_size,
             message_image=t.image_size,
             variable_placement=cfg.strategy.variable_placement,
+            variable_update=cfg.strategy.variable_update,
         )
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device, shards, targets)
@@ -288,13 +302,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shards", type=Path, help="prepared shards a shard loader reads (resolved by the driver)")
     parser.add_argument("--dilation", help="padded times of a dilated run as JSON (resolved by the driver)")
     parser.add_argument("--calibrate", action="store_true", help="run undilated, measuring against --dilation")
+    parser.add_argument("--hosts", help="each rank's host as a JSON list (resolved by the driver)")
     parser.add_argument("config", help="resolved configuration as JSON")
     args = parser.parse_args(argv)
     cfg = from_dict(json.loads(args.config))
     env = RankEnv.from_environ()
     targets = None if args.dilation is None else Targets.from_dict(json.loads(args.dilation))
     device_type, backend = os.environ[DEVICE_ENV], os.environ[BACKEND_ENV]
-    result = run_rank(cfg, env, device_type, backend, args.split, args.shards, targets, args.calibrate)
+    hosts = None if args.hosts is None else json.loads(args.hosts)
+    result = run_rank(cfg, env, device_type, backend, args.split, args.shards, targets, args.calibrate, hosts)
     if result is not None:
         write_json_atomic(args.rank_result, result)
     return 0

@@ -634,7 +634,7 @@ def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate:
     device_type, backend = ranks.devices_of
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
-    entry = rank_command(result_file, cfg, ranks.split, ranks.shards, ranks.targets, calibrate)
+    entry = rank_command(result_file, cfg, ranks.split, ranks.shards, ranks.targets, calibrate, topo.hosts)
     env = {BACKEND_ENV: backend, DEVICE_ENV: device_type}
     timeout = cfg.cluster.init_timeout_s + cfg.cluster.timeout_s
     progress = srun_log(staging) if launcher == "srun" else rank_log(staging, 0)

@@ -6,10 +6,13 @@ prove the two agree exactly. Each strategy names its function in the strategy ta
 below the split, A activation elements per image at the split and batch b per worker:
 
 - `ps`: every worker pushes P gradients and every worker receives P parameters (sent by the
-  PSes): gradients = W*P, parameters = W*P elements.
+  PSes): gradients = W*P, parameters = W*P elements. On hosts of several GPUs a host's other workers
+  push theirs to its first worker and receive the parameters from it, which pushes the host's sum
+  and pulls once (:func:`host_groups`): the same W*P each way, of which only the pushes and pulls of
+  the hosts' first workers cross host links (:func:`push_pull_link_bytes`).
 - `dtf`: as `ps`, every worker pushes every gradient and pulls every variable, each whole to and
   from the PS task holding it (:func:`variable_owners`): gradients = W*P, parameters = W*P elements
-  (where hosts of several GPUs sum before pushing, the cost model prices the bytes that then cross their links).
+  (on hosts of several GPUs, summed inside a host as with `ps` where ``variable_update`` says so).
 - `allreduce`: each gradient bucket of n elements goes through a ring all-reduce; rank r sends
   the chunks the ring schedule gives it (:func:`ring_send_elements`, chunks as
   ``torch.tensor_split`` cuts them), which sums to exactly 2*(N-1)*n over the N ranks, so
@@ -22,7 +25,7 @@ below the split, A activation elements per image at the split and batch b per wo
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ralp_pipe.config import strategy_kind
 from ralp_pipe.contract.topology import Topology
@@ -82,6 +85,34 @@ def push_pull_bytes(
     """`ps`: every worker pushes all gradients and receives all parameters."""
     params = sum(parameter_count(u.module) for u in units) * bytes_per_element
     return {"gradients": topology.num_workers * params, "parameters": topology.num_workers * params}
+
+
+def host_groups(topology: Topology) -> list[list[int]]:
+    """The workers of `topology` by host, in rank order, each host's first worker (its leader) first: one push per
+    host carries the gradients of a group. One GPU per host: a group of one per worker."""
+    groups: dict[int, list[int]] = {}
+    for worker in topology.workers:
+        groups.setdefault(topology.hosts[worker], []).append(worker)
+    return list(groups.values())
+
+
+def push_pull_link_bytes(
+    topology: Topology, loads: Mapping[int, int], summed: bool = True
+) -> dict[int, dict[str, int]]:
+    """Bytes each host's link carries per `ps` or `dtf` step, out ("tx") and in ("rx"), by host: PS rank s holds
+    ``loads[s]`` bytes; each host's first worker (`summed`: its host's sum) or every worker pushes them to it and
+    pulls them back. The transfers between ranks of one host (the sums and the relays back, a colocated PS
+    task's own worker) cross no link."""
+    pushers = [group[0] for group in host_groups(topology)] if summed else topology.workers
+    links = {host: {"tx": 0, "rx": 0} for host in sorted(set(topology.hosts))}
+    for pusher in pushers:
+        for server, size in loads.items():
+            near, far = topology.hosts[pusher], topology.hosts[server]
+            if near != far:
+                for host in (near, far):  # the push out of one and into the other, the pull back
+                    links[host]["tx"] += size
+                    links[host]["rx"] += size
+    return links
 
 
 def variable_owners(sizes: Sequence[int], num_ps: int, greedy: bool = False) -> list[int]:

@@ -24,8 +24,9 @@ NIC; ranks fill hosts as :func:`ralp_pipe.contract.topology.on_hosts` lays them 
 the plan priced it faster. Traffic between ranks of one host takes the namespace's loopback
 (:data:`INTRA_HOST_ROUTE`): unshaped, at what this machine's cores copy, not at the interconnect's
 rate / D; metrics.json's ``intra_host`` says so (docs/method/dilation.md gives the measured rates).
-`ps` and `dtf` are refused there: the engine pushes every worker's gradients, where the cost model
-prices a host's GPUs summing theirs over the interconnect before one push (BytePS, distributed_replicated).
+`ps` and `dtf` (``variable_update=distributed_replicated``) sum a host's gradients over that loopback
+before one push per host, as the cost model prices them (:mod:`ralp_pipe.engine.strategies.ps`); `dtf` has one
+PS task per worker host there.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import subprocess
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from ralp_pipe.config import Config, ConfigError, strategy_kind
+from ralp_pipe.config import Config, ConfigError
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
 from ralp_pipe.contract.topology import PS_DEVICE, PS_DEVICE_HOSTS, Topology, on_hosts
 from ralp_pipe.runtime.sites import RankSite, Sites, nsenter_argv
@@ -295,15 +296,7 @@ def emulated_sites(
 def emulated_topology(cfg: Config, topo: Topology, ps_device_host: str | None = None) -> Topology:
     """`topo` on the emulated hosts of ``cluster.gpus_per_node`` ranks each; RALP's PS device on a worker host
     where `ps_device_host` (the plan's ``ps_device_host``) says so. One GPU per host: `topo` unchanged."""
-    gpus_per_node = cfg.cluster.gpus_per_node
-    if gpus_per_node > 1 and strategy_kind(topo.strategy).has_ps:
-        raise ConfigError(
-            f"strategy={topo.strategy} with cluster.gpus_per_node={gpus_per_node} on cluster=emulated: the cost model "
-            f"prices a host's GPUs summing their gradients over the interconnect before one push per host, which "
-            f"the engine's parameter servers do not do (every worker pushes its own); run it at "
-            f"cluster.gpus_per_node=1, or price it with `ralp-pipe plan`/`simulate` only"
-        )
-    return on_hosts(topo, gpus_per_node, ps_device_host == PS_DEVICE_HOSTS[True])
+    return on_hosts(topo, cfg.cluster.gpus_per_node, ps_device_host == PS_DEVICE_HOSTS[True])
 
 
 def intra_host_record(cfg: Config, topo: Topology) -> dict[str, Any] | None:

@@ -51,6 +51,7 @@ class StepSetup:
     message_batch: int | None = None
     message_image: int | None = None
     variable_placement: str = StrategyConfig.variable_placement  # `dtf`: how its variables go to PS tasks
+    variable_update: str = StrategyConfig.variable_update  # `dtf`: a host's GPUs summed before the push or not
 
     def pace(self, modules: list[nn.Module], first: int, role: str) -> None:
         """Pad the forward and backward of `modules`, units `first`.. at `role`'s batch, where the run is dilated."""
@@ -513,6 +514,10 @@ class PushPullClient:
         push = self.comm.isend(self.flat_grads[bucket.start : bucket.stop], bucket.server, "gradients")
         pull = self.comm.irecv(self.flat_params[bucket.start : bucket.stop], bucket.server) if self.overlap else None
         return push, pull
+
+    def span(self, bucket: Bucket, flat: torch.Tensor) -> torch.Tensor:
+        """`bucket`'s elements of `flat` (the parameters or their gradients); modelled: the shared buffer's first."""
+        return flat[: len(bucket)] if self.modelled else flat[bucket.start : bucket.stop]
 
     def end_backward(self) -> None:
         """Hand the sender what is left and wait until it has issued every bucket (the time counts as

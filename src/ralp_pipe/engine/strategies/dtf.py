@@ -10,16 +10,21 @@ colocated with its worker by default (``strategy.ps_placement``), as Distributed
 
 With one GPU per host (``cluster.gpus_per_node=1``), `distributed_replicated` (a host's GPUs summed
 before the push) and `parameter_server` (every GPU pushing) are the same step: each worker pushes its
-own gradients, which is what the cost model prices at G = 1.
+own gradients, which is what the cost model prices at G = 1. On hosts of several GPUs
+(``strategy.variable_update``): `distributed_replicated` sums a host's gradients inside it and pushes once
+per host, as `ps` does there (:class:`ralp_pipe.engine.strategies.ps.HostLeaderClient`); `parameter_server`
+keeps every GPU pushing its own.
 """
 
 from __future__ import annotations
 
+from ralp_pipe.config.schema import VARIABLE_UPDATES
 from ralp_pipe.engine.strategies.base import Bucket, FlatLayout, StepSetup
 from ralp_pipe.engine.strategies.ps import ParameterServerStrategy
 from ralp_pipe.engine.volume import variable_owners
 
 GREEDY = "greedy"  # strategy.variable_placement: each variable onto the least-loaded task
+SUMMED = VARIABLE_UPDATES[0]  # strategy.variable_update distributed_replicated: a host's GPUs summed, one push
 
 
 def variable_buckets(sizes: list[int], servers: list[int], greedy: bool) -> list[Bucket]:
@@ -33,6 +38,12 @@ def variable_buckets(sizes: list[int], servers: list[int], greedy: bool) -> list
 
 class WholeVariableStrategy(ParameterServerStrategy):
     """The `dtf` strategy on one rank (worker or PS task)."""
+
+    @staticmethod
+    def sums_in_host(setup: StepSetup) -> bool:
+        """Whether a host's workers sum their gradients before one push (``variable_update``'s
+        `distributed_replicated`), or every worker pushes its own (`parameter_server`)."""
+        return setup.variable_update == SUMMED
 
     @staticmethod
     def server_buckets(setup: StepSetup, sizes: list[int], element_size: int) -> list[Bucket]:

@@ -9,11 +9,29 @@ buckets pushed and not yet pulled back. ``strategy.overlap=false`` is the sequen
 ablation: push everything after backward, the PS waits for all of it, pull everything.
 A PS rank never builds the model: it allocates its buckets and receives their initial values
 from worker 0 before the first step, as Distributed TensorFlow's variables live on their PS.
+
+Hosts of several GPUs (workers sharing a host in the topology, :func:`ralp_pipe.contract.topology.on_hosts`):
+as BytePS runs, the workers of one host sum their gradients inside it before one push per host
+(:func:`ralp_pipe.engine.volume.host_groups`): each other worker of the host (a local) pushes its buckets to the host's first worker
+(its leader) and pulls them back from it; the leader adds its locals' copies of a bucket into its own, scales
+the sum so that the servers' mean over the hosts is the mean over all workers, pushes it to the bucket's PS,
+and relays the bucket's pull to its locals as soon as it lands (:class:`HostLeaderClient`). The servers
+serve the leaders only. Inside a host the traffic takes the host's own route (an emulated host's loopback),
+so each host's link carries one push and one pull of every bucket, the bytes the cost model prices.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Sequence
+
+import torch
+
 from ralp_pipe.contract.topology import PS, Topology
+from ralp_pipe.engine.comm import Comm, Handle
 from ralp_pipe.engine.dilation import WORKER
 from ralp_pipe.engine.strategies.base import (
     Batch,
@@ -25,12 +43,100 @@ from ralp_pipe.engine.strategies.base import (
     Strategy,
     loss_fn,
 )
+from ralp_pipe.engine.volume import host_groups
+from ralp_pipe.errors import RunFailure
 
 
 def holds_model(topo: Topology, rank: int) -> bool:
     """Whether `rank` builds the whole model: every rank but a PS rank (role "ps"), which holds only its buckets,
     initialised from the first worker (VGG-11/21841, 4 PSes of one worker: 1315 instead of 1727 MiB each)."""
     return topo.role(rank) != PS
+
+
+class HostLeaderClient(PushPullClient):
+    """The first worker of a host of several: a :class:`PushPullClient` whose push of a bucket carries the sum of
+    its host's copies, and which relays each pulled bucket to its host's other workers (`locals_`).
+
+    Before pushing a bucket it receives the locals' copies (they push it to this rank as their server) and adds
+    them into its own, scaled by `scale` (the pushing hosts over all workers: the servers average over the hosts).
+    A relay thread sends each bucket's parameters to the locals once its pull has landed, in bucket order, while
+    the training loop runs on (:meth:`finish` waits for it).
+    """
+
+    def __init__(
+        self,
+        comm: Comm,
+        params: Sequence[torch.Tensor],
+        buckets: list[Bucket],
+        overlap: bool,
+        credit: int,
+        locals_: list[int],
+        scale: float,
+        modelled: bool = False,
+    ):
+        if comm.ordered_p2p:
+            raise RunFailure(
+                f"summing a host's gradients runs its transfers from two threads, which {comm.backend} would have to "
+                f"see in one order: run hosts of several GPUs with gloo"
+            )
+        super().__init__(comm, params, buckets, overlap, credit, modelled)
+        self.locals, self.scale = locals_, scale
+        largest = max((len(b) for b in buckets), default=0)
+        self._inbox = [
+            torch.empty(largest, dtype=self.flat_params.dtype, device=self.flat_params.device) for _ in locals_
+        ]
+        self._relays: queue.Queue[tuple[int, Handle | None]] = queue.Queue()
+        self._relay_failed: BaseException | None = None
+        threading.Thread(target=self._relay, name="host-relay", daemon=True).start()
+
+    def _issue(self, b: int) -> tuple[Handle, Handle | None]:
+        """Sum the host's copies of bucket `b` into this worker's, push it, and queue its pull for the locals."""
+        bucket = self.buckets[b]
+        copies = [inbox[: len(bucket)] for inbox in self._inbox]
+        self.comm.wait([self.comm.irecv(copy, local) for copy, local in zip(copies, self.locals)], counted=False)
+        if not self.modelled:  # modelled: no gradient exists, so nothing is summed (the same bytes move)
+            grads = self.span(bucket, self.flat_grads)
+            for copy in copies:
+                grads.add_(copy)
+            grads.mul_(self.scale)
+        push, pull = super()._issue(b)
+        if pull is not None:
+            self._relays.put((b, pull))
+        return push, pull
+
+    def _relay(self) -> None:
+        """The relay thread: for each queued bucket, once its pull has landed, send it to every local."""
+        while True:
+            b, pull = self._relays.get()
+            try:
+                if pull is not None:
+                    self.comm.wait([pull], counted=False)
+                values = self.span(self.buckets[b], self.flat_params)
+                self.comm.wait([self.comm.isend(values, local, "parameters") for local in self.locals], counted=False)
+            except BaseException as error:  # raised by the training loop in finish()
+                self._relay_failed = error
+            finally:
+                self._relays.task_done()
+
+    def end_backward(self) -> None:
+        """As :meth:`PushPullClient.end_backward`; without overlap, then send every pulled bucket to the locals."""
+        super().end_backward()
+        if not self.overlap:
+            for b in range(len(self.buckets)):
+                self._relays.put((b, None))
+            self._wait_relays()
+
+    def _wait_relays(self) -> None:
+        began = time.perf_counter()
+        self._relays.join()
+        self.comm.add_wait(time.perf_counter() - began)
+        if self._relay_failed is not None:
+            raise self._relay_failed
+
+    def finish(self) -> None:
+        """Complete every outstanding transfer, the relays to the locals included."""
+        super().finish()
+        self._wait_relays()
 
 
 class ParameterServerStrategy(Strategy):
@@ -41,6 +147,8 @@ class ParameterServerStrategy(Strategy):
         named = setup.layout()  # meta tensors on a PS rank (see holds_model)
         workers = setup.topology.workers
         buckets = self.server_buckets(setup, [p.numel() for _, p in named], named[0][1].element_size())
+        groups = host_groups(setup.topology) if self.sums_in_host(setup) else [[w] for w in workers]
+        pushers = [group[0] for group in groups]
         self.server: PushPullServer | None = None
         self.client: PushPullClient | None = None
         if setup.role == PS:
@@ -48,7 +156,7 @@ class ParameterServerStrategy(Strategy):
                 setup.comm,
                 named,
                 buckets,
-                workers,
+                pushers,
                 setup.optim,
                 mean=True,
                 overlap=setup.overlap,
@@ -60,11 +168,26 @@ class ParameterServerStrategy(Strategy):
         else:
             self.net = setup.network()
             params = [p for _, p in self.net.named_parameters()]
-            self.client = PushPullClient(setup.comm, params, buckets, setup.overlap, setup.credit, setup.modelled)
+            [group] = [g for g in groups if setup.rank in g]
+            if setup.rank != group[0]:  # a local: its host's leader is the server of every bucket
+                local = [replace(bucket, server=group[0]) for bucket in buckets]
+                self.client = PushPullClient(setup.comm, params, local, setup.overlap, setup.credit, setup.modelled)
+            elif len(group) > 1:
+                scale = len(pushers) / len(workers)
+                self.client = HostLeaderClient(
+                    setup.comm, params, buckets, setup.overlap, setup.credit, group[1:], scale, setup.modelled
+                )
+            else:
+                self.client = PushPullClient(setup.comm, params, buckets, setup.overlap, setup.credit, setup.modelled)
             if setup.rank == workers[0]:
                 self.client.send_initial()
             self.client.attach(list(self.net.modules()))
             setup.pace(list(self.net), 0, WORKER)
+
+    @staticmethod
+    def sums_in_host(setup: StepSetup) -> bool:
+        """Whether the workers of a host sum their gradients before one push per host (BytePS: always)."""
+        return True
 
     @staticmethod
     def server_buckets(setup: StepSetup, sizes: list[int], element_size: int) -> list[Bucket]:
