@@ -1,6 +1,6 @@
 """Training runs side by side: the same modelled runs alone and two at a time, in one run of this script.
 
-Usage: python benchmarks/side_by_side.py [--out DIR] [--repeats 2] [--steps 3] [--no-check]
+Usage: python benchmarks/side_by_side.py [--out DIR] [--repeats 2] [--steps 3] [--no-check] [--records RUNS_JSON]
 
 Four `dilation.mode=modelled` ResNet-50 runs (V100s, batch 32 at 224 px per worker, 1000 classes), each with its
 own fixed D: `ps` and `allreduce` at N = 2 on 1 Gbit/s (D = 1) and `ps` at N = 2 and `allreduce` at N = 4 on
@@ -80,11 +80,13 @@ def start(out: Path, run: Run, repeat: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
 
-def finish(proc: subprocess.Popen[bytes], out: Path, run: Run, began: float, alone: bool) -> dict[str, Any]:
-    """Wait for `proc` (its own process tree's CPU from wait4) and read its figures."""
-    _, status, usage = os.wait4(proc.pid, 0)
+def finish(
+    proc: subprocess.Popen[bytes], ended: tuple[int, Any, float], out: Path, run: Run, began: float, alone: bool
+) -> dict[str, Any]:
+    """Read the figures of `proc`, which ended as `ended` (wait status, its process tree's rusage, time)."""
+    status, usage, at = ended
     proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.monotonic() - began
+    wall = at - began
     record: dict[str, Any] = {"name": run.name, "alone": alone, "out": str(out), "wall_s": wall}
     record["cores"] = (usage.ru_utime + usage.ru_stime) / wall
     if proc.returncode != 0:
@@ -108,7 +110,11 @@ def together(root: Path, runs: list[Run], repeat: int, alone: bool) -> list[dict
     label = "alone" if alone else "beside"
     outs = [root / label / f"r{repeat}" / run.name.replace(" ", "_").replace("=", "") for run in runs]
     procs = [start(out, run, repeat) for out, run in zip(outs, runs)]
-    return [finish(proc, out, run, began, alone) for proc, out, run in zip(procs, outs, runs)]
+    ended: dict[int, tuple[int, Any, float]] = {}
+    while len(ended) < len(procs):  # each as it ends: its own wall time and CPU
+        pid, status, usage = os.wait4(-1, 0)
+        ended[pid] = (status, usage, time.monotonic())
+    return [finish(proc, ended[proc.pid], out, run, began, alone) for proc, out, run in zip(procs, outs, runs)]
 
 
 def certify(runs: list[Run]) -> dict[str, Any]:
@@ -158,7 +164,8 @@ def report(runs: list[Run], records: list[dict[str, Any]], checks: dict[str, Any
             f"{sum(r['overruns'] for r in group)}/{sum(r['stalls'] for r in group)}" for group in (alone, beside)
         )
         cores = statistics.fmean(r["cores"] for r in alone) if alone else float("nan")
-        cfg = load(list(run.overrides))
+        auto = [o for o in run.overrides if not o.startswith("dilation.factor=")] + ["dilation.factor=auto"]
+        cfg = load(auto)  # as the workflow runs it: D from a link check certified beside the budget
         ranks = of_strategy(cfg.strategy, cfg.cluster.gpus).world_size
         demand = train_demand(cfg, {"factor": run.factor, "budget": LINK_BUDGET})
         check = checks.get(run.name, {}).get("certified", "not run")
@@ -181,9 +188,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run (after 1 warm-up)")
     parser.add_argument("--no-check", action="store_true", help="skip certifying each D beside the budget")
+    parser.add_argument("--records", type=Path, help="print the table of an earlier run's runs.json, running nothing")
     args = parser.parse_args()
-    root = args.out or Path(tempfile.mkdtemp(prefix="side_by_side-"))
     runs = configurations(args.steps)
+    if args.records:
+        saved = json.loads(args.records.read_text())
+        report(runs, saved["records"], saved["checks"], saved["walls"])
+        return 0
+    root = args.out or Path(tempfile.mkdtemp(prefix="side_by_side-"))
     checks = {} if args.no_check else certify(runs)
     pairs = [runs[:2], runs[2:]]
     records: list[dict[str, Any]] = []
