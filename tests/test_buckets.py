@@ -135,21 +135,33 @@ def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls_wh
 
 
 @pytest.mark.parametrize("modelled", [False, True])
-def test_a_modelled_worker_pushes_and_pulls_through_one_buffer_the_size_of_its_parameters(modelled: bool) -> None:
-    """Modelled units produce no gradient: a push sends the bucket its pull last filled, so the worker holds one
-    parameter-sized buffer (N = 16 of VGG/22K fits) and a step zeroes nothing; a computing worker holds two."""
-    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+def test_a_modelled_worker_pushes_and_pulls_through_one_buffer_the_size_of_its_largest_bucket(modelled: bool) -> None:
+    """Modelled units produce no gradient and nothing is trained: every push and pull goes through one zeroed buffer
+    of the largest bucket (N = 16 of VGG/22K fits), the same bytes; a computing worker holds the parameters and
+    their gradients, each bucket its own elements."""
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))  # 40 elements: buckets of 10, 10, 10, 10
     params = list(net.parameters())
     buckets = plan_buckets([p.numel() for p in params], [9], 10)
-    client = PushPullClient(LedgerComm(), params, buckets, overlap=False, modelled=modelled)  # type: ignore[arg-type]
-    shared = client.flat_grads.untyped_storage().data_ptr() == client.flat_params.untyped_storage().data_ptr()
+    comm = LedgerComm()
+    sent: list[tuple[int, int]] = []
+    comm.isend = lambda tensor, dst, category: (  # type: ignore[method-assign]
+        sent.append((tensor.data_ptr(), tensor.numel())) or ("push", 0)
+    )
+    client = PushPullClient(comm, params, buckets, overlap=False, modelled=modelled)  # type: ignore[arg-type]
+    shared = client.flat_grads.data_ptr() == client.flat_params.data_ptr()
     assert shared == modelled
-    assert all(p.untyped_storage().data_ptr() == client.flat_params.untyped_storage().data_ptr() for p in params)
-    client.flat_params.fill_(3.0)
+    assert client.flat_params.numel() == (max(len(b) for b in buckets) if modelled else 40)
+    flat = client.flat_params.untyped_storage().data_ptr()
+    assert all((p.untyped_storage().data_ptr() == flat) != modelled for p in params)  # modelled: their own storage
     client.flat_grads.fill_(1.0)
     client.begin()
     assert client.flat_grads.eq(1.0 if modelled else 0.0).all()  # a computing worker's gradients start at zero
-    assert client.flat_params.eq(1.0 if modelled else 3.0).all()
+    client.send_initial()
+    assert [n for _, n in sent] == [len(b) for b in buckets]  # every bucket's bytes
+    pointers = {pointer for pointer, _ in sent}
+    assert pointers == (
+        {client.flat_params.data_ptr()} if modelled else {client.flat_params[b.start :].data_ptr() for b in buckets}
+    )
 
 
 def test_a_servers_buckets_share_credit_sets_of_receive_buffers_where_that_holds_less() -> None:

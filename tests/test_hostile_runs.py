@@ -437,12 +437,11 @@ def test_failed_rerun_sets_the_older_records_aside_and_a_successful_one_replaces
 def test_a_parameter_server_holds_only_the_gradients_its_credit_lets_fly(
     monkeypatch: pytest.MonkeyPatch, credit: int, fits: bool
 ) -> None:
-    """VGG-11 on 21841 classes, `ps` at N=16, modelled: 17 ranks of 0.87 GB of parameters in 25.3 GB (2 cores: 9
-    modelled ranks a core). A modelled worker holds one buffer of the parameters' size (its pushes and pulls), no
-    gradient. With a credit of 4 buckets (of 4 MB) the PS holds 16 workers' gradients of 4 buckets (0.26 GB); with
-    no cap, of all (14 GB)."""
+    """VGG-11 on 21841 classes, `ps` at N=16, modelled: 17 ranks in 16 GB (2 cores: 9 modelled ranks a core). A
+    modelled worker holds one bucket (4 MB), through which it pushes and pulls, no gradient and no parameters. With
+    a credit of 4 buckets the PS holds 16 workers' gradients of 4 buckets (0.26 GB); with no cap, of all (14 GB)."""
     monkeypatch.setattr(hardware, "usable_cores", lambda: 2)
-    monkeypatch.setattr(hardware, "usable_memory", lambda: (25_300_000_000, "this machine's"))
+    monkeypatch.setattr(hardware, "usable_memory", lambda: (16_000_000_000, "this machine's"))
     cfg = load(
         ["cluster=emulated", "model=vgg11", "dataset=synthetic22k", "strategy=ps", "cluster.gpus=16"]
         + ["train.batch_size=32", "train.image_size=224", "dilation.factor=8", "dilation.mode=modelled"]
@@ -450,10 +449,10 @@ def test_a_parameter_server_holds_only_the_gradients_its_credit_lets_fly(
     )
     topo, units = of_strategy(cfg.strategy, cfg.cluster.gpus), train.meta_units(cfg)
     needs = train.rank_memory(cfg, topo, units, activations=0)
-    assert [round(b / 1e9, 2) for b, _ in needs[:16]] == [1.37] * 16  # 0.5 GB and one 0.87 GB buffer
+    assert [round(b / 1e6) for b, _ in needs[:16]] == [504] * 16  # 0.5 GB and one bucket of 4 MiB
     assert round(needs[16][0] / 1e9, 2) == (1.63 if fits else 15.34), needs[16]
     if fits:
         train.check_host(cfg, topo, units, on_cpu=True)
     else:
-        with pytest.raises(ConfigError, match=r"its ranks need 37\.3 GB .* 13\.97 GB of the workers' gradients"):
+        with pytest.raises(ConfigError, match=r"its ranks need 23\.4 GB .* 13\.97 GB of the workers' gradients"):
             train.check_host(cfg, topo, units, on_cpu=True)

@@ -46,6 +46,7 @@ from ralp_pipe.data.shards import output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
 from ralp_pipe.engine.metrics import link_rate, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
+from ralp_pipe.engine.strategies.allreduce import ddp_buckets
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets, receive_elements
 from ralp_pipe.engine.strategies.dtf import GREEDY, variable_buckets
 from ralp_pipe.errors import ConfigError, DataError, RunFailure, os_problem
@@ -451,13 +452,14 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
     on the CPU, its activations.
 
     A `ps` worker holds the parameters and their gradients (its PS updates them); other workers and RALP's PS
-    device also the optimizer's momentum (:data:`PARAMETER_COPIES`). A modelled worker or PS device holds one
-    parameter-sized buffer at most: the buffer its pushes leave from and its pulls land in (`allreduce`: DDP-sized
-    buckets), no gradient (its units' are empty) and no momentum (no update runs); its units' own parameters are
-    allocated uninitialised and never touched, so they take no memory (measured, VGG-16/22K at N = 8: 1.38 GB a
-    modelled `allreduce` worker, 0.5 GB and one 0.9 GB buffer; 0.64-0.73 GB a RALP-N rank). A PS rank holds its
-    share of the parameters (and, where it computes, their momentum) and every worker's gradients of the buckets
-    that may be in flight at once (:func:`ralp_pipe.engine.strategies.base.receive_elements`).
+    device also the optimizer's momentum (:data:`PARAMETER_COPIES`). A modelled worker holds one buffer of its
+    largest bucket, which every push leaves from and every pull lands in (`allreduce`: DDP's largest bucket), no
+    gradient (its units' are empty) and no momentum (no update runs): its units' own parameters are allocated
+    uninitialised and never touched, so they take no memory (before this, measured on VGG-16/22K at N = 8: 1.38 GB
+    a modelled `allreduce` worker, 0.5 GB and a 0.9 GB buffer); a modelled PS device at most one copy of the
+    parameters. A PS rank holds its share of the parameters (and, where it computes, their momentum) and every
+    worker's gradients of the buckets that may be in flight at once
+    (:func:`ralp_pipe.engine.strategies.base.receive_elements`).
     """
     sizes = [p.numel() for u in units for p in u.module.parameters()]
     element = next(p.element_size() for u in units for p in u.module.parameters())
@@ -469,7 +471,7 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
         variable_buckets(sizes, topo.ps, s.variable_placement == GREEDY)
         if kind.whole_variables
         else plan_buckets(sizes, topo.ps, bucket_elements(s.bucket_mb, element) if s.overlap else None)
-        if kind.has_ps
+        if kind.has_ps or kind.places_layers  # RALP's workers push to its PS device (its lower units': at most these)
         else []
     )
     needs = []
@@ -483,6 +485,14 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
                 f"{'' if modelled else ' and momentum'} + {inbox / 1e9:.2f} GB of the workers' gradients in flight"
             )
             needs.append((RANK_BASE_BYTES + held + inbox, what))
+            continue
+        if modelled and role == WORKER:
+            params = [p for u in units for p in u.module.parameters()]
+            largest = (
+                max(len(b) for b in buckets) if buckets else max(sum(p.numel() for p in b) for b in ddp_buckets(params))
+            )
+            bucket = f"{RANK_BASE_BYTES / 1e9:.1f} GB + one bucket of {largest * element / 1e9:.2f} GB (modelled)"
+            needs.append((RANK_BASE_BYTES + largest * element, bucket))
             continue
         copies = 1 if modelled else 2 if role == WORKER and kind.has_ps else PARAMETER_COPIES
         what = (

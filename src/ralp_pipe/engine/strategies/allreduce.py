@@ -9,10 +9,12 @@ With one worker (N=1, the single-device reference of the scaling plots) there is
 reduce: the model trains unwrapped, without DDP's buckets, and the step has no communication.
 In ``modelled`` dilation the units compute nothing and their gradients are empty (engine/dilation.py),
 which DDP cannot take; :class:`ModelledBuckets` then all-reduces buffers of DDP's bucket sizes in DDP's
-order instead, each as soon as backward has produced its last parameter.
+order instead, each as soon as backward has produced its last parameter: the first elements of one zeroed
+buffer of the largest bucket's size (zeros summed stay zeros), so a worker holds that, not the model's size.
 """
 
 import time
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,15 @@ from ralp_pipe.engine.strategies.base import Batch, Piece, StepSetup, Strategy, 
 BUCKET_CAP_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default (its first bucket: dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
+def ddp_buckets(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """DDP's gradient buckets of `params` as it rebuilds them after its first step: a first bucket of 1 MiB, then
+    25 MiB, filled in the order backward produces the gradients (reverse model order)."""
+    order = list(reversed(params))
+    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, BUCKET_CAP_BYTES]
+    buckets, _ = dist._compute_bucket_assignment_by_size(order, limits)
+    return [[order[i] for i in bucket] for bucket in buckets]
+
+
 class ModelledBuckets:
     """DDP's gradient buckets for parameters whose gradients are not computed: as DDP rebuilds them after its first
     step (a first bucket of 1 MiB, then 25 MiB, filled in the order backward produces the gradients: reverse model
@@ -32,11 +43,11 @@ class ModelledBuckets:
 
     def __init__(self, comm: Comm, params: list[torch.Tensor]):
         self.comm = comm
-        order = list(reversed(params))
-        limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, BUCKET_CAP_BYTES]
-        buckets, _ = dist._compute_bucket_assignment_by_size(order, limits)
-        self.buffers = [torch.zeros(sum(order[i].numel() for i in b), dtype=order[0].dtype) for b in buckets]
-        self.bucket_of = {id(order[i]): k for k, bucket in enumerate(buckets) for i in bucket}
+        buckets = ddp_buckets(params)
+        sizes = [sum(p.numel() for p in bucket) for bucket in buckets]
+        shared = torch.zeros(max(sizes, default=0), dtype=params[0].dtype)  # every bucket's: no gradient exists
+        self.buffers = [shared[:size] for size in sizes]
+        self.bucket_of = {id(p): k for k, bucket in enumerate(buckets) for p in bucket}
         self.sizes = [len(bucket) for bucket in buckets]
         self.left, self.last_bucket_at = list(self.sizes), 0.0
         self.futures: list[torch.futures.Future[list[torch.Tensor]]] = []

@@ -374,7 +374,7 @@ class PushPullClient:
     """A worker's side of the parameter servers: push gradient buckets, pull parameter buckets.
 
     The parameters and gradients are views into two flat buffers in the layout the buckets cut, so buckets
-    go out and come in without copies (`modelled`, where no gradient exists: one buffer for both). With
+    go out and come in without copies (`modelled`, where no gradient exists: one buffer of a bucket). With
     `overlap`, the gradient hooks mark a bucket ready as soon as backward has produced every parameter in it
     (in bucket order), and a sender thread the step starts (BytePS's scheduler) pushes ready buckets in
     order, each with its pull posted right behind it; the next forward waits, layer by layer, only for the
@@ -407,16 +407,24 @@ class PushPullClient:
         self.credit, self.modelled = credit, modelled
         layout = FlatLayout(tuple(p.numel() for p in params))
         offsets = layout.offsets()
-        self.flat_params = torch.empty(sum(layout.sizes), dtype=params[0].dtype, device=params[0].device)
-        views = [slice(offsets[i], offsets[i] + p.numel()) for i, p in enumerate(params)]
-        for view, p in zip(views, params):  # each parameter's own storage is freed as it moves into the flat one
-            self.flat_params[view].copy_(p.detach().reshape(-1))
-            p.data = self.flat_params[view].view_as(p)
-        # modelled: no gradient exists (the units' are empty), so a push sends the bucket its pull last filled: the
-        # same bytes cross the links, from one parameter-sized buffer instead of two (N = 16 of VGG/22K fits)
-        self.flat_grads = self.flat_params if modelled else torch.zeros_like(self.flat_params)
-        for view, p in zip(views, params):
-            p.grad = self.flat_grads[view].view_as(p)
+        dtype, device = params[0].dtype, params[0].device
+        if modelled:
+            # no gradient exists (the units' are empty) and nothing is trained: every bucket leaves from and lands in
+            # one zeroed buffer of the largest bucket's size (zeros pushed, summed and pulled back stay zeros); the
+            # units' parameters keep their own storage, allocated uninitialised and never touched, so the worker
+            # holds a bucket, not two copies of the model (N = 16 of VGG/22K fits), and moves the same bytes
+            self.flat_params = self.flat_grads = torch.zeros(
+                max((len(b) for b in buckets), default=0), dtype=dtype, device=device
+            )
+        else:
+            self.flat_params = torch.empty(sum(layout.sizes), dtype=dtype, device=device)
+            views = [slice(offsets[i], offsets[i] + p.numel()) for i, p in enumerate(params)]
+            for view, p in zip(views, params):  # each parameter's own storage is freed as it moves into the flat one
+                self.flat_params[view].copy_(p.detach().reshape(-1))
+                p.data = self.flat_params[view].view_as(p)
+            self.flat_grads = torch.zeros_like(self.flat_params)  # after: the worker holds at most two copies at once
+            for view, p in zip(views, params):
+                p.grad = self.flat_grads[view].view_as(p)
         self.buckets_of: dict[int, list[int]] = {id(p): [] for p in params}
         for b, bucket in enumerate(buckets):
             for index in layout.overlapping(bucket):
@@ -437,7 +445,7 @@ class PushPullClient:
 
     def send_initial(self) -> None:
         """Send every bucket's initial parameters to its server (for servers built with `initial_from`)."""
-        sends = [self.comm.isend(self.flat_params[b.start : b.stop], b.server, SETUP) for b in self.buckets]
+        sends = [self.comm.isend(self.span(b, self.flat_params), b.server, SETUP) for b in self.buckets]
         self.comm.wait(sends, counted=False)
 
     def attach(self, modules: list[nn.Module]) -> None:
@@ -452,7 +460,7 @@ class PushPullClient:
         step's sender thread."""
         sends, self._sends = self._sends, []
         self.comm.wait(sends)
-        if not self.modelled:  # modelled: nothing accumulates into them (and they are the parameters)
+        if not self.modelled:  # modelled: no gradient accumulates
             self.flat_grads.zero_()
         self._left = list(self._parts)
         self._ready = self._issued = 0
@@ -511,8 +519,8 @@ class PushPullClient:
     def _issue(self, b: int) -> tuple[Handle, Handle | None]:
         """Push bucket `b`; with overlap, post its pull right behind (gloo tells the server "ready" with the data)."""
         bucket = self.buckets[b]
-        push = self.comm.isend(self.flat_grads[bucket.start : bucket.stop], bucket.server, "gradients")
-        pull = self.comm.irecv(self.flat_params[bucket.start : bucket.stop], bucket.server) if self.overlap else None
+        push = self.comm.isend(self.span(bucket, self.flat_grads), bucket.server, "gradients")
+        pull = self.comm.irecv(self.span(bucket, self.flat_params), bucket.server) if self.overlap else None
         return push, pull
 
     def span(self, bucket: Bucket, flat: torch.Tensor) -> torch.Tensor:
@@ -524,7 +532,7 @@ class PushPullClient:
         communication wait); without overlap push every bucket, then pull every bucket, waited for here."""
         if not self.overlap:
             self._sends = [self._issue(b)[0] for b in range(len(self.buckets))]
-            pulls = [self.comm.irecv(self.flat_params[b.start : b.stop], b.server) for b in self.buckets]
+            pulls = [self.comm.irecv(self.span(b, self.flat_params), b.server) for b in self.buckets]
             self.comm.wait([*pulls, *self._sends])
             self._sends = []
             return
