@@ -14,20 +14,31 @@ where ``dilation.factor=auto`` (modelled mode), ``check`` seconds for each of th
 (`benchmarks/workflow_local.py`) to see how far the estimate is from a measurement, then on one that was not.
 
 Usage: python benchmarks/dilated_wall.py [--experiment paper-dilated] [--start-s 5] [--check-s 25]
-                                         [--factor 1gbit=1 10gbit=8 25gbit=32] [--overrides KEY=VALUE ...]
+                                         [--factor 1gbit=1 1gbit:star=0.5 1gbit:star:17=2 ...] [--checks DIR]
+                                         [--side-by-side] [--overrides KEY=VALUE ...]
 ``--factor`` gives D per network where the experiment sets ``dilation.factor=auto`` (what the link check
-would choose is only known once it ran); ``--start-s`` the seconds a run costs besides its steps (5 s:
+would choose is only known once it ran), or per network and link pattern (``star``: `ps` and RALP, ``ring``:
+`allreduce`), or per network, pattern and number of hosts (N + 1 for `ps`), the most specific applying
+(`benchmarks/link_accuracy.py` measures them); ``--checks`` a folder of link-check records as the workflow lays them
+out (``<network>/<pattern>-h<hosts>.json``, written by ``ralp-pipe check-links --out``): a run whose hosts,
+pattern and network have one takes its D (D < 1 where the links keep up faster than the target), the others
+``--factor``'s; ``--start-s`` the seconds a run costs besides its steps (5 s:
 the default workflow's 44 training runs took 484 s, 203 s of them AlexNet's 12 and 281 s ResNet-18's 32,
 against 138 s and 122 s of predicted steps); ``--check-s`` what one link check costs (5-55 s on 2 cores,
 a median of 22 s over the 36 checks of a ResNet-50/22K slice; the more the larger the D it has to try).
-Concurrent workloads are not counted.
+Concurrent workloads are not counted. ``--side-by-side`` also packs the runs as the workflow starts them beside
+each other (:mod:`ralp_pipe.workflow.resources`: a modelled run's cores and its links' shaped load within the
+machine's cores and the link budget; each run's D as given, though the workflow's checks certify D beside that
+budget, which may raise it): the makespan of starting each run, in the matrix's order, as soon as it fits.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pandas as pd
 
@@ -38,7 +49,8 @@ from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.planning.planner import pipelining_of
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
-from ralp_pipe.workflow.matrix import Matrix, parse_settings
+from ralp_pipe.workflow.matrix import Matrix, Run, parse_settings
+from ralp_pipe.workflow.resources import LINK_BUDGET, budget_mbps, cpu_units, link_units, train_demand
 
 
 def step_times(base: list[str], dataset: str, model: str, gpus: list[int], gbit: list[float]) -> pd.DataFrame:
@@ -60,7 +72,12 @@ def main() -> int:
     parser.add_argument("--experiment", default="paper-dilated")
     parser.add_argument("--start-s", type=float, default=5.0, help="seconds a run costs besides its steps")
     parser.add_argument("--check-s", type=float, default=25.0, help="seconds one check_links job costs")
-    parser.add_argument("--factor", nargs="*", default=[], help="NETWORK=D where dilation.factor is auto")
+    parser.add_argument(
+        "--factor", nargs="*", default=[], help="NETWORK[:PATTERN[:HOSTS]]=D where dilation.factor is auto"
+    )
+    parser.add_argument("--checks", type=Path, help="folder of link-check records: <network>/<pattern>-h<hosts>.json")
+    parser.add_argument("--side-by-side", action="store_true", help="also the wall time with runs side by side")
+    parser.add_argument("--cores", type=int, default=2, help="cores of the machine (--side-by-side)")
     parser.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides, e.g. 'experiment.repeats=1'")
     args = parser.parse_args()
     matrix = Matrix(parse_settings({"experiment": args.experiment, "overrides": args.overrides}))
@@ -68,19 +85,27 @@ def main() -> int:
     base = load(overrides)
     given = {k: float(v) for k, v in (item.split("=", 1) for item in args.factor)}
     gbit = {n: rate_bits_per_s(load([f"network={n}"]).network.rate) / 1e9 for n in {r.network for r in matrix.runs}}
-    factor = {}
-    for network in gbit:
-        if base.dilation.factor == AUTO_FACTOR:
-            if network not in given:
-                parser.error(f"dilation.factor is auto in experiment {args.experiment}: give --factor {network}=D")
-            factor[network] = given[network]
-        else:
-            factor[network] = float(base.dilation.factor)
+
+    def factor_of(run: Run) -> float:
+        """The run's D: fixed, its link check's record under --checks, or --factor's most specific entry."""
+        if base.dilation.factor != AUTO_FACTOR:
+            return float(base.dilation.factor)
+        record = _check_of(matrix, run, args.checks)
+        if record is not None and record.is_file():
+            return float(json.loads(record.read_text())["factor"])
+        hosts, pattern = (matrix.link_fields(run)[k] for k in ("hosts", "pattern"))
+        for key in (f"{run.network}:{pattern}:{hosts}", f"{run.network}:{pattern}", run.network):
+            if key in given:
+                return given[key]
+        parser.error(f"dilation.factor is auto in experiment {args.experiment}: give --factor {run.network}=D")
+
     steps = base.train.warmup_steps + base.train.measure_steps
-    by_pair: dict[tuple[str, str], list] = defaultdict(list)
+    by_pair: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for run in matrix.runs:
         by_pair[run.dataset, run.model].append(run)
-    total, lines = 0.0, []
+    total, lines, jobs = 0.0, [], []
+    by_factor: dict[tuple[str, str, float], int] = defaultdict(int)
+    by_slice: dict[tuple[str, int], float] = defaultdict(float)  # (network, N) -> seconds
     for (dataset, model), runs in sorted(by_pair.items()):
         gpus = sorted({max(r.gpus, 2) for r in runs})
         times = step_times(overrides, dataset, model, gpus, sorted(set(gbit.values())))
@@ -94,18 +119,63 @@ def main() -> int:
                 & (times.overlap == run.overlap)
             ].iloc[0]
             step = row.compute_s + row.server_s if run.gpus == 1 else row.step_time_s
-            seconds += args.start_s + steps * factor[run.network] * step
+            d = factor_of(run)
+            took = args.start_s + steps * d * step
+            seconds += took
+            by_factor[run.network, matrix.link_fields(run)["pattern"], d] += 1
+            by_slice[run.network, run.gpus] += took
+            if args.side_by_side:
+                demand = train_demand(matrix.config(run), {"factor": d, "budget": LINK_BUDGET})
+                jobs.append((took, cpu_units(demand, args.cores), link_units(demand)))
         total += seconds
         lines.append(f"  {dataset:<14} {model:<10} {len(runs):4d} runs  {seconds / 60:7.1f} min")
     checks = len({path for run in matrix.runs for path in matrix.link_check(run)})
     total += checks * args.check_s
-    print(f"experiment {args.experiment}: {len(matrix.runs)} training runs, {steps} steps each, D per network {factor}")
+    print(f"experiment {args.experiment}: {len(matrix.runs)} training runs, {steps} steps each")
+    print(
+        "  runs per network, pattern and D: "
+        + ", ".join(f"{n} {p} D={d:g}: {c}" for (n, p, d), c in sorted(by_factor.items()))
+    )
     print("\n".join(lines))
+    print(
+        "  minutes per network and N: "
+        + ", ".join(f"{n} N={g}: {t / 60:.0f}" for (n, g), t in sorted(by_slice.items()))
+    )
     print(f"  {checks} link checks ({args.check_s:g} s each)  {checks * args.check_s / 60:7.1f} min")
     print(
-        f"estimated training wall time: {total:.0f} s ({total / 3600:.2f} h), {args.start_s:g} s per run besides its steps"
+        f"estimated training wall time, serial: {total:.0f} s ({total / 3600:.2f} h), {args.start_s:g} s per run "
+        "besides its steps"
     )
+    if args.side_by_side:
+        packed = side_by_side(jobs, 1000 * args.cores, budget_mbps()) + checks * args.check_s
+        print(
+            f"estimated training wall time, side by side ({args.cores} cores, {LINK_BUDGET} of links): {packed:.0f} s "
+            f"({packed / 3600:.2f} h); link checks serial, each run's D as measured alone"
+        )
     return 0
+
+
+def side_by_side(jobs: list[tuple[float, int, int]], cores: int, links: int) -> float:
+    """The makespan of `jobs` ((seconds, millicores, link Mbit/s), in order) started first-fit whenever their cores
+    and link load fit beside the jobs running, as Snakemake starts them within its resources."""
+    waiting, running, now = list(jobs), [], 0.0  # running: (ends at, millicores, Mbit/s)
+    while waiting or running:
+        for job in list(waiting):
+            used = (sum(r[1] for r in running), sum(r[2] for r in running))
+            if used[0] + job[1] <= cores and used[1] + job[2] <= links:
+                running.append((now + job[0], job[1], job[2]))
+                waiting.remove(job)
+        now = min(r[0] for r in running)
+        running = [r for r in running if r[0] > now]
+    return now
+
+
+def _check_of(matrix: Matrix, run: Run, checks: Path | None) -> Path | None:
+    """The record a run's D would come from: its network, pattern and hosts' under `checks` (None where none)."""
+    if checks is None or not matrix.checks_links(run):
+        return None
+    fields = matrix.link_fields(run)
+    return checks / fields["network"] / f"{fields['pattern']}-h{fields['hosts']}.json"
 
 
 if __name__ == "__main__":

@@ -392,8 +392,9 @@ def test_a_modelled_auto_experiment_checks_its_links_once_per_hosts_pattern_and_
     checked = [run for run in matrix if matrix.checks_links(run)]
     assert {run.gpus for run in matrix if not matrix.checks_links(run)} == {1}  # the reference only
     checks = {matrix.link_check(run)[0] for run in checked}
-    # per network: a star of 2, 3, 4, 5, 8 and 9 hosts (ps 3/5/9, RALP-H 2/3/5, RALP-N 2/4/8), a ring of 2, 4, 8
-    assert len(checks) == 9 * len(matrix.base.experiment.networks)
+    # per network: a star of 2, 3, 4, 5, 8, 9, 16 and 17 hosts (ps 3/5/9/17, RALP-H 2/3/5/9, RALP-N 2/4/8/16), a ring
+    # of 2, 4, 8, 16
+    assert len(checks) == 12 * len(matrix.base.experiment.networks)
     ps = matrix.first(strategy="ps", gpus="2", network="25gbit")
     ralp_h = matrix.first(strategy="ralp_h", gpus="4", network="25gbit")
     assert matrix.link_check(ps) == matrix.link_check(ralp_h) == ["results/profiles/factors/25gbit/star-h3.json"]
