@@ -1,13 +1,13 @@
 """Training runs side by side: the same modelled runs alone and two at a time, in one run of this script.
 
-Usage: python benchmarks/side_by_side.py [--out DIR] [--repeats 2] [--steps 3] [--no-check] [--records RUNS_JSON]
+Usage: python benchmarks/side_by_side.py [--out DIR] [--repeats 2] [--steps 10] [--no-check] [--records RUNS_JSON]
 
 Four `dilation.mode=modelled` ResNet-50 runs (V100s, batch 32 at 224 px per worker, 1000 classes), each with its
 own fixed D: `ps` and `allreduce` at N = 2 on 1 Gbit/s (D = 1) and `ps` at N = 2 and `allreduce` at N = 4 on
 10 Gbit/s (D = 16), each
 
     ralp-pipe train --out DIR experiment=dilated model=resnet50 strategy=S cluster.gpus=N network=R \\
-      dilation.factor=D train.warmup_steps=1 train.measure_steps=3 train.repeat=K
+      dilation.factor=D train.warmup_steps=1 train.measure_steps=10 train.repeat=K
 
 First (unless --no-check) the link check certifies each run's D beside the rest of the workflow's side-by-side
 budget (:data:`ralp_pipe.workflow.resources.LINK_BUDGET`): `accurate_factor` with that D as its only candidate
@@ -186,7 +186,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per run (after 1 warm-up)")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per run (after 1 warm-up)")
     parser.add_argument("--no-check", action="store_true", help="skip certifying each D beside the budget")
     parser.add_argument("--records", type=Path, help="print the table of an earlier run's runs.json, running nothing")
     args = parser.parse_args()

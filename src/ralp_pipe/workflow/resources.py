@@ -43,7 +43,7 @@ CPU_RESOURCE = "cpu_millicores"  # and of its cores
 LINK_BUDGET = "6gbit"
 # A modelled run's CPU per rank over its whole command (start-up included), as cores: a constant and a part growing
 # with its links' shaped rate, drawn above every run measured alone on 2 cores (benchmarks/side_by_side.py: ResNet-50
-# ps and allreduce at N = 2-4, 0.05-0.23 of a core per rank at 0.625 and 1 Gbit/s per link; docs/method/dilation.md).
+# ps and allreduce at N = 2-4, 0.03-0.23 of a core per rank at 0.625 and 1 Gbit/s per link; docs/method/dilation.md).
 RANK_CORES = 0.05
 RANK_CORES_PER_GBIT = 0.2
 
