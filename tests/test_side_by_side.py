@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from ralp_pipe.workflow.resources import (
     threads,
     train_demand,
 )
+from workflow_helpers import snakemake
 
 MODELLED = ["experiment=dilated", "cluster=emulated", "dilation.mode=modelled", "dilation.factor=auto"]
 
@@ -49,6 +51,7 @@ def test_a_modelled_run_certified_beside_the_budget_declares_its_ranks_cores_and
         ([], _check(1.0, budget="12gbit"), "no link check certified"),  # one made for another budget
         (["cluster=local", "network=loopback"], None, "not emulated"),
         (["cluster.gpus=8"], _check(1.0), "whole budget"),  # 9 hosts at 1 Gbit/s: 9 > 6 Gbit/s
+        (["strategy=allreduce", "cluster.gpus=1"], None, "one host"),  # the single-device reference
     ],
 )
 def test_runs_that_compute_are_uncertified_or_fill_the_budget_run_alone(
@@ -138,3 +141,32 @@ def test_links_measured_beside_other_traffic_still_deliver_a_low_rate() -> None:
     choice = linkcheck.accurate_factor(2, "100mbit", candidates=[1.0], budget="600mbit")
     assert choice.factor == 1.0 and choice.budget == "600mbit"
     assert all(m.beside_bits_per_s == pytest.approx(4e8) for m in choice.measurements)
+
+
+@pytest.mark.slow  # a snakemake dry-run subprocess
+@pytest.mark.parametrize("factor", ["auto", "8"])
+def test_the_workflow_declares_each_training_jobs_threads_and_resources(tmp_path: Path, factor: str) -> None:
+    """With D from link checks (made beside the budget), multi-host modelled runs take one thread and declare their
+    cores and link load once their check exists; the single-device reference, and every run at a fixed D, goes alone."""
+    overrides = ["cluster=emulated", "experiment.networks=[1gbit]", "dilation.mode=modelled", f"dilation.factor={factor}",
+                 "experiment.reference=true"]  # fmt: skip
+    result = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "2",
+                       config={"experiment": "smoke", "overrides": overrides}, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = [
+        block for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", result.stdout) if block.startswith("rule train:")
+    ]
+    assert len(jobs) == 5  # ps, allreduce, ralp_h and ralp_n at N = 2, the reference at N = 1
+    for job in jobs:
+        alone = factor != "auto" or "gpus=1," in job
+        threads = re.search(r"^\s*threads: (\d+)$", job, re.M)
+        assert (threads is not None and threads[1] == "2") == alone, job
+        expected = (
+            "cpu_millicores=2000, emulated_link_mbps=6000"
+            if alone
+            else "cpu_millicores=<TBD>, emulated_link_mbps=<TBD>"
+        )
+        assert expected in job, job
+    checks = [line for line in result.stdout.splitlines() if line.startswith("Shell command: ralp-pipe check-links")]
+    # a ring of 2 (allreduce), stars of 3 (ps: 2 workers and the PS) and 2 (RALP: a worker and the PS device)
+    assert len(checks) == (3 if factor == "auto" else 0) and all(f"--budget {LINK_BUDGET}" in c for c in checks)

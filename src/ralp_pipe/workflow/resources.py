@@ -80,6 +80,8 @@ def alone_reason(cfg: Config) -> str | None:
         return "its links are not emulated here"
     if d.factor != AUTO_FACTOR:
         return "its D is fixed: no link check certified it beside other links"
+    if links_of(cfg)[0] < 2:
+        return "it has one host: no link check certified its D"
     return None
 
 
