@@ -20,7 +20,7 @@ from ralp_pipe.planning.costmodel import (
     predict,
     whole_variable_direction_bytes,
 )
-from ralp_pipe.planning.planner import best_prediction, volume_function, whole_variables
+from ralp_pipe.planning.planner import best_prediction, plan_gpus, volume_function, whole_variables
 from ralp_pipe.workflow.slurm import check_hosts_agree
 from support.profiles import analytic_profile
 
@@ -115,6 +115,16 @@ def test_ralp_ps_device_place_is_chosen_by_price_and_recorded() -> None:
     assert best.ps_device_host == "a worker host"
     assert best.as_dict()["ps_device_host"] == "a worker host"
     assert topology("ralp_n", 8).num_workers == 7
+
+
+def test_a_plan_gives_dtf_the_ranks_it_runs_on_hosts_of_several_gpus() -> None:
+    """One PS task per worker host: 8 workers on hosts of 4 run 2 tasks (10 ranks), as the engine starts them."""
+    base, units = _vgg16()
+    names = [u.name for u in units]
+    entries = plan_gpus(names, volume_function(units, 8, 32, 1), 8, dataclasses.replace(base, hosts=Hosts(4, NVLINK)))
+    assert (entries["dtf"]["world_size"], entries["dtf"]["roles"].count("ps")) == (10, 2)
+    assert entries["ps"]["world_size"] == 9 and entries["allreduce"]["world_size"] == 8
+    assert plan_gpus(names, volume_function(units, 8, 32, 1), 8, base)["dtf"]["world_size"] == 16  # a task per GPU
 
 
 def test_hosts_fill_g_gpus_at_a_time_and_price_the_in_host_sum() -> None:

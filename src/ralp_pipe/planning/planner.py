@@ -33,7 +33,7 @@ from ralp_pipe.config import (
 )
 from ralp_pipe.config.schema import StrategyConfig
 from ralp_pipe.contract.records import LinkProbe, Plan, Profile, check_profile_matches
-from ralp_pipe.contract.topology import cpu_share, topology
+from ralp_pipe.contract.topology import cpu_share, on_hosts, topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
@@ -249,7 +249,10 @@ def plan_gpus(unit_names: Sequence[str], volume: VolumeFn, gpus: int, pricing: P
     baseline = best_of["ps"][0]
     for strategy, (best, table) in best_of.items():
         kind = strategy_kind(strategy)
-        topo = topology(strategy, gpus, priced[strategy].num_ps)
+        p = priced[strategy]  # the ranks as they run on its hosts (dtf: one PS task per worker host)
+        topo = on_hosts(
+            topology(strategy, gpus, p.num_ps, "colocated" if p.colocated else "dedicated"), p.hosts.gpus_per_node
+        )
         speedup = best.images_per_sec / baseline.images_per_sec
         entry = {
             **best.as_dict(),
