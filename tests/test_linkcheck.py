@@ -55,15 +55,17 @@ def test_a_low_rate_is_accurate_undilated() -> None:
     # One 0.5 s window on a shared machine can dip below the threshold (a neighbour's burst stalls a stream
     # for tens of ms), and the check, after reading a near miss again, rightly moves on to D = 2; the link itself must deliver undilated
     # in at least one of three checks.
+    # Accurate at D = 1, the check may go on below it (time compression) but never above.
     choices = [accurate_factor(4, "200mbit")]
-    while choices[-1].factor != 1 and len(choices) < 3:
+    while choices[-1].factor > 1 and len(choices) < 3:
         choices.append(accurate_factor(4, "200mbit"))
     choice = choices[-1]
     for tried in choices:
         _check_records(tried)
-    assert {m.factor for m in choice.measurements} == {1}, [c.to_dict() for c in choices]
+    assert choice.factor <= 1 and max(m.factor for m in choice.measurements) == 1, [c.to_dict() for c in choices]
     # The interface counts TCP payload plus one header per offloaded packet: ~0.96 of what tbf released.
-    only = choice.measurements[-1]
+    only = [m for m in choice.measurements if m.factor == 1][-1]  # a near miss may have been read again
+    assert only.worst >= choice.threshold
     assert 0.85 < only.wire_upload < 1.1 and 0.85 < only.wire_download < 1.1, only
     assert 0.85 < only.ring_wire_upload < 1.1 and 0.85 < only.ring_wire_download < 1.1, only
 
