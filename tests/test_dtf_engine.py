@@ -56,9 +56,10 @@ def _units() -> list[models.Unit]:
     ]
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(workers: int = WORKERS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `workers` workers of BATCH images each, the same on every rank."""
     gen = torch.Generator().manual_seed(3)
-    n = WORKERS * BATCH
+    n = workers * BATCH
     return torch.randn(n, 3, SIZE, SIZE, generator=gen), torch.randint(0, CLASSES, (n,), generator=gen)
 
 

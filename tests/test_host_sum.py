@@ -20,10 +20,10 @@ from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.strategies import Optim, StepSetup, build
 from ralp_pipe.engine.strategies.base import Piece, assemble, loss_fn
 from support.spawn import spawn_function
-from test_dtf_engine import CLASSES, SIZE, _units  # its small VGG-shaped stack of unequal variables
+from test_dtf_engine import BATCH, SIZE, _batch, _units  # its small VGG-shaped stack of unequal variables
 
 OPTIM = Optim(lr=0.05, momentum=0.9, weight_decay=1e-3)
-BATCH, WORKERS, GPUS_PER_NODE, WORLD = 2, 4, 2, 6
+WORKERS, GPUS_PER_NODE, WORLD = 4, 2, 6
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,6 @@ CASES = [
 ]
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(3)
-    n = WORKERS * BATCH
-    return torch.randn(n, 3, SIZE, SIZE, generator=gen), torch.randint(0, CLASSES, (n,), generator=gen)
-
-
 def _setup(case: Case, rank: int) -> StepSetup:
     return StepSetup(
         case.topology(),
@@ -83,7 +77,7 @@ def _rank(rank: int, world: int) -> dict[str, tuple[list[Piece], dict[str, int],
         setup = _setup(case, rank)
         assert setup.topology.world_size == world
         engine = build(setup)
-        images, labels = _batch()
+        images, labels = _batch(WORKERS)
         part = slice(rank * BATCH, (rank + 1) * BATCH)
         for _ in range(2):  # the second step's pushes wait on the first's relays
             engine.step((images[part], labels[part]) if rank in setup.topology.workers else None)
@@ -145,7 +139,7 @@ def test_summing_inside_hosts_makes_single_process_sgds_update(case: Case, ranks
     opt = OPTIM.sgd(list(net.parameters()))
     for _ in range(2):
         opt.zero_grad()
-        loss_fn(net(_batch()[0]), _batch()[1]).backward()
+        loss_fn(net(_batch(WORKERS)[0]), _batch(WORKERS)[1]).backward()
         opt.step()
     for name, param in net.named_parameters():
         torch.testing.assert_close(got[name], param.detach(), rtol=1e-5, atol=1e-6)
