@@ -455,8 +455,7 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
     device also the optimizer's momentum (:data:`PARAMETER_COPIES`). A modelled worker holds one buffer of its
     largest bucket, which every push leaves from and every pull lands in (`allreduce`: DDP's largest bucket), no
     gradient (its units' are empty) and no momentum (no update runs): its units' own parameters are allocated
-    uninitialised and never touched, so they take no memory (before this, measured on VGG-16/22K at N = 8: 1.38 GB
-    a modelled `allreduce` worker, 0.5 GB and a 0.9 GB buffer); a modelled PS device at most one copy of the
+    uninitialised and never touched, so they take no memory; a modelled PS device at most one copy of the
     parameters. A PS rank holds its share of the parameters (and, where it computes, their momentum) and every
     worker's gradients of the buckets that may be in flight at once
     (:func:`ralp_pipe.engine.strategies.base.receive_elements`).
