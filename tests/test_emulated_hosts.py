@@ -80,7 +80,7 @@ def test_parameter_servers_on_hosts_of_several_gpus_push_once_per_host() -> None
     cfg = load([*HOSTS_OF_4, "strategy=dtf", "cluster.gpus=8"])
     dtf = emulated_topology(cfg, of_strategy(cfg.strategy, 8))
     assert dtf.ps == [8, 9] and dtf.hosts == [0, 0, 0, 0, 1, 1, 1, 1, 0, 1]  # a PS task per host, as priced
-    assert links_of(cfg) == (2, "star")
+    assert links_of(cfg) == (2, "ring")  # a PS task on both hosts: every link at once
 
 
 class RecordingCluster(EmulatedCluster):

@@ -29,6 +29,7 @@ TOY = StrategyKind(
     step="ralp_pipe.engine.strategies.ralp:LayerPlacementStrategy",
     volume="ralp_pipe.engine.volume:placement_bytes",
     ranks="N-2 workers + 1 PS device",
+    link_pattern="star",
 )
 MODEL, CLASSES, IMAGE, BATCH = "resnet18", 10, 32, 2
 

@@ -6,7 +6,8 @@ function (``engine/volume.py``) and ``config/strategy/<name>.yaml``. The step cl
 function are named as ``module:attribute`` and imported on first use, so reading the table
 imports neither torch nor the engine. A strategy without a step class (``step=None``) would be
 priced by the planner and the simulator but not trained; :attr:`StrategyKind.baseline` marks the
-strategies RALP is measured against.
+strategies RALP is measured against and :attr:`StrategyKind.reference` the one of them a plan's ``pays`` verdict
+is against; :attr:`StrategyKind.ps_per_host` the parameter servers deployed one per worker host.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, cast
 
 from ralp_pipe.errors import ConfigError
+
+STAR, RING = "star", "ring"  # the link patterns (StrategyKind.link_pattern)
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,15 @@ class StrategyKind:
     step: str | None  # "module:Class" of its step (engine.strategies.base.Strategy), imported on use; None: not trained
     volume: str  # "module:function" giving its bytes per step by category (engine.volume), imported on use
     ranks: str  # its ranks with N devices, in words
+    # the traffic its links carry: STAR, workers pushing to and pulling from its servers (a star through each server's
+    # host; contract.topology.link_pattern counts the hubs), or RING, every worker's link at once (an all-reduce ring)
+    link_pattern: str
     baseline: bool = False  # a baseline RALP's speedups are reported over (plans give it no `pays` verdict)
     whole_variables: bool = False  # each parameter tensor whole on one PS (Distributed TensorFlow), not partitioned
+    # one PS task per worker host beside its workers (strategy.num_ps does not apply): N at one GPU per host, trimmed
+    # to the hosts where hosts hold several (contract/topology.py on_hosts, planning/planner.py strategy_pricing)
+    ps_per_host: bool = False
+    reference: bool = False  # the baseline plans' `speedup_over_<name>` ranks first and `pays` is judged against
 
     @property
     def trainable(self) -> bool:
@@ -80,6 +90,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             step=f"{_ENGINE}.strategies.ps:ParameterServerStrategy",
             volume=f"{_ENGINE}.volume:push_pull_bytes",
             ranks="N workers + `num_ps` parameter servers",
+            link_pattern=STAR,
             baseline=True,
         ),
         StrategyKind(
@@ -93,6 +104,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             step=f"{_ENGINE}.strategies.allreduce:AllReduceStrategy",
             volume=f"{_ENGINE}.volume:ring_bytes",
             ranks="N workers",
+            link_pattern=RING,
         ),
         StrategyKind(
             "ralp_h",
@@ -105,6 +117,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             step=f"{_ENGINE}.strategies.ralp:LayerPlacementStrategy",
             volume=f"{_ENGINE}.volume:placement_bytes",
             ranks="⌈N/2⌉ workers + 1 PS device",
+            link_pattern=STAR,
         ),
         StrategyKind(
             "ralp_n",
@@ -117,6 +130,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             step=f"{_ENGINE}.strategies.ralp:LayerPlacementStrategy",
             volume=f"{_ENGINE}.volume:placement_bytes",
             ranks="N-1 workers + 1 PS device",
+            link_pattern=STAR,
         ),
         StrategyKind(
             "dtf",
@@ -131,6 +145,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             step=f"{_ENGINE}.strategies.dtf:WholeVariableStrategy",
             volume=f"{_ENGINE}.volume:whole_variable_bytes",
             ranks="N workers + N parameter-server tasks (one per worker host)",
+            link_pattern=STAR,
             baseline=True,
             whole_variables=True,
         ),
@@ -146,6 +161,18 @@ def strategy_kind(name: str) -> StrategyKind:
         raise ConfigError(
             f"strategy.name={name!r} is not allowed; choose one of: {', '.join(STRATEGY_KINDS)}"
         ) from None
+
+
+def reference_baseline() -> str:
+    """The baseline plans judge `pays` against: the table's one :attr:`StrategyKind.reference` entry."""
+    (name,) = (name for name, kind in STRATEGY_KINDS.items() if kind.reference)
+    return name
+
+
+def baselines() -> list[str]:
+    """The strategies RALP's speedups are reported over: the parameter servers in table order, then the others."""
+    marked = [name for name, kind in STRATEGY_KINDS.items() if kind.baseline]
+    return sorted(marked, key=lambda name: not STRATEGY_KINDS[name].has_ps)
 
 
 def trainable_strategies() -> list[str]:

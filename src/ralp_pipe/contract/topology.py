@@ -39,10 +39,11 @@ from typing import Iterable, Sequence
 
 from ralp_pipe.config import PS_PLACEMENTS, REFERENCE, STRATEGY_KINDS, Config, cluster_kind, strategy_kind
 from ralp_pipe.config.schema import StrategyConfig
+from ralp_pipe.config.strategies import RING, STAR
 
 WORKER, PS, PS_DEVICE = "worker", "ps", "ps_device"
-# the traffic a run's links carry: workers pushing to and pulling from a PS or PS device; an all-reduce ring
-STAR, RING = "star", "ring"
+# the traffic a run's links carry (link_pattern): every link at once, as an all-reduce ring; workers pushing to and
+# pulling from one server host
 LINK_PATTERNS = (RING, STAR)
 # where RALP's PS device is on hosts of several GPUs (plans' ps_device_host), by whether it shares a worker host
 PS_DEVICE_HOSTS = {False: "a host of its own", True: "a worker host"}
@@ -125,7 +126,7 @@ def on_hosts(topo: Topology, gpus_per_node: int, ps_device_shares_host: bool = F
     shares = ps_device_shares_host and PS_DEVICE in topo.roles
     first = 1 if shares else 0  # the slot of worker 0: after the PS device where it shares host 0
     worker_hosts = -(-(topo.num_workers + first) // gpus_per_node)
-    if strategy_kind(topo.strategy).whole_variables:  # one PS task per worker host
+    if strategy_kind(topo.strategy).ps_per_host:  # one PS task per worker host
         kept = topo.num_workers + min(len(topo.ps), worker_hosts)
         topo = replace(topo, ps=topo.ps[: kept - topo.num_workers], roles=topo.roles[:kept], hosts=topo.hosts[:kept])
     hosts = [(first + w) // gpus_per_node for w in topo.workers]
@@ -151,11 +152,17 @@ def placed(topo: Topology, hosts: Sequence[int]) -> Topology:
 
 
 def link_pattern(topo: Topology) -> str | None:
-    """The traffic `topo`'s links carry (:data:`STAR` or :data:`RING`); None where its ranks share one host."""
+    """The traffic `topo`'s links carry, as the link check loads them; None where its ranks share one host.
+
+    :data:`STAR` where its strategy's workers push to and pull from servers (``StrategyKind.link_pattern``) that
+    sit on one host: that host's link carries every worker's traffic, the workers' links 1/W of it each. Servers
+    on several hosts (``num_ps`` > 1 dedicated, one per host colocated, `dtf`'s task per host) load those hubs and
+    every worker link at once, and an all-reduce loads every link: :data:`RING` (every link at once)."""
     if topo.num_hosts < 2:
         return None
-    kind = strategy_kind(topo.strategy)
-    return STAR if kind.has_ps or kind.places_layers else RING
+    if strategy_kind(topo.strategy).link_pattern == STAR and len({topo.hosts[rank] for rank in topo.ps}) == 1:
+        return STAR
+    return RING
 
 
 def links_of(cfg: Config) -> tuple[int, str | None]:
