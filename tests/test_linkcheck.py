@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,9 +36,17 @@ def _check_records(choice: FactorChoice) -> None:
     for m in choice.measurements:
         assert m.shaped_rate == shaped_rate(choice.rate, m.factor)
         backend = () if m.backend is None else (m.backend.efficiency,)
-        assert m.worst == min(m.upload, m.download, m.ring_upload, m.ring_download, *backend)
         assert m.seconds > 0 and 0 <= m.kernel_cpu <= 1 and m.timing_error >= 0
         assert m.wire_upload > 0 and m.wire_download > 0  # the interface counters saw the traffic
+        if choice.backend == "star":  # a star's check loads host 0's link only, never every link at once
+            assert m.worst == min(m.upload, m.download, *backend)
+            assert all(getattr(m, name) is None for name in linkcheck._RING_FIELDS)
+            continue
+        assert m.ring_upload is not None and m.ring_download is not None
+        assert m.ring_uploads is not None and m.ring_downloads is not None
+        assert m.ring_wire_upload is not None and m.ring_wire_download is not None
+        assert m.ring_seconds is not None and m.ring_kernel_cpu is not None and m.ring_timing_error is not None
+        assert m.worst == min(m.upload, m.download, m.ring_upload, m.ring_download, *backend)
         # The ring: every host's link measured both ways, the worst host's figures recorded.
         assert len(m.ring_uploads) == len(m.ring_downloads) == choice.hosts
         assert m.ring_upload == min(m.ring_uploads) and m.ring_download == min(m.ring_downloads)
@@ -67,6 +76,7 @@ def test_a_low_rate_is_accurate_undilated() -> None:
     only = [m for m in choice.measurements if m.factor == 1][-1]  # a near miss may have been read again
     assert only.worst >= choice.threshold
     assert 0.85 < only.wire_upload < 1.1 and 0.85 < only.wire_download < 1.1, only
+    assert only.ring_wire_upload is not None and only.ring_wire_download is not None  # no pattern: every link too
     assert 0.85 < only.ring_wire_upload < 1.1 and 0.85 < only.ring_wire_download < 1.1, only
 
 
@@ -87,9 +97,10 @@ def test_no_accurate_factor_is_a_clear_error() -> None:
         accurate_factor(9, "100gbit", candidates=(1,))
 
 
-def _measured(factor: float, ps: float, ring: float, hosts: int = 3) -> LinkMeasurement:
-    """A measurement whose parameter-server directions deliver `ps` and whose worst ring host delivers `ring`."""
-    return LinkMeasurement(
+def _measured(factor: float, ps: float, ring: float, hosts: int = 3, every_link: bool = True) -> LinkMeasurement:
+    """A measurement whose parameter-server directions deliver `ps` and whose worst ring host delivers `ring` (no ring
+    figures where `every_link` is False, as a star's check measures)."""
+    measured = LinkMeasurement(
         factor=factor,
         shaped_rate=shaped_rate("10gbit", factor),
         upload=ps,
@@ -109,6 +120,8 @@ def _measured(factor: float, ps: float, ring: float, hosts: int = 3) -> LinkMeas
         ring_kernel_cpu=0.5,
         ring_timing_error=0.002,
     )
+    none: dict[str, Any] = dict.fromkeys(linkcheck._RING_FIELDS)
+    return measured if every_link else dataclasses.replace(measured, **none)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +136,9 @@ def test_a_factor_is_chosen_only_where_both_loads_are_accurate(
     monkeypatch: pytest.MonkeyPatch, figures: dict[int, tuple[float, float]], chosen: float
 ) -> None:
     monkeypatch.setattr(
-        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, *figures[int(factor)])
+        linkcheck,
+        "measure_link",
+        lambda hosts, rate, burst, factor, seconds, every_link: _measured(factor, *figures[int(factor)]),
     )
     choice = accurate_factor(3, "10gbit", candidates=(1, 2, 4))  # upward only: compression is tested below
     assert choice.factor == chosen
@@ -132,7 +147,7 @@ def test_a_factor_is_chosen_only_where_both_loads_are_accurate(
     assert json.loads(json.dumps(record)) == record
     last = record["measurements"][-1]
     assert last["worst"] == min(figures[int(chosen)])
-    assert last["ring_downloads"] == list(choice.measurements[-1].ring_downloads)
+    assert last["ring_downloads"] == list(choice.measurements[-1].ring_downloads or ())
     assert dataclasses.asdict(choice.measurements[-1]).keys() <= last.keys()
 
 
@@ -152,7 +167,7 @@ def test_a_near_miss_is_read_again_before_the_factor_is_raised(
     monkeypatch.setattr(
         linkcheck,
         "measure_link",
-        lambda hosts, rate, burst, factor, seconds: _measured(factor, next(left[int(factor)]), 1.0),
+        lambda hosts, rate, burst, factor, seconds, every_link: _measured(factor, next(left[int(factor)]), 1.0),
     )
     choice = accurate_factor(3, "10gbit", candidates=(1, 2, 4))
     assert choice.factor == chosen
@@ -184,7 +199,7 @@ def test_time_compression_takes_the_smallest_accurate_factor_below_1(
     left = {factor: iter(figures) for factor, figures in readings.items()}
     asked: list[str] = []
 
-    def measure(hosts: int, rate: str, burst: str, factor: float, seconds: float) -> LinkMeasurement:
+    def measure(hosts: int, rate: str, burst: str, factor: float, seconds: float, every_link: bool) -> LinkMeasurement:
         asked.append(shaped_rate(rate, factor))
         return _measured(factor, next(left[factor]), 1.0)
 
@@ -199,7 +214,7 @@ def test_time_compression_takes_the_smallest_accurate_factor_below_1(
 
 def test_a_check_whose_every_reading_falls_short_names_each_factor_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, 0.9, 1.0)
+        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds, every_link: _measured(factor, 0.9, 1.0)
     )
     with pytest.raises(ConfigError, match=r"at best 0\.90 .* below 0\.95 at every D tried \(1, 2\);"):
         accurate_factor(3, "10gbit", candidates=(1, 2))
@@ -221,7 +236,7 @@ def test_an_all_reduce_run_also_needs_the_backends_ring_to_keep_up(
     monkeypatch.setattr(
         linkcheck,
         "measure_link",
-        lambda hosts, rate, burst, factor, seconds: _measured(factor, streams[int(factor)], 1.0),
+        lambda hosts, rate, burst, factor, seconds, every_link: _measured(factor, streams[int(factor)], 1.0),
     )
     monkeypatch.setattr(
         linkcheck, "measure_backend", lambda hosts, rate, burst, factor, pattern: _ring(rings[int(2 * factor)])
@@ -237,14 +252,16 @@ def test_an_all_reduce_run_also_needs_the_backends_ring_to_keep_up(
 
 def test_a_backend_ring_that_never_keeps_up_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, 1.0, 1.0)
+        linkcheck,
+        "measure_link",
+        lambda hosts, rate, burst, factor, seconds, every_link: _measured(factor, 1.0, 1.0, every_link=every_link),
     )
     monkeypatch.setattr(
         linkcheck, "measure_backend", lambda hosts, rate, burst, factor, pattern: _ring(0.5 + factor / 5, pattern)
     )
     with pytest.raises(
-        ConfigError, match=r"at best 0\.70 of their rate \(D=2; parameter server 1\.00, ring 1\.00, gloo's star 0\.70\)"
-    ):
+        ConfigError, match=r"at best 0\.70 of their rate \(D=2; parameter server 1\.00, gloo's star 0\.70\)"
+    ):  # a star's check loads no ring of streams
         accurate_factor(3, "10gbit", candidates=(1, 2), backend="star")
 
 
@@ -266,7 +283,7 @@ def test_the_backend_keeps_up_with_a_low_rate_and_runs_at_twice_it(pattern: str,
 
 def test_a_ring_that_never_keeps_up_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds: _measured(factor, 1.0, 0.7)
+        linkcheck, "measure_link", lambda hosts, rate, burst, factor, seconds, every_link: _measured(factor, 1.0, 0.7)
     )
     with pytest.raises(ConfigError, match=r"at best 0\.70 of their rate \(D=1; parameter server 1\.00, ring 0\.70\)"):
         accurate_factor(3, "10gbit", candidates=(1, 2))

@@ -122,7 +122,9 @@ def test_a_check_with_a_budget_records_it_and_what_ran_beside(monkeypatch: pytes
         def __exit__(self, *exc: object) -> None:
             return None
 
-    def measured(hosts: int, rate: str, burst: str, factor: float, seconds: float) -> linkcheck.LinkMeasurement:
+    def measured(
+        hosts: int, rate: str, burst: str, factor: float, seconds: float, every_link: bool
+    ) -> linkcheck.LinkMeasurement:
         passes = 0.99 if factor >= 2 else 0.5  # D = 1 falls short beside the budget's rest, D = 2 keeps up
         return linkcheck.LinkMeasurement(factor, rate, passes, passes, 1, 1, 0.5, 0.1, 0, passes, passes, 1, 1,
                                          (passes,) * hosts, (passes,) * hosts, 0.5, 0.1, 0)  # fmt: skip

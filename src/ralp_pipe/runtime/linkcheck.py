@@ -11,7 +11,11 @@ link the way a parameter server's is loaded: every other host sends to host 0 (i
 host 0 sends to every other host (fan-out). Then every link the way an all-reduce ring loads
 them: host i sends to host (i + 1) mod n while receiving from host (i - 1) mod n, all hosts at
 once, so n times as many bytes cross the emulation as under the first load, and the kernel binds
-at a larger D. The streams' receive buffers hold ~25 ms of the rate per direction, so
+at a larger D. A star's check (``backend`` ``star``) makes only the first load: its runs' traffic all goes
+through one server host's link, and their workers' links carry 1/(n - 1) of it each, never every link at its
+rate at once (17 hosts on 2 cores: host 0's load passed at D = 1-2 at 10 Gbit/s, the ring only at 16-32). A
+ring's check (every link at once: ``allreduce``, and servers on several hosts,
+:func:`ralp_pipe.contract.topology.link_pattern`) and one with no pattern make both. The streams' receive buffers hold ~25 ms of the rate per direction, so
 windows, not congestion control, bound what is in flight: left to the system's congestion
 control (BBR, say), each direction's acknowledgements queue behind up to 100 ms of the other's
 data in tbf's FIFO and one direction often starves even at low rates, hiding what D changes.
@@ -30,8 +34,8 @@ share the cores with the kernel's TCP work, so the backend can fall short at a D
 pass. It runs at :data:`BACKEND_HEADROOM` times the run's link rate, because the run's ranks also
 pace, copy buckets and messages and run Python on those cores: 8 hosts at 10 Gbit/s / 4 all-reduced
 at 0.89 of the payload rate alone, while ``allreduce`` at N = 8 and D = 4 measured 23% below its D =
-16 figure (D = 8: 4% below). A D is accurate where its worst direction (tbf's bytes) under both
-loads (for the ring, the worst host's upload and download), and the backend's figure over the
+16 figure (D = 8: 4% below). A D is accurate where its worst direction (tbf's bytes) under the
+loads made (for the ring, the worst host's upload and download), and the backend's figure over the
 payload rate where measured, reach the threshold. It returns the first accurate D upward, or, where
 that is D = 1, the last accurate D downward (the smallest before one falls short), with every
 measurement taken.
@@ -77,7 +81,7 @@ from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, load
 from ralp_pipe.config.dilation import shaped_rate
 from ralp_pipe.config.units import payload_bytes_per_s, rate_bits_per_s
-from ralp_pipe.contract.topology import LINK_PATTERNS, links_of
+from ralp_pipe.contract.topology import LINK_PATTERNS, STAR, links_of
 from ralp_pipe.errors import ConfigError, RunFailure
 from ralp_pipe.runtime.backendcheck import BackendMeasurement, backend_efficiency
 from ralp_pipe.runtime.emulated import EmulatedCluster
@@ -117,7 +121,7 @@ class LinkMeasurement:
     bytes, host order), ``ring_upload``/``ring_download`` the worst host's, ``ring_wire_upload``/
     ``ring_wire_download`` the worst host's from the interface counters; ``ring_seconds``,
     ``ring_kernel_cpu`` and ``ring_timing_error`` as above (the timing error the largest of any
-    reading).
+    reading). All None where the ring's load was not made: a star's check (:func:`measure_link`).
 
     ``backend``: the training backend's traffic across every host in the run's pattern (None where it
     was not measured); its ``efficiency`` counts toward :attr:`worst`.
@@ -132,31 +136,36 @@ class LinkMeasurement:
     seconds: float
     kernel_cpu: float
     timing_error: float
-    ring_upload: float
-    ring_download: float
-    ring_wire_upload: float
-    ring_wire_download: float
-    ring_uploads: tuple[float, ...]
-    ring_downloads: tuple[float, ...]
-    ring_seconds: float
-    ring_kernel_cpu: float
-    ring_timing_error: float
+    ring_upload: float | None
+    ring_download: float | None
+    ring_wire_upload: float | None
+    ring_wire_download: float | None
+    ring_uploads: tuple[float, ...] | None
+    ring_downloads: tuple[float, ...] | None
+    ring_seconds: float | None
+    ring_kernel_cpu: float | None
+    ring_timing_error: float | None
     backend: BackendMeasurement | None = None
     beside_bits_per_s: float = 0.0  # what other emulated links carried meanwhile (:func:`beside_load`)
 
     @property
     def worst(self) -> float:
-        """The direction further below its asked rate (tbf's bytes) under either load, or the backend's figure."""
+        """The direction further below its asked rate (tbf's bytes) under the loads made, or the backend's figure."""
         backend = () if self.backend is None else (self.backend.efficiency,)
-        return min(self.upload, self.download, self.ring_upload, self.ring_download, *backend)
+        ring = () if self.ring_upload is None or self.ring_download is None else (self.ring_upload, self.ring_download)
+        return min(self.upload, self.download, *ring, *backend)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready record, with ``worst``."""
         return asdict(self) | {
-            "ring_uploads": list(self.ring_uploads),
-            "ring_downloads": list(self.ring_downloads),
+            "ring_uploads": None if self.ring_uploads is None else list(self.ring_uploads),
+            "ring_downloads": None if self.ring_downloads is None else list(self.ring_downloads),
             "worst": self.worst,
         }
+
+
+# the ring load's figures (None where a star's check did not make it)
+_RING_FIELDS = [name for name in LinkMeasurement.__dataclass_fields__ if name.startswith("ring_")]
 
 
 @dataclass(frozen=True)
@@ -213,7 +222,7 @@ def accurate_factor(
         beside = beside_bits_per_s(budget, hosts, rate, factor)
         for _ in range(ATTEMPTS):
             with beside_load(beside, burst):
-                measurement = measure_link(hosts, rate, burst, factor, seconds)
+                measurement = measure_link(hosts, rate, burst, factor, seconds, every_link=backend != STAR)
                 if backend and measurement.worst >= threshold:  # the streams pass: does the backend?
                     checked = measure_backend(hosts, rate, burst, factor / BACKEND_HEADROOM, backend)
                     measurement = replace(measurement, backend=checked)
@@ -236,8 +245,8 @@ def accurate_factor(
     best = max(measured, key=lambda m: m.worst)
     raise ConfigError(
         f"emulated links of {hosts} hosts at {rate} / D deliver at best {best.worst:.2f} of their rate "
-        f"(D={best.factor:g}; parameter server {min(best.upload, best.download):.2f}, "
-        f"ring {min(best.ring_upload, best.ring_download):.2f}{_backend_words(best)}), below {threshold:g} at every D tried "
+        f"(D={best.factor:g}; parameter server {min(best.upload, best.download):.2f}"
+        f"{_ring_words(best)}{_backend_words(best)}), below {threshold:g} at every D tried "
         f"({', '.join(f'{factor:g}' for factor in dict.fromkeys(m.factor for m in measured))}); try larger factors or "
         "fewer hosts"
     )
@@ -348,8 +357,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pattern",
         required=True,
         choices=LINK_PATTERNS,
-        help="the traffic their links carry: star (workers and a PS or PS device: ps, ralp_h, ralp_n), "
-        "ring (allreduce)",
+        help="the traffic their links carry: star (workers and servers on one host: ps with one PS, ralp_h, ralp_n; "
+        "loads host 0's link), ring (every link at once: allreduce, servers on several hosts; loads host 0's link "
+        "and every link)",
     )
     parser.add_argument(
         "--budget",
@@ -369,6 +379,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ring_words(measurement: LinkMeasurement) -> str:
+    """The streams' ring figure, where it was loaded."""
+    up, down = measurement.ring_upload, measurement.ring_download
+    return "" if up is None or down is None else f", ring {min(up, down):.2f}"
+
+
 def _backend_words(measurement: LinkMeasurement) -> str:
     """The backend's figure, where it was measured."""
     backend = measurement.backend
@@ -384,8 +400,11 @@ def measure_backend(hosts: int, rate: str, burst: str, factor: float, pattern: s
         return backend_efficiency(cluster, payload, pattern)
 
 
-def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: float = WINDOW_S) -> LinkMeasurement:
-    """Load a fresh cluster shaped to `rate` / `factor` the parameter server's way, then the ring's, and measure both."""
+def measure_link(
+    hosts: int, rate: str, burst: str, factor: float, seconds: float = WINDOW_S, every_link: bool = True
+) -> LinkMeasurement:
+    """Load a fresh cluster shaped to `rate` / `factor` the parameter server's way, then (`every_link`) the ring's, and
+    measure each load made (a star's check, `every_link` False, leaves the ring's fields None)."""
     shaped = shaped_rate(rate, factor)
     asked = rate_bits_per_s(shaped)
     assert asked is not None  # a limited rate stays limited
@@ -405,15 +424,32 @@ def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: floa
             cluster,
             seconds,
         )
-        ring = _load(
-            _ring_traffic(cluster, _receive_buffer(asked, 1)),
-            [*[(on_host(i), INTERFACE) for i in range(hosts)], (on_switch, switch_ports)],
-            cluster,
-            seconds,
+        ring = (
+            _load(
+                _ring_traffic(cluster, _receive_buffer(asked, 1)),
+                [*[(on_host(i), INTERFACE) for i in range(hosts)], (on_switch, switch_ports)],
+                cluster,
+                seconds,
+            )
+            if every_link
+            else None
         )
     upload, download = ps_up[INTERFACE], ps_down["s0"]
-    ring_up = [ring[i][INTERFACE] for i in range(hosts)]
-    ring_down = [ring[hosts][f"s{i}"] for i in range(hosts)]
+    rings: dict[str, Any] = dict.fromkeys(_RING_FIELDS)  # None each: the ring's load was not made
+    if ring is not None:
+        ring_up = [ring[i][INTERFACE] for i in range(hosts)]
+        ring_down = [ring[hosts][f"s{i}"] for i in range(hosts)]
+        rings = {
+            "ring_upload": min(d.released_bits_per_s for d in ring_up) / asked,
+            "ring_download": min(d.released_bits_per_s for d in ring_down) / asked,
+            "ring_wire_upload": min(d.wire_bits_per_s for d in ring_up) / asked,
+            "ring_wire_download": min(d.wire_bits_per_s for d in ring_down) / asked,
+            "ring_uploads": tuple(d.released_bits_per_s / asked for d in ring_up),
+            "ring_downloads": tuple(d.released_bits_per_s / asked for d in ring_down),
+            "ring_seconds": ring_up[0].seconds,
+            "ring_kernel_cpu": ring_up[0].kernel_cpu,
+            "ring_timing_error": max(d.timing_error for d in [*ring_up, *ring_down]),
+        }
     return LinkMeasurement(
         factor=factor,
         shaped_rate=shaped,
@@ -424,15 +460,7 @@ def measure_link(hosts: int, rate: str, burst: str, factor: float, seconds: floa
         seconds=upload.seconds,
         kernel_cpu=upload.kernel_cpu,
         timing_error=max(upload.timing_error, download.timing_error),
-        ring_upload=min(d.released_bits_per_s for d in ring_up) / asked,
-        ring_download=min(d.released_bits_per_s for d in ring_down) / asked,
-        ring_wire_upload=min(d.wire_bits_per_s for d in ring_up) / asked,
-        ring_wire_download=min(d.wire_bits_per_s for d in ring_down) / asked,
-        ring_uploads=tuple(d.released_bits_per_s / asked for d in ring_up),
-        ring_downloads=tuple(d.released_bits_per_s / asked for d in ring_down),
-        ring_seconds=ring_up[0].seconds,
-        ring_kernel_cpu=ring_up[0].kernel_cpu,
-        ring_timing_error=max(d.timing_error for d in [*ring_up, *ring_down]),
+        **rings,
     )
 
 
