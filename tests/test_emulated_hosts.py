@@ -69,6 +69,12 @@ def test_the_emulated_layout_follows_the_plans_ps_device_choice() -> None:
     assert record is not None and record["ps_device_host"] == PS_DEVICE_HOSTS[True]
     assert record["host_of_rank"] == beside.hosts and record["route"] == "loopback"
     assert record["hosts"] == 2 and record["gpus_per_node"] == 4
+    for dilated, sums in (
+        (["dilation.factor=null"], "copied"),
+        (["dilation.factor=8", "dilation.mode=modelled"], "priced"),
+    ):
+        ps = intra_host_record(load([*HOSTS_OF_4, "strategy=ps", "cluster.gpus=8", *dilated]), topo)
+        assert ps is not None and ps["host_sums"] == sums  # computing ranks copy their sums; modelled ones wait
     assert intra_host_record(load(["cluster=emulated", "strategy=ralp_n"]), topo) is None
     assert links_of(cfg) == (3, "star")
 

@@ -1,9 +1,9 @@
-"""The dilation arithmetic every layer needs (engine/dilation.py owns the rest): the factor as a number, and the
-rate emulated links run at (slowed to the strategy's transport's achieved throughput, ``strategy.transport_efficiency``)."""
+"""The dilation arithmetic every layer needs (engine/dilation.py owns the rest): the factor as a number, whether ranks
+compute, and the rate emulated links run at (slowed to the strategy's transport's achieved throughput, ``strategy.transport_efficiency``)."""
 
 from __future__ import annotations
 
-from ralp_pipe.config.schema import AUTO_FACTOR, Config
+from ralp_pipe.config.schema import AUTO_FACTOR, REAL, Config
 from ralp_pipe.config.units import rate_bits_per_s
 
 
@@ -11,6 +11,11 @@ def fixed_factor(cfg: Config) -> float | None:
     """``dilation.factor`` as a number (None when undilated or still ``auto``)."""
     factor = cfg.dilation.factor
     return None if factor is None or factor == AUTO_FACTOR else float(factor)
+
+
+def computes_for_real(cfg: Config) -> bool:
+    """Whether the run's ranks compute (undilated, or mode real) or only wait (mode modelled: no data read)."""
+    return cfg.dilation.factor is None or cfg.dilation.mode == REAL
 
 
 def shaped_rate(rate: str, factor: float | None) -> str:

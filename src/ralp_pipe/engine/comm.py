@@ -1,6 +1,7 @@
 """The one communication layer every strategy uses; it counts the bytes each rank sends.
 
-Counting happens where tensors are sent: :meth:`Comm.isend` counts the tensor it sends and
+Counting happens where tensors are sent: :meth:`Comm.isend` counts the tensor it sends (or the bytes a token
+stands for, where a transfer inside an emulated host is priced instead of copied) and
 :meth:`Comm.all_reduce` counts what this rank sends in a ring all-reduce
 (:func:`ralp_pipe.engine.volume.ring_send_elements`). Ranks are numbered 0..world_size-1 in
 `group` (None: the default group), which must hold the first world_size global ranks.
@@ -93,12 +94,13 @@ class Comm:
     def _staged(self, tensor: torch.Tensor) -> bool:
         return self.backend == "gloo" and tensor.is_cuda
 
-    def isend(self, tensor: torch.Tensor, dst: int, category: str) -> Handle:
-        """Start sending `tensor` to rank `dst`, counting its bytes under `category`."""
+    def isend(self, tensor: torch.Tensor, dst: int, category: str, stands_for: int | None = None) -> Handle:
+        """Start sending `tensor` to rank `dst`, counting its bytes under `category`; or, for a token sent in place of
+        a transfer the emulation prices instead of copying (inside an emulated host), the `stands_for` bytes."""
         payload = tensor.detach().contiguous()
         if self._staged(payload):
             payload = payload.cpu()
-        self._count(category, dst, payload.numel() * payload.element_size())
+        self._count(category, dst, payload.numel() * payload.element_size() if stands_for is None else stands_for)
         return Handle(dist.isend(payload, dst, group=self.group))
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Handle:

@@ -68,6 +68,7 @@ from ralp_pipe.engine.metrics import measured_late_s, measured_overruns, measure
 from ralp_pipe.engine.models import Unit, activation_shapes
 from ralp_pipe.engine.sgd import Optim
 from ralp_pipe.errors import DataError
+from ralp_pipe.planning.planner import hosts_of
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
 _schedstat = threading.local()  # per thread: its schedstat (on-CPU time, run delay, timeslices: ns), kept open
@@ -125,6 +126,9 @@ class Targets:
     update_s_fixed: float  # ... plus its kernels' launches, whatever their size
     aggregate_s_per_byte: float  # adding one more worker's gradient set into the sum, per byte ...
     aggregate_s_fixed: float  # ... plus its kernels' launches
+    # a host's GPUs summing a set of gradients (or sharing a pulled set) over their interconnect, per byte of the set
+    # (costmodel.Hosts.in_host_s); 0 at one GPU per host
+    in_host_s_per_byte: float = 0.0
 
     @property
     def computes(self) -> bool:
@@ -143,6 +147,7 @@ class Targets:
             update_s_fixed=k * self.update_s_fixed,
             aggregate_s_per_byte=k * self.aggregate_s_per_byte,
             aggregate_s_fixed=k * self.aggregate_s_fixed,
+            in_host_s_per_byte=k * self.in_host_s_per_byte,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,8 +172,9 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
     batches = {WORKER: t.batch_size}
     if strategy_kind(topo.strategy).places_layers:
         batches[PS_DEVICE_BATCH] = t.batch_size * topo.num_workers
+    in_host = factor * hosts_of(cfg).in_host_s(1.0, summed=True)
     if profile is not None:
-        return _profiled(profile, batches, factor, d.mode, _labelled(profile, d.target))
+        return _profiled(profile, batches, factor, d.mode, _labelled(profile, d.target), in_host)
     device = device_entry(d.target)
     traced = {
         role: devicemodel.trace_model(m.name, cfg.dataset.num_classes, t.image_size, batch, m.dropout)
@@ -198,10 +204,13 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
         update_s_fixed=factor * len(update) * launch_s,
         aggregate_s_per_byte=per_byte(aggregate),
         aggregate_s_fixed=factor * len(aggregate) * launch_s,
+        in_host_s_per_byte=in_host,
     )
 
 
-def _profiled(profile: Profile, batches: dict[str, int], factor: float, mode: str, label: str) -> Targets:
+def _profiled(
+    profile: Profile, batches: dict[str, int], factor: float, mode: str, label: str, in_host_s_per_byte: float
+) -> Targets:
     """:class:`Targets` of a measured profile: each role's unit times at its batch (interpolated as the cost model
     does), the servers' work per byte as profiled (no fixed part: the profile timed it per byte)."""
     times = {role: profile.unit_seconds(batch) for role, batch in batches.items()}
@@ -216,6 +225,7 @@ def _profiled(profile: Profile, batches: dict[str, int], factor: float, mode: st
         update_s_fixed=0.0,
         aggregate_s_per_byte=factor * aggregate,
         aggregate_s_fixed=0.0,
+        in_host_s_per_byte=in_host_s_per_byte,
     )
 
 
@@ -264,11 +274,6 @@ def _labelled(profile: Profile, target: str) -> str:
 def with_factor(cfg: Config, factor: float) -> Config:
     """`cfg` with ``dilation.factor`` resolved to `factor` (what ``auto`` measured)."""
     return dataclasses.replace(cfg, dilation=dataclasses.replace(cfg.dilation, factor=factor))
-
-
-def computes_for_real(cfg: Config) -> bool:
-    """Whether the run's ranks compute (undilated, or mode real) or only wait (mode modelled: no data read)."""
-    return cfg.dilation.factor is None or cfg.dilation.mode == REAL
 
 
 def compute_size(cfg: Config) -> tuple[int, int]:
@@ -398,6 +403,11 @@ class Pacer:
     def aggregate_s(self, nbytes: int, sets: int) -> float:
         """Padded seconds of summing `sets` gradient sets of `nbytes` each (sets - 1 additions)."""
         return (self.targets.aggregate_s_fixed + self.targets.aggregate_s_per_byte * nbytes) * max(sets - 1, 0)
+
+    def in_host_s(self, nbytes: int) -> float:
+        """Padded seconds a host's GPUs take to sum a set of `nbytes` gradients over their interconnect, or to share
+        a pulled set of `nbytes` (one direction, as the cost model prices it)."""
+        return self.targets.in_host_s_per_byte * nbytes
 
     def take(self) -> tuple[int, int]:
         """Overruns and stalls since the last call."""

@@ -35,7 +35,7 @@ import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import AUTO_FACTOR, Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
-from ralp_pipe.config.dilation import emulated_rate, fixed_factor
+from ralp_pipe.config.dilation import computes_for_real, emulated_rate, fixed_factor
 from ralp_pipe.config.schema import MODELLED, REAL
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
@@ -413,12 +413,12 @@ def check_host(cfg: Config, topo: Topology, units: list[models.Unit], on_cpu: bo
     (each rank's memory: :func:`rank_memory`)."""
     cores, (memory, bound) = hardware.usable_cores(), hardware.usable_memory()
     t, (batch, image) = cfg.train, dilation.compute_size(cfg)
-    keeps = on_cpu and dilation.computes_for_real(cfg)  # modelled units keep no activations
+    keeps = on_cpu and computes_for_real(cfg)  # modelled units keep no activations
     activations = models.activation_bytes(units, image, batch, 2 if t.amp else 4) if keeps else 0
     needs = rank_memory(cfg, topo, units, activations)
     # modelled ranks only wait and move bytes: 9 a core, so N = 16's `ps` (16 workers and a PS) runs on 2 cores, its
     # overruns and stalls saying whether they kept up
-    spread = 4 if dilation.computes_for_real(cfg) else 9
+    spread = 4 if computes_for_real(cfg) else 9
     by_cores, need = max(2 * spread, spread * cores), sum(b for b, _ in needs)
     if topo.world_size <= by_cores and need <= memory:
         return
@@ -463,7 +463,7 @@ def rank_memory(cfg: Config, topo: Topology, units: list[models.Unit], activatio
     sizes = [p.numel() for u in units for p in u.module.parameters()]
     element = next(p.element_size() for u in units for p in u.module.parameters())
     parameters, name = sum(sizes) * element, cfg.model.name
-    modelled = not dilation.computes_for_real(cfg)
+    modelled = not computes_for_real(cfg)
     kind = strategy_kind(topo.strategy)
     s = cfg.strategy
     buckets = (
@@ -720,9 +720,7 @@ def run(
             f"but this run has dilation.mode={cfg.dilation.mode}, dilation.factor={cfg.dilation.factor}: "
             f"leave --link-check out"
         )
-    if reads_shards(cfg.train.loader) and dilation.computes_for_real(
-        cfg
-    ):  # unfit shards are refused before any rank starts
+    if reads_shards(cfg.train.loader) and computes_for_real(cfg):  # unfit shards are refused before any rank starts
         shards = output_dir(cfg) if shards is None else shards
         shard_files(shards, cfg.dataset.num_classes)
         prepared = read_manifest(shards).get("dataset")

@@ -24,9 +24,10 @@ NIC; ranks fill hosts as :func:`ralp_pipe.contract.topology.on_hosts` lays them 
 the plan priced it faster. Traffic between ranks of one host takes the namespace's loopback
 (:data:`INTRA_HOST_ROUTE`): unshaped, at what this machine's cores copy, not at the interconnect's
 rate / D; metrics.json's ``intra_host`` says so (docs/method/dilation.md gives the measured rates).
-`ps` and `dtf` (``variable_update=distributed_replicated``) sum a host's gradients over that loopback
-before one push per host, as the cost model prices them (:mod:`ralp_pipe.engine.strategies.ps`); `dtf` has one
-PS task per worker host there.
+`ps` and `dtf` (``variable_update=distributed_replicated``) sum a host's gradients before one push per host,
+as the cost model prices them (:mod:`ralp_pipe.engine.strategies.ps`): over that loopback where the ranks
+compute, priced at the interconnect's rate x D and waited for where they are modelled (:data:`HOST_SUMS`);
+`dtf` has one PS task per worker host there.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
 from ralp_pipe.config import Config, ConfigError
+from ralp_pipe.config.dilation import computes_for_real
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
 from ralp_pipe.contract.topology import PS_DEVICE, PS_DEVICE_HOSTS, Topology, on_hosts
 from ralp_pipe.runtime.sites import RankSite, Sites, nsenter_argv
@@ -49,6 +51,8 @@ TOOLS = ("unshare", "nsenter", "ip", "tc", "cat", "sh")
 MAX_HOSTS = 250
 # how ranks of one emulated host exchange data: over their namespace's loopback, unshaped
 INTRA_HOST_ROUTE = "loopback"
+# how a host's sums of `ps` and `dtf` ran: copied over the loopback (ranks computing) or priced and waited for
+HOST_SUMS = {True: "copied", False: "priced"}
 
 
 class EmulationUnavailable(ConfigError):
@@ -315,6 +319,9 @@ def intra_host_record(cfg: Config, topo: Topology) -> dict[str, Any] | None:
         "interconnect's rate / D); only the host's link is shaped",
         "interconnect": cfg.interconnect.name,  # what the plan priced inside a host, at this bandwidth
         "interconnect_gbytes_per_s": cfg.interconnect.gbytes_per_s,
+        # where ps or dtf sum a host's gradients (and share its pulls): copied over the loopback, or, modelled,
+        # priced at the interconnect's rate x D and waited for (engine/strategies/ps.py HostLeaderClient)
+        "host_sums": HOST_SUMS[computes_for_real(cfg)],
     }
     if PS_DEVICE in topo.roles:
         device = topo.roles.index(PS_DEVICE)

@@ -392,6 +392,10 @@ class PushPullClient:
     without credit). The sender issues every push and pull of a backward, and
     :meth:`end_backward` returns only once it has issued all and ended, so the training loop and the
     sender never post at once: each pair of ranks sees its operations in one order, as NCCL needs.
+
+    With `token` (a modelled run's local worker of a host, whose server is the host's leader), each bucket's push
+    and pull is a one-element token standing for the bucket, counted as its bytes: the transfer inside the host is
+    priced and waited for by the leader (:class:`ralp_pipe.engine.strategies.ps.HostLeaderClient`), not copied.
     """
 
     def __init__(
@@ -402,9 +406,10 @@ class PushPullClient:
         overlap: bool,
         credit: int = 0,
         modelled: bool = False,
+        token: bool = False,
     ):
         self.comm, self.buckets, self.overlap = comm, buckets, overlap
-        self.credit, self.modelled = credit, modelled
+        self.credit, self.modelled, self.token = credit, modelled, token
         layout = FlatLayout(tuple(p.numel() for p in params))
         offsets = layout.offsets()
         dtype, device = params[0].dtype, params[0].device
@@ -519,20 +524,30 @@ class PushPullClient:
     def _issue(self, b: int) -> tuple[Handle, Handle | None]:
         """Push bucket `b`; with overlap, post its pull right behind (gloo tells the server "ready" with the data)."""
         bucket = self.buckets[b]
-        push = self.comm.isend(self.span(bucket, self.flat_grads), bucket.server, "gradients")
-        pull = self.comm.irecv(self.span(bucket, self.flat_params), bucket.server) if self.overlap else None
+        push = self.comm.isend(
+            self._wire(bucket, self.flat_grads), bucket.server, "gradients", self._stands_for(bucket)
+        )
+        pull = self.comm.irecv(self._wire(bucket, self.flat_params), bucket.server) if self.overlap else None
         return push, pull
 
     def span(self, bucket: Bucket, flat: torch.Tensor) -> torch.Tensor:
         """`bucket`'s elements of `flat` (the parameters or their gradients); modelled: the shared buffer's first."""
         return flat[: len(bucket)] if self.modelled else flat[bucket.start : bucket.stop]
 
+    def _wire(self, bucket: Bucket, flat: torch.Tensor) -> torch.Tensor:
+        """What crosses to `bucket`'s server: its span, or with `token` one element standing for it."""
+        return self.span(bucket, flat)[:1] if self.token else self.span(bucket, flat)
+
+    def _stands_for(self, bucket: Bucket) -> int | None:
+        """The bytes a token push of `bucket` is counted as (None: no token, the tensor's own are)."""
+        return len(bucket) * self.flat_grads.element_size() if self.token else None
+
     def end_backward(self) -> None:
         """Hand the sender what is left and wait until it has issued every bucket (the time counts as
         communication wait); without overlap push every bucket, then pull every bucket, waited for here."""
         if not self.overlap:
             self._sends = [self._issue(b)[0] for b in range(len(self.buckets))]
-            pulls = [self.comm.irecv(self.span(b, self.flat_params), b.server) for b in self.buckets]
+            pulls = [self.comm.irecv(self._wire(b, self.flat_params), b.server) for b in self.buckets]
             self.comm.wait([*pulls, *self._sends])
             self._sends = []
             return

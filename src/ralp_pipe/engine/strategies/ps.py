@@ -26,13 +26,13 @@ import queue
 import threading
 import time
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ralp_pipe.contract.topology import PS, Topology
 from ralp_pipe.engine.comm import Comm, Handle
-from ralp_pipe.engine.dilation import WORKER
+from ralp_pipe.engine.dilation import WORKER, wait_until
 from ralp_pipe.engine.strategies.base import (
     Batch,
     Bucket,
@@ -61,6 +61,13 @@ class HostLeaderClient(PushPullClient):
     them into its own, scaled by `scale` (the pushing hosts over all workers: the servers average over the hosts).
     A relay thread sends each bucket's parameters to the locals once its pull has landed, in bucket order, while
     the training loop runs on (:meth:`finish` waits for it).
+
+    With `in_host_s` (a modelled run, whose buckets hold no gradient), the transfers inside the host are priced,
+    not copied: each local sends a one-element token for its copy (``PushPullClient(token=True)``), and once every
+    local's has arrived the leader waits `in_host_s(bucket bytes)`, the interconnect's time for the host's sum as
+    the cost model prices it (:meth:`ralp_pipe.planning.costmodel.Hosts.in_host_s`, x D), before the push; after
+    the pull, it waits as long again before the token that hands the bucket to the locals. This machine's
+    loopback then neither slows nor speeds the host's sums (metrics.json ``intra_host`` says which route ran).
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class HostLeaderClient(PushPullClient):
         locals_: list[int],
         scale: float,
         modelled: bool = False,
+        in_host_s: Callable[[int], float] | None = None,
     ):
         if comm.ordered_p2p:
             raise RunFailure(
@@ -80,8 +88,8 @@ class HostLeaderClient(PushPullClient):
                 f"see in one order: run hosts of several GPUs with gloo"
             )
         super().__init__(comm, params, buckets, overlap, credit, modelled)
-        self.locals, self.scale = locals_, scale
-        largest = max((len(b) for b in buckets), default=0)
+        self.locals, self.scale, self.in_host_s = locals_, scale, in_host_s
+        largest = 1 if in_host_s is not None else max((len(b) for b in buckets), default=0)
         self._inbox = [
             torch.empty(largest, dtype=self.flat_params.dtype, device=self.flat_params.device) for _ in locals_
         ]
@@ -94,6 +102,7 @@ class HostLeaderClient(PushPullClient):
         bucket = self.buckets[b]
         copies = [inbox[: len(bucket)] for inbox in self._inbox]
         self.comm.wait([self.comm.irecv(copy, local) for copy, local in zip(copies, self.locals)], counted=False)
+        self._priced_wait(bucket)
         if not self.modelled:  # modelled: no gradient exists, so nothing is summed (the same bytes move)
             grads = self.span(bucket, self.flat_grads)
             for copy in copies:
@@ -111,12 +120,22 @@ class HostLeaderClient(PushPullClient):
             try:
                 if pull is not None:
                     self.comm.wait([pull], counted=False)
-                values = self.span(self.buckets[b], self.flat_params)
-                self.comm.wait([self.comm.isend(values, local, "parameters") for local in self.locals], counted=False)
+                bucket = self.buckets[b]
+                values, stands_for = self.span(bucket, self.flat_params), None
+                if self.in_host_s is not None:
+                    self._priced_wait(bucket)
+                    values, stands_for = values[:1], len(bucket) * values.element_size()
+                sends = [self.comm.isend(values, local, "parameters", stands_for) for local in self.locals]
+                self.comm.wait(sends, counted=False)
             except BaseException as error:  # raised by the training loop in finish()
                 self._relay_failed = error
             finally:
                 self._relays.task_done()
+
+    def _priced_wait(self, bucket: Bucket) -> None:
+        """Where the host's transfers are priced: wait the interconnect's time for `bucket`, from now."""
+        if self.in_host_s is not None:
+            wait_until(time.perf_counter() + self.in_host_s(len(bucket) * self.flat_params.element_size()))
 
     def end_backward(self) -> None:
         """As :meth:`PushPullClient.end_backward`; without overlap, then send every pulled bucket to the locals."""
@@ -169,13 +188,16 @@ class ParameterServerStrategy(Strategy):
             self.net = setup.network()
             params = [p for _, p in self.net.named_parameters()]
             [group] = [g for g in groups if setup.rank in g]
+            priced = setup.pacer.in_host_s if setup.modelled and setup.pacer is not None else None
             if setup.rank != group[0]:  # a local: its host's leader is the server of every bucket
                 local = [replace(bucket, server=group[0]) for bucket in buckets]
-                self.client = PushPullClient(setup.comm, params, local, setup.overlap, setup.credit, setup.modelled)
+                self.client = PushPullClient(
+                    setup.comm, params, local, setup.overlap, setup.credit, setup.modelled, token=priced is not None
+                )
             elif len(group) > 1:
                 scale = len(pushers) / len(workers)
                 self.client = HostLeaderClient(
-                    setup.comm, params, buckets, setup.overlap, setup.credit, group[1:], scale, setup.modelled
+                    setup.comm, params, buckets, setup.overlap, setup.credit, group[1:], scale, setup.modelled, priced
                 )
             else:
                 self.client = PushPullClient(setup.comm, params, buckets, setup.overlap, setup.credit, setup.modelled)
