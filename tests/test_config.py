@@ -12,8 +12,8 @@ def test_default_composition_is_the_local_experiment() -> None:
     cfg = load()
     assert cfg.experiment.name == "local"
     assert cfg.dataset.layout == "synthetic"
-    # the paper's four; `dtf` trains where an experiment names it (paper-dilated)
-    assert set(cfg.experiment.strategies) == set(trainable_strategies()) - {"dtf"}
+    # the paper's four; `dtf` and `byteps` train where an experiment names them (paper-dilated)
+    assert set(cfg.experiment.strategies) == set(trainable_strategies()) - {"dtf", "byteps"}
 
 
 def test_experiment_overrides_and_command_line_overrides_compose() -> None:

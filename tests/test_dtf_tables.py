@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ralp_pipe.config import STRATEGY_KINDS
 from ralp_pipe.results import plots
 from ralp_pipe.results.aggregate import build_tables, load_records
 from ralp_pipe.results.tables import BASELINES, Tables, baselines_present
@@ -21,8 +22,9 @@ def _tables(root: Path, strategies: tuple[str, ...], networks: tuple[str, ...] =
     return build_tables(load_records(runs, [root / "plans"]))
 
 
-def test_baselines_are_the_strategy_tables_then_allreduce() -> None:
-    assert BASELINES == ("ps", "dtf", "allreduce")
+def test_baselines_are_the_strategy_tables_parameter_servers_first() -> None:
+    assert BASELINES == ("ps", "dtf", "byteps", "allreduce")
+    assert set(BASELINES) == {name for name, kind in STRATEGY_KINDS.items() if kind.baseline}
 
 
 def test_runs_and_speedups_hold_the_speedup_over_dtf(tmp_path: Path) -> None:

@@ -40,14 +40,23 @@ def test_simulation_covers_every_strategy_n_and_link_with_exact_bytes(vgg11) -> 
         assert row.gb_per_step == expected["total"] / 1e9
     ralp = frame[frame.strategy == "ralp_n"].set_index(["gpus", "link_gbit"]).speedup_over_ps
     assert (ralp.xs(1, level="link_gbit") > ralp.xs(100, level="link_gbit")).all()  # RALP matters most on slow links
-    ps_rows = frame[frame.strategy == "ps"]
-    assert (ps_rows.num_ps == ps_rows.gpus).all() and (ps_rows.ps_placement == "colocated").all()
-    ps = ps_rows.set_index(["gpus", "link_gbit"]).images_per_sec
+    byteps_rows = frame[frame.strategy == "byteps"]
+    assert (byteps_rows.num_ps == byteps_rows.gpus).all() and (byteps_rows.ps_placement == "colocated").all()
+    byteps = byteps_rows.set_index(["gpus", "link_gbit"]).images_per_sec
     # one PS per worker host: each link carries 2(N-1)/N models a step whatever N, so it scales
-    assert ps[(1024, 1)] > 0.5 * 64 * ps[(16, 1)]
-    single = simulate(profile, units, 4, Grid(gpus=[16, 1024], link_gbit=[1]), Servers(per_host=False))
-    single_ps = single[single.strategy == "ps"].set_index("gpus").images_per_sec
+    assert byteps[(1024, 1)] > 0.5 * 64 * byteps[(16, 1)]
+    ps_rows = frame[frame.strategy == "ps"]  # the config's one dedicated PS
+    assert (ps_rows.num_ps == 1).all() and (ps_rows.ps_placement == "dedicated").all()
+    single_ps = ps_rows[ps_rows.link_gbit == 1].set_index("gpus").images_per_sec
     assert single_ps[1024] < 2 * single_ps[16]  # one PS link caps the baseline however many GPUs join
+    for row in frame.itertuples():  # every row's speedup over every baseline priced beside it
+        rates = frame[(frame.gpus == row.gpus) & (frame.link_gbit == row.link_gbit)].set_index("strategy")
+        for baseline in ("ps", "byteps", "dtf", "allreduce"):
+            assert getattr(row, f"speedup_over_{baseline}") == pytest.approx(
+                row.images_per_sec / rates.images_per_sec[baseline]
+            )
+    every = simulate(profile, units, 4, Grid(gpus=[16], link_gbit=[1]), Servers(per_host=True), variables=dtf)
+    assert every.set_index("strategy").images_per_sec["ps"] == every.set_index("strategy").images_per_sec["byteps"]
 
 
 @pytest.mark.slow  # the simulate CLI renders PNG curves (5-7 s)

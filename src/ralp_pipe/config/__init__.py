@@ -41,7 +41,7 @@ from ralp_pipe.config.schema import (
     SyntheticSource,
     TrainConfig,
 )
-from ralp_pipe.config.strategies import STRATEGY_KINDS, StrategyKind, strategy_kind
+from ralp_pipe.config.strategies import STRATEGY_KINDS, StrategyKind, baselines, reference_baseline, strategy_kind
 from ralp_pipe.errors import ConfigError
 
 __all__ = [
@@ -76,14 +76,16 @@ __all__ = [
     "StrategyKind",
     "SyntheticSource",
     "TrainConfig",
+    "baselines",
     "cluster_kind",
     "device_entries",
     "digest",
     "from_dict",
     "load",
+    "made_for",
+    "reference_baseline",
     "refuse_repeated",
     "strategy_kind",
     "to_dict",
     "validate",
-    "made_for",
 ]

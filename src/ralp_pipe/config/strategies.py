@@ -92,6 +92,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             ranks="N workers + `num_ps` parameter servers",
             link_pattern=STAR,
             baseline=True,
+            reference=True,
         ),
         StrategyKind(
             "allreduce",
@@ -105,6 +106,7 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             volume=f"{_ENGINE}.volume:ring_bytes",
             ranks="N workers",
             link_pattern=RING,
+            baseline=True,
         ),
         StrategyKind(
             "ralp_h",
@@ -148,6 +150,24 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             link_pattern=STAR,
             baseline=True,
             whole_variables=True,
+            ps_per_host=True,
+        ),
+        StrategyKind(
+            "byteps",
+            has_ps=True,
+            places_layers=False,
+            min_gpus=1,
+            workers=lambda n: n,
+            # BytePS's deployment of `ps`: a server on every worker host, every tensor partitioned over all of them,
+            # a host's GPUs summed before its one push (ps's step and volume); strategy.num_ps does not apply
+            servers=lambda n, num_ps: n,
+            per_worker_volume=True,
+            step=f"{_ENGINE}.strategies.ps:ParameterServerStrategy",
+            volume=f"{_ENGINE}.volume:push_pull_bytes",
+            ranks="N workers + N parameter servers (one per worker host, partitioned)",
+            link_pattern=STAR,
+            baseline=True,
+            ps_per_host=True,
         ),
     )
 }

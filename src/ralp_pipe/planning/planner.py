@@ -3,8 +3,9 @@
 For each strategy and GPU count the planner asks :mod:`ralp_pipe.planning.costmodel` for the step time
 of every admissible configuration (every split 1..len(units)-1 for `ralp_h` / `ralp_n`) with
 bytes per step from :func:`ralp_pipe.engine.volume.step_bytes`, keeps the fastest, and compares it
-with the `ps` baseline. A RALP variant whose best split is not faster than `ps` is kept in the
-plan with ``pays: false`` and a reason, so the engine can still run it as the comparison.
+with every baseline of the strategy table (``speedup_over_<baseline>``). A RALP variant whose best split
+is not faster than the reference baseline (`ps`) is kept in the plan with ``pays: false`` and a reason,
+so the engine can still run it as the comparison.
 It reads a :class:`~ralp_pipe.contract.records.Profile` (compute) and, with ``--link``, the
 :class:`~ralp_pipe.contract.records.LinkProbe` of the run's network (else the profile's own probe),
 and writes a :class:`~ralp_pipe.contract.records.Plan`; the engine reads ``plan.strategies[name]["split"]``.
@@ -18,7 +19,7 @@ import argparse
 import math
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from ralp_pipe.atomic import check_writable
 from ralp_pipe.config import (
@@ -26,9 +27,11 @@ from ralp_pipe.config import (
     STRATEGY_KINDS,
     Config,
     ConfigError,
+    baselines,
     cluster_kind,
     load,
     made_for,
+    reference_baseline,
     strategy_kind,
 )
 from ralp_pipe.config.schema import StrategyConfig
@@ -60,10 +63,10 @@ CONFIG_KEYS = (
     "strategy.overlap",
     "strategy.bucket_mb",
     "strategy.ps_placement",
-    "strategy.name",  # where it is dtf, its own options price dtf (dtf_options) ...
+    "strategy.name",  # where it is dtf or byteps, its own options price it (strategy_options) ...
     "strategy.variable_placement",
     "strategy.variable_update",
-    "strategy.transport_efficiency",  # ... else config/strategy/dtf.yaml's
+    "strategy.transport_efficiency",  # ... else its shipped config/strategy/<name>.yaml's
     "network",
     "interconnect",
     "cluster.gpus_per_node",
@@ -177,9 +180,25 @@ def hosts_of(cfg: Config) -> Hosts:
     return Hosts(cfg.cluster.gpus_per_node, math.inf if rate is None else rate * 1e9)
 
 
+def strategy_options(cfg: Config, name: str) -> StrategyConfig:
+    """Strategy `name`'s settings: the configured strategy's where it is `name`, else its shipped
+    ``config/strategy/<name>.yaml``."""
+    return cfg.strategy if cfg.strategy.name == name else load([f"strategy={name}"]).strategy
+
+
 def dtf_options(cfg: Config) -> StrategyConfig:
-    """`dtf`'s settings: the configured strategy's where it is `dtf`, else its shipped ``config/strategy/dtf.yaml``."""
-    return cfg.strategy if cfg.strategy.name == "dtf" else load(["strategy=dtf"]).strategy
+    """`dtf`'s settings (:func:`strategy_options`): its whole variables' placement, update and transport."""
+    return strategy_options(cfg, "dtf")
+
+
+def per_host_placements(cfg: Config) -> dict[str, bool]:
+    """Whether the servers of each strategy with one PS per worker host sit beside its workers (``colocated``), as
+    its own options say (:func:`strategy_options`)."""
+    return {
+        name: strategy_options(cfg, name).ps_placement == "colocated"
+        for name, kind in STRATEGY_KINDS.items()
+        if kind.ps_per_host
+    }
 
 
 def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> WholeVariables:
@@ -226,46 +245,59 @@ def ps_device_choice(best: Prediction, table: Sequence[Prediction]) -> str:
 
 
 def _reason(strategy: str, best: Prediction, baseline: Prediction, unit_names: Sequence[str]) -> str:
-    """Why `strategy` pays or not: its best configuration against the ps baseline's."""
+    """Why `strategy` pays or not: its best configuration against the reference baseline's (`baseline`)."""
     speedup = best.images_per_sec / baseline.images_per_sec
+    name = baseline.strategy
     where = f"split {best.split} (after '{unit_names[best.split - 1]}')" if best.split else strategy
     moved = (
-        f"{best.bytes_per_step['total'] / 1e9:.4g} GB/step instead of ps's {baseline.bytes_per_step['total'] / 1e9:.4g}"
+        f"{best.bytes_per_step['total'] / 1e9:.4g} GB/step instead of {name}'s "
+        f"{baseline.bytes_per_step['total'] / 1e9:.4g}"
     )
     phases = f"compute {best.compute_s:.4g} s, server {best.server_s:.4g} s, network {best.comm_s:.4g} s per step"
     if speedup > 1:
-        return f"{where} predicts {speedup:.3g}x the ps baseline's images/sec, moving {moved} ({phases})"
+        return f"{where} predicts {speedup:.3g}x the {name} baseline's images/sec, moving {moved} ({phases})"
     return (
-        f"does not pay: the best, {where}, predicts {speedup:.3g}x the ps baseline's images/sec "
+        f"does not pay: the best, {where}, predicts {speedup:.3g}x the {name} baseline's images/sec "
         f"while moving {moved} ({phases})"
     )
 
 
-def plan_gpus(unit_names: Sequence[str], volume: VolumeFn, gpus: int, pricing: Pricing) -> dict[str, dict[str, Any]]:
-    """Plan entries of every strategy at `gpus` devices, keyed by strategy name."""
+def plan_gpus(
+    unit_names: Sequence[str],
+    volume: VolumeFn,
+    gpus: int,
+    pricing: Pricing,
+    placements: Mapping[str, bool] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Plan entries of every strategy at `gpus` devices, keyed by strategy name; the strategies with one PS per
+    worker host colocated as `placements` says (:func:`per_host_placements`; default: colocated)."""
     entries: dict[str, dict[str, Any]] = {}
-    priced = {s: strategy_pricing(s, gpus, pricing) for s, kind in STRATEGY_KINDS.items() if gpus >= kind.min_gpus}
+    priced = {
+        s: strategy_pricing(s, gpus, pricing, (placements or {}).get(s, True))
+        for s, kind in STRATEGY_KINDS.items()
+        if gpus >= kind.min_gpus
+    }
     best_of = {s: best_prediction(s, volume, gpus, p) for s, p in priced.items()}
-    baseline = best_of["ps"][0]
+    reference = best_of[reference_baseline()][0]
     for strategy, (best, table) in best_of.items():
         kind = strategy_kind(strategy)
-        p = priced[strategy]  # the ranks as they run on its hosts (dtf: one PS task per worker host)
+        p = priced[strategy]  # the ranks as they run on its hosts (dtf, byteps: one PS task per worker host)
         topo = on_hosts(
             topology(strategy, gpus, p.num_ps, "colocated" if p.colocated else "dedicated"), p.hosts.gpus_per_node
         )
-        speedup = best.images_per_sec / baseline.images_per_sec
         entry = {
             **best.as_dict(),
             "roles": topo.roles,
             "world_size": topo.world_size,
             "num_workers": topo.num_workers,
-            "speedup_over_ps": speedup,
-            "pays": None if kind.baseline else speedup > 1.0,
-            "reason": "the baseline" if kind.baseline else _reason(strategy, best, baseline, unit_names),
+            **{
+                f"speedup_over_{other}": best.images_per_sec / best_of[other][0].images_per_sec
+                for other in baselines()
+                if other in best_of
+            },
+            "pays": None if kind.baseline else best.images_per_sec > reference.images_per_sec,
+            "reason": "the baseline" if kind.baseline else _reason(strategy, best, reference, unit_names),
         }
-        for other, (other_best, _) in best_of.items():
-            if other != "ps" and strategy_kind(other).baseline:
-                entry[f"speedup_over_{other}"] = best.images_per_sec / other_best.images_per_sec
         if kind.places_layers:
             entry["split_after_unit"] = unit_names[cast(int, best.split) - 1]
             entry["table"] = [{**p.as_dict(), "after_unit": unit_names[cast(int, p.split) - 1]} for p in table]
@@ -275,13 +307,13 @@ def plan_gpus(unit_names: Sequence[str], volume: VolumeFn, gpus: int, pricing: P
     return entries
 
 
-def strategy_pricing(strategy: str, gpus: int, pricing: Pricing) -> Pricing:
-    """How `strategy` is priced at `gpus`: `dtf` with one PS task per host, beside its worker as Distributed
-    TensorFlow was deployed (or on hosts of their own, as its ``strategy.ps_placement`` says); every other
-    strategy as `pricing` says."""
-    if not strategy_kind(strategy).whole_variables:
+def strategy_pricing(strategy: str, gpus: int, pricing: Pricing, colocated: bool = True) -> Pricing:
+    """How `strategy` is priced at `gpus`: a strategy with one PS per worker host (``ps_per_host``: `dtf` as
+    Distributed TensorFlow was deployed, `byteps` as BytePS is) with that many, beside the workers where
+    `colocated` (its ``strategy.ps_placement``, :func:`per_host_placements`), else on hosts of their own; every
+    other strategy as `pricing` says."""
+    if not strategy_kind(strategy).ps_per_host:
         return pricing
-    colocated = pricing.variables.colocated if pricing.variables is not None else True
     return replace(pricing, num_ps=pricing.hosts.count(gpus), colocated=colocated)
 
 
@@ -316,7 +348,8 @@ def build_plan(
         variables=whole_variables(units, dtf_options(cfg)),
     )
     shared = {n: shared_cpu(cfg, profile, n) for n in gpus}
-    by_gpus = {str(n): plan_gpus(names, volume, n, replace(pricing, shared=shared[n])) for n in gpus}
+    placements = per_host_placements(cfg)
+    by_gpus = {str(n): plan_gpus(names, volume, n, replace(pricing, shared=shared[n]), placements) for n in gpus}
     first_shared = shared[gpus[0]]
     best = max(by_gpus[str(gpus[0])].items(), key=lambda kv: kv[1]["predicted_images_per_sec"])
     return Plan(
@@ -359,11 +392,12 @@ def main(args: argparse.Namespace) -> int:
     probe = LinkProbe.read(args.link) if args.link else None
     plan = build_plan(Profile.read(args.profile), args.profile, cfg, gpus, probe, args.link)
     plan.write(args.out)
+    reference = reference_baseline()
     for name, entry in plan.strategies.items():
         split = f" split {entry['split']:>2}" if entry["split"] else " " * 9
         print(
             f"{name:9s}{split}  {entry['predicted_images_per_sec']:10.2f} img/s  "
-            f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry['speedup_over_ps']:.2f}  "
+            f"{entry['predicted_gb_per_step']['total']:.4f} GB/step  x{entry[f'speedup_over_{reference}']:.2f}  "
             f"{entry['reason'] if strategy_kind(name).places_layers else ''}"
         )
         if "ps_device_choice" in entry:

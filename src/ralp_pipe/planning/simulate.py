@@ -6,9 +6,11 @@ reference, where the strategies that need more devices have no row) and links of
 Gbit/s, one device per rank (the PS device computing at the profiled speed), choosing the
 best split for each RALP variant at every point. Hosts hold ``cluster.gpus_per_node`` GPUs linked
 by the ``interconnect`` (:class:`~ralp_pipe.planning.costmodel.Hosts`; the link speed is a host's). The
-`ps` and `dtf` baselines are deployed as users of Distributed TensorFlow deploy them at scale, one
-PS task colocated on every worker host (num_ps = the hosts), unless ``--no-ps-per-host`` asks for the
-config's ``strategy.num_ps`` and ``strategy.ps_placement``. It writes ``simulation.parquet``, a plot of
+parameter servers are deployed as the strategy table says: `dtf` and `byteps` (``ps_per_host``) with one PS
+task colocated on every worker host, as Distributed TensorFlow and BytePS are deployed, `ps` with the
+config's ``strategy.num_ps`` and ``strategy.ps_placement``; ``--ps-per-host`` deploys every one of them one
+per host, ``--no-ps-per-host`` every one as the config's `ps` says. Each row holds its speedup over every
+baseline priced beside it (``speedup_over_<baseline>``). It writes ``simulation.parquet``, a plot of
 images/sec against N (one panel per strategy, one line per link speed), a plot of the speedup
 over `ps`, and prints a short summary.
 """
@@ -23,7 +25,7 @@ from typing import Any, Mapping, Sequence, cast
 import pandas as pd
 
 from ralp_pipe.atomic import atomic_path, check_writable
-from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, strategy_kind
+from ralp_pipe.config import STRATEGY_KINDS, ConfigError, baselines, load, reference_baseline, strategy_kind
 from ralp_pipe.config.units import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.contract.records import LinkProbe, Profile, check_profile_matches
 from ralp_pipe.engine import devicemodel, models
@@ -56,13 +58,21 @@ class Grid:
 
 @dataclass(frozen=True)
 class Servers:
-    """How `ps` and `dtf` run: at N with a PS rank colocated on each worker host (`per_host`), otherwise with
-    `num_ps` PS ranks placed as `colocated` says; transfers pipelined as `pipelining` says (None: sequential)."""
+    """How the parameter-server strategies run: with a PS rank colocated on each worker host where `per_host` is
+    True, with `num_ps` PS ranks placed as `colocated` says where it is False, and where it is None as the strategy
+    table says (``ps_per_host``: one per host, else `num_ps`); transfers pipelined as `pipelining` says (None:
+    sequential)."""
 
     num_ps: int = 1
     colocated: bool = False
-    per_host: bool = True
+    per_host: bool | None = None
     pipelining: Pipelining | None = None
+
+    def of(self, strategy: str, gpus: int, hosts: Hosts) -> tuple[int, bool]:
+        """(PS ranks, colocated) of `strategy` at `gpus` on `hosts`."""
+        kind = strategy_kind(strategy)
+        per_host = kind.ps_per_host if self.per_host is None else self.per_host
+        return (hosts.count(gpus), True) if kind.has_ps and per_host else (self.num_ps, self.colocated)
 
 
 def simulate(
@@ -74,8 +84,9 @@ def simulate(
     hosts: Hosts = Hosts(),
     variables: WholeVariables | None = None,
 ) -> pd.DataFrame:
-    """One row per strategy x N x link speed of `grid` with the best configuration's predictions, on hosts of
-    `hosts`' GPUs; `dtf` is priced where its `variables` are given."""
+    """One row per strategy x N x link speed of `grid` with the best configuration's predictions and its speedup
+    over every baseline priced beside it, on hosts of `hosts`' GPUs; `dtf` is priced where its `variables` are
+    given."""
     costs = compute_costs(profile)
     names = [u.name for u in units]
     volume = volume_function(units, batch_size, int(profile["image_size"]), ps.num_ps)
@@ -86,20 +97,18 @@ def simulate(
     for gbit in grid.link_gbit:
         link = Link(gbit * 1e9 / 8 * TCP_PAYLOAD_PER_WIRE_BYTE, latency_s, f"{gbit} Gbit/s")
         for n in grid.gpus:
-            baseline = None
+            point = []
             for strategy, kind in STRATEGY_KINDS.items():
                 if n < kind.min_gpus:  # RALP at N=1: no PS device beside a worker (the planner leaves it out too)
                     continue
                 if kind.whole_variables and variables is None:
                     continue
-                per_host = ps.per_host and kind.has_ps
-                servers, beside = (hosts.count(n), True) if per_host else (ps.num_ps, ps.colocated)
+                servers, beside = ps.of(strategy, n, hosts)
                 pricing = Pricing(
                     costs, batch_size, link, servers, beside, ps.pipelining, hosts=hosts, variables=variables
                 )
                 best, _ = best_prediction(strategy, volume, n, pricing)
-                baseline = baseline or best
-                rows.append(
+                point.append(
                     {
                         "model": profile["model"],
                         "num_classes": profile["num_classes"],
@@ -119,9 +128,13 @@ def simulate(
                         "comm_s": best.comm_s,
                         "gb_per_step": best.bytes_per_step["total"] / 1e9,
                         **{f"gb_{k}": v / 1e9 for k, v in best.bytes_per_step.items() if k != "total"},
-                        "speedup_over_ps": best.images_per_sec / baseline.images_per_sec,
                     }
                 )
+            rate = {row["strategy"]: row["images_per_sec"] for row in point}
+            rows += [
+                {**row, **{f"speedup_over_{b}": row["images_per_sec"] / rate[b] for b in baselines() if b in rate}}
+                for row in point
+            ]
     return pd.DataFrame(rows)
 
 
@@ -183,21 +196,26 @@ def write_outputs(frame: pd.DataFrame, out: Path, device: str) -> list[Path]:
     priced = [s for s in STRATEGY_KINDS if s in set(frame.strategy)]
     plot(frame, "images_per_sec", "images/sec", throughput, priced, log_y=True, device=device)
     others = [s for s, kind in STRATEGY_KINDS.items() if not kind.baseline and s in set(frame.strategy)]
-    plot(frame, "speedup_over_ps", "speedup over ps", speedup, others, log_y=True, device=device)
+    reference = reference_baseline()
+    plot(frame, f"speedup_over_{reference}", f"speedup over {reference}", speedup, others, log_y=True, device=device)
     return [table, throughput, speedup]
 
 
 def summary(frame: pd.DataFrame) -> str:
-    """Best strategy per link speed at the smallest and largest N, as short text lines."""
+    """Best strategy per link speed at the smallest and largest N and its speedup over each baseline, as short text
+    lines."""
     lines = []
     for gbit in sorted(frame.link_gbit.unique()):
         for n in (frame.gpus.min(), frame.gpus.max()):
             part = frame[(frame.link_gbit == gbit) & (frame.gpus == n)]
             best = part.loc[part.images_per_sec.idxmax()]
             split = f" split {int(best.split)}" if strategy_kind(best.strategy).places_layers else ""
+            over = ", ".join(
+                f"{best[f'speedup_over_{b}']:.2f}x {b}" for b in baselines() if pd.notna(best.get(f"speedup_over_{b}"))
+            )
             lines.append(
                 f"{gbit:>5g} Gbit/s N={n:<5d} best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, "
-                f"{best.speedup_over_ps:.2f}x ps, {best.gb_per_step:.3g} GB/step"
+                f"{over}, {best.gb_per_step:.3g} GB/step"
             )
     return "\n".join(lines)
 
@@ -219,9 +237,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ps-per-host",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="price ps with one PS colocated on every worker host (default); --no-ps-per-host: "
-        "strategy.num_ps and strategy.ps_placement of the config",
+        default=None,
+        help="price every parameter-server strategy with one PS colocated on every worker host; --no-ps-per-host: "
+        "every one with strategy.num_ps and strategy.ps_placement of the config; default: dtf and byteps one per "
+        "host, ps as the config says",
     )
 
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ralp_pipe.config import STRATEGIES, STRATEGY_KINDS, ConfigError
+from ralp_pipe.config import STRATEGIES, ConfigError, baselines
 from ralp_pipe.contract.layout import BREAKDOWN_TABLE, CONCURRENT_TABLE, REPEATS_TABLE, RUNS_TABLE, SPEEDUPS_TABLE, arm
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.engine.metrics import link_rate, target_equivalent
@@ -36,8 +36,8 @@ from ralp_pipe.results.intervals import Estimate, Pool, mean_interval, pool, poo
 
 GROUP = ["model", "dataset", "gpus", "network"]  # strategies are compared within a group
 CONFIGURATION = GROUP + ["strategy"]  # what repeats share (strategy: the row name, see the module docstring)
-# speedup_vs_<baseline> of every row: the strategy table's baselines (`ps`, `dtf`), then `allreduce`
-BASELINES = (*(name for name, kind in STRATEGY_KINDS.items() if kind.baseline), "allreduce")
+# speedup_vs_<baseline> of every row: the strategy table's baselines, its parameter servers first
+BASELINES = tuple(baselines())
 SPEEDUP_METHOD = "delta"  # how speedup intervals are computed (ralp_pipe.results.intervals.ratio_interval)
 # Settings every repeat of a configuration must share (else the records mix two experiments).
 SHARED = ["classes", "rate", "link_gbit", "link_source", "workers", "num_ps", "devices", "batch_size",
