@@ -1,11 +1,11 @@
-"""The paper's evaluation, predicted for a target GPU: RALP's speedup over `ps` and over `allreduce`.
+"""The paper's evaluation, predicted for a target GPU: RALP's speedup over `byteps` and over `allreduce`.
 
     python benchmarks/target_speedups.py [--target v100] [--gpus 4 8 16] [--link-gbit 1 10 25]
 
 For VGG-16/22K, VGG-11/1K and ResNet-50/1K and /22K at batch 32 and 224 px it models each model on the
 target (``ralp-pipe profile --target``'s profile), prices every strategy with the simulator's cost model
-(the best split of each RALP variant; `ps` with one PS colocated on every worker host, as Distributed
-TensorFlow is deployed at scale) and prints a Markdown table of RALP-N's and RALP-H's speedups.
+(the best split of each RALP variant; `byteps`: the partitioned PS with one server colocated on every worker
+host, as BytePS and Distributed TensorFlow are deployed at scale) and prints a Markdown table of RALP-N's and RALP-H's speedups.
 These are predictions of the cost model, not measurements.
 """
 
@@ -45,13 +45,14 @@ def main() -> None:
             rows.append(
                 f"| {model}/{'22K' if cfg.dataset.num_classes > 20000 else '1K'} | {n} | {gbit:g} | "
                 + " | ".join(
-                    f"{rate[s] / rate[base]:.2f}" for s in ("ralp_n", "ralp_h") for base in ("ps", "allreduce")
+                    f"{rate[s] / rate[base]:.2f}" for s in ("ralp_n", "ralp_h") for base in ("byteps", "allreduce")
                 )
                 + f" | {rate.idxmax()} |"
             )
     print(f"Predicted for {devicemodel.describe(cfg.device)}, batch {args.batch} per worker, 224 px (modelled):\n")
     print(
-        "| model/classes | N | Gbit/s | RALP-N / ps | RALP-N / allreduce | RALP-H / ps | RALP-H / allreduce | fastest |"
+        "| model/classes | N | Gbit/s | RALP-N / byteps | RALP-N / allreduce | RALP-H / byteps | RALP-H / allreduce "
+        "| fastest |"
     )
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
