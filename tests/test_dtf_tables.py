@@ -56,7 +56,11 @@ def test_the_plots_draw_a_panel_over_each_baseline_that_ran(tmp_path: Path, monk
     headline = drawn(monkeypatch, plots.speedup_vs_link, tables)
     titles = [a.get_title() for a in headline.axes]
     dtf_ps = int(tables.runs.loc[tables.runs["strategy"] == "dtf", "num_ps"].iloc[0])
-    assert titles == ["over ps (1 PS rank at N=4)", f"over dtf ({dtf_ps} PS ranks at N=4)", "over allreduce"]
+    assert titles == [
+        "over ps (1 PS rank at N=4)",
+        f"over dtf ({dtf_ps} PS ranks at N=4, one per worker host)",
+        "over allreduce",
+    ]
     over_dtf = headline.axes[1]
     line = next(x for x in over_dtf.get_lines() if x.get_label() == "vgg11/synthetic1k N=4 ralp_n predicted")
     predicted = tables.runs.set_index(["strategy", "network"])["predicted_images_per_sec"].to_dict()

@@ -23,16 +23,17 @@ from ralp_pipe.engine.volume import CATEGORIES
 THROUGHPUT = {"ps": 100.0, "allreduce": 150.0, "ralp_h": 180.0, "ralp_n": 240.0}
 PAPER_FOUR = tuple(THROUGHPUT)  # the strategies write_results writes unless told
 THROUGHPUT["dtf"] = 120.0  # Distributed TensorFlow's PS tasks, where a test asks for them
+THROUGHPUT["byteps"] = 140.0  # a PS on every worker host, where a test asks for it
 # What the network leaves of each strategy's throughput: ps suffers most on a slow link.
 NETWORK_FACTOR = {
     "1gbit": dict.fromkeys(THROUGHPUT, 1.0),
-    "100mbit": {"ps": 0.3, "allreduce": 0.45, "ralp_h": 0.8, "ralp_n": 0.9, "dtf": 0.4},
+    "100mbit": {"ps": 0.3, "allreduce": 0.45, "ralp_h": 0.8, "ralp_n": 0.9, "dtf": 0.4, "byteps": 0.5},
 }
 MODEL_OFFSET = {"vgg11": 0.0, "resnet18": 35.0}  # images/sec added to every strategy of a model
 GPUS_OFFSET = 7.0  # images/sec added per GPU beyond 2
 MODEL_VOLUME = {"vgg11": 1.0, "resnet18": 0.25}  # GB/step of a model against vgg11's
 # Relative prediction error (predicted - measured) / measured: a per-strategy part plus model, network and N parts.
-STRATEGY_ERROR = {"ps": 0.1, "allreduce": -0.04, "ralp_h": 0.25, "ralp_n": 0.02, "dtf": 0.05}
+STRATEGY_ERROR = {"ps": 0.1, "allreduce": -0.04, "ralp_h": 0.25, "ralp_n": 0.02, "dtf": 0.05, "byteps": -0.02}
 MODEL_ERROR = {"vgg11": 0.0, "resnet18": 0.03}
 NETWORK_ERROR = {"1gbit": 0.0, "100mbit": -0.07}
 GPUS_ERROR = 0.005  # per GPU beyond 2

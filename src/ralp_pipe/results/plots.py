@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.typing import LineStyleType, MarkerType  # noqa: E402
 
 from ralp_pipe.atomic import Writer, atomic_path, write_together  # noqa: E402
-from ralp_pipe.config import REFERENCE, STRATEGIES  # noqa: E402
+from ralp_pipe.config import REFERENCE, STRATEGIES, strategy_kind  # noqa: E402
 from ralp_pipe.config.units import rate_bits_per_s  # noqa: E402
 from ralp_pipe.contract.layout import PLOT_NAMES, SEQUENTIAL_SUFFIX  # noqa: E402
 from ralp_pipe.results.breakdown import PARTS, by_configuration, target_seconds  # noqa: E402
@@ -251,8 +251,8 @@ def gb_per_step(tables: Tables, path: Path) -> None:
 
 
 def speedup(tables: Tables, path: Path) -> None:
-    """Speedup over each baseline that ran (ps, dtf, allreduce: a panel each, top to bottom) per strategy with
-    interval whiskers."""
+    """Speedup over each baseline that ran (ps, dtf, byteps, allreduce: a panel each, top to bottom) per strategy
+    with interval whiskers."""
     runs = tables.runs
     baselines = baselines_present(runs) or list(BASELINES[:1])
     width_in = max(6.0, 1.6 * runs.groupby(["model", "dataset", "gpus"]).ngroups)
@@ -343,8 +343,9 @@ HEADLINE_STYLES: dict[str, tuple[str, LineStyleType, MarkerType, bool]] = {
 
 
 def _ps_ranks(runs: pd.DataFrame, baseline: str, shown: pd.DataFrame) -> str:
-    """The PS ranks of `baseline`'s runs beside the configurations `shown`, e.g. " (1 PS rank at N=8)"; empty for a
-    baseline without any."""
+    """The PS ranks of `baseline`'s runs beside the configurations `shown`, e.g. " (1 PS rank at N=8)" or, for a
+    strategy with one PS per worker host, " (8 PS ranks at N=8, one per worker host)"; empty for a baseline without
+    any."""
     rows = runs[
         (runs["strategy"] == baseline)
         & runs.set_index(["model", "dataset", "gpus"]).index.isin(shown.set_index(["model", "dataset", "gpus"]).index)
@@ -352,17 +353,18 @@ def _ps_ranks(runs: pd.DataFrame, baseline: str, shown: pd.DataFrame) -> str:
     counts = sorted({(int(n), int(g)) for n, g in zip(rows["num_ps"], rows["gpus"]) if n})
     if not counts:
         return ""
-    return " (" + ", ".join(f"{n} PS rank{'s' * (n != 1)} at N={g}" for n, g in counts) + ")"
+    where = ", one per worker host" if strategy_kind(baseline).ps_per_host else ""
+    return " (" + ", ".join(f"{n} PS rank{'s' * (n != 1)} at N={g}" for n, g in counts) + where + ")"
 
 
 def speedup_vs_link(tables: Tables, path: Path) -> None:
-    """The reproduction's headline: the RALP strategies' speedup over each baseline that ran (ps, dtf, allreduce: a
-    panel each, left to right, titled with its PS ranks) against the link rate, at each model x dataset's largest N;
-    measured points with 95% whiskers, the planner's prediction for the same devices and link as a line. Both axes
-    are logarithmic: speedups of the paper's matrix span 0.3x-20x, and a ratio and its inverse then lie equally far
-    from 1."""
+    """The reproduction's headline: the RALP strategies' speedup over each baseline that ran (ps, dtf, byteps,
+    allreduce: a panel each, left to right, titled with its PS ranks and, one per host, their placement) against
+    the link rate, at each model x dataset's largest N; measured points with 95% whiskers, the planner's
+    prediction for the same devices and link as a line. Both axes are logarithmic: speedups of the paper's matrix
+    span 0.3x-20x, and a ratio and its inverse then lie equally far from 1."""
     runs = tables.runs.assign(link=_target_gbit(tables.runs))
-    ralp = runs[runs["strategy"].isin(["ralp_h", "ralp_n"]) & runs["link"].notna()]
+    ralp = runs[runs["strategy"].isin(list(HEADLINE_STYLES)) & runs["link"].notna()]
     largest = ralp.groupby(["model", "dataset"])["gpus"].transform("max")
     ralp = ralp[ralp["gpus"] == largest]
     baselines = baselines_present(runs) or list(BASELINES[:1])
