@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ralp_pipe.config import STRATEGY_KINDS, load, reference_baseline, strategy_kind
+from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, reference_baseline, strategy_kind
 from ralp_pipe.contract.topology import of_strategy, on_hosts
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets
@@ -24,6 +24,7 @@ from ralp_pipe.planning.planner import (
 )
 from ralp_pipe.results.aggregate import build_tables, load_records
 from ralp_pipe.runtime.emulated import emulated_topology
+from ralp_pipe.workflow.matrix import Matrix, parse_settings
 from support.profiles import analytic_profile
 from workflow_records import PAPER_FOUR, write_results
 
@@ -118,3 +119,14 @@ def test_byteps_on_hosts_of_two_pushes_once_per_host_to_a_server_on_each(tmp_pat
         measured = metrics.wire_per_host[f"h{host}"]
         for way in ("tx", "rx"):
             assert link[way] / 1e9 <= measured[way] <= 1.05 * link[way] / 1e9, (host, way, measured, link)
+
+
+def test_paper_dilated_runs_every_baseline_and_dtf_and_byteps_only_where_their_ranks_fit() -> None:
+    matrix = Matrix(parse_settings({"experiment": "paper-dilated", "overrides": []}))
+    ran = {(run.strategy, run.gpus) for run in matrix.runs}
+    assert {s for s, _ in ran} >= {"ps", "dtf", "byteps", "allreduce", "ralp_n"}
+    assert ("ps", 16) in ran and ("dtf", 16) not in ran and ("byteps", 16) not in ran and ("byteps", 8) in ran
+    with pytest.raises(ConfigError, match="experiment.gpus_by_strategy"):
+        load(["experiment=paper-dilated", "experiment.gpus_by_strategy={ralp_x: [2]}"])
+    with pytest.raises(ConfigError, match=r"gpus_by_strategy.dtf=\[32\] must be some of"):
+        load(["experiment=paper-dilated", "experiment.gpus_by_strategy={dtf: [32]}"])

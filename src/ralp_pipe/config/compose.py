@@ -451,6 +451,14 @@ def _validate_experiment(e: ExperimentConfig) -> None:
         _at_least("experiment.gpus[]", gpus, 2)
     _by_model("gpus", e.gpus_by_model, e.gpus, e.models, "every N of the experiment, a model's entry the N it runs at")
     _by_model(
+        "gpus",
+        e.gpus_by_strategy,
+        e.gpus,
+        e.strategies,
+        "every N of the experiment, a strategy's entry the N it runs at",
+        "strategy",
+    )
+    _by_model(
         "networks",
         e.networks_by_model,
         e.networks,
@@ -474,13 +482,16 @@ def _validate_experiment(e: ExperimentConfig) -> None:
             )
 
 
-def _by_model(name: str, by_model: dict[str, Any], every: list[Any], models: list[str], meaning: str) -> None:
-    """experiment.<name>_by_model: each entry a model of the experiment's, its values some of experiment.<name>."""
+def _by_model(
+    name: str, by_model: dict[str, Any], every: list[Any], models: list[str], meaning: str, of: str = "model"
+) -> None:
+    """experiment.<name>_by_<of>: each entry one of the experiment's `models` (its models, or its strategies where
+    `of` says so), its values some of experiment.<name>."""
     for model, own in by_model.items():
-        _choice(f"experiment.{name}_by_model", model, models)
+        _choice(f"experiment.{name}_by_{of}", model, models)
         if not own or not set(own) <= set(every):
             raise ConfigError(
-                f"experiment.{name}_by_model.{model}={list(own)} must be some of experiment.{name}={every}: "
+                f"experiment.{name}_by_{of}.{model}={list(own)} must be some of experiment.{name}={every}: "
                 f"experiment.{name} lists {meaning}"
             )
 

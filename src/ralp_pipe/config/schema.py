@@ -253,6 +253,8 @@ class ExperimentConfig:
     strategies: list[str] = field(default_factory=trainable_strategies)
     gpus: list[int] = field(default_factory=lambda: [4])
     gpus_by_model: dict[str, list[int]] = field(default_factory=dict)  # a model's own N, from gpus; others: every N
+    # a strategy's own N, from gpus (one this machine cannot run at every N, e.g. its ranks' memory); others: every N
+    gpus_by_strategy: dict[str, list[int]] = field(default_factory=dict)
     networks: list[str] = field(default_factory=lambda: ["loopback"])
     networks_by_model: dict[str, list[str]] = field(default_factory=dict)  # a model's own networks, from networks
     # name -> overrides: the runs its model=, dataset=, strategy=, cluster.gpus= and network= overrides select (all

@@ -270,6 +270,7 @@ class Matrix:
             for d, m in self.pairs()
             for s, overlap in self._arms()
             for g in e.gpus_by_model.get(m, e.gpus)
+            if g in e.gpus_by_strategy.get(s, e.gpus)
             for n in e.networks_by_model.get(m, e.networks)
             for r in range(e.repeats)
         ]
