@@ -46,7 +46,7 @@ from ralp_pipe.config import AUTO_FACTOR, load
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.records import Profile
 from ralp_pipe.engine import devicemodel, models
-from ralp_pipe.planning.planner import pipelining_of
+from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
 from ralp_pipe.workflow.matrix import Matrix, Run, parse_settings
@@ -61,8 +61,10 @@ def step_times(base: list[str], dataset: str, model: str, gpus: list[int], gbit:
     units = models.placement_units(models.build(model, cfg.dataset.num_classes, cfg.model.dropout))
     frames = []
     for overlap, pipelining in ((True, pipelining_of(cfg)), (False, None)):
-        servers = Servers(cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", False, pipelining)
-        frame = simulate(profile, units, cfg.train.batch_size, Grid(gpus, gbit, 0.0), servers)
+        # ps as the experiment configures it; dtf and byteps one PS per worker host, as the strategy table deploys them
+        servers = Servers(cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", None, pipelining)
+        variables = whole_variables(units, dtf_options(cfg))
+        frame = simulate(profile, units, cfg.train.batch_size, Grid(gpus, gbit, 0.0), servers, variables=variables)
         frames.append(frame.assign(overlap=overlap))
     return pd.concat(frames)
 
