@@ -9,6 +9,7 @@ The counts come from the strategy table (:mod:`ralp_pipe.config.strategies`); th
 | `ralp_h`    | ⌈N / 2⌉ | 1 PS device           | ⌈N / 2⌉ + 1   |
 | `ralp_n`    | N - 1   | 1 PS device           | N             |
 | `dtf`       | N       | N PS tasks (one/host) | 2N            |
+| `byteps`    | N       | N PS ranks (one/host) | 2N            |
 
 RALP-H's half of the devices rounds up: at odd N (N=3: 2 workers + the PS device) it uses every
 device rather than leaving one idle, as RALP-N does; at even N, the paper's, the two readings agree.
@@ -16,7 +17,7 @@ device rather than leaving one idle, as RALP-N does; at even N, the paper's, the
 A "ps" rank only holds parameters and applies SGD; a "ps_device" rank (RALP) also runs the
 upper layers of the model on the global batch.
 
-Hosts (:attr:`Topology.hosts`): every rank is a host of its own, except `ps` and `dtf` PS ranks placed
+Hosts (:attr:`Topology.hosts`): every rank is a host of its own, except `ps`, `dtf` and `byteps` PS ranks placed
 ``colocated`` (``strategy.ps_placement``), the usual Distributed-TensorFlow deployment of one
 worker task and one PS task per machine: PS rank i then shares worker i's host and link
 (PS ranks beyond the worker count wrap around). RALP's PS device is a device of its own, and
@@ -27,9 +28,10 @@ GPU ranks (workers, RALP's PS device) fill hosts G at a time in rank order, so a
 each host once as NCCL's does; RALP's PS device has a host of its own after the workers' hosts, or
 (``ps_device_shares_host``, where the plan priced it faster) the first slot of host 0 beside workers
 0..G-2, the placement the cost model prices (:class:`ralp_pipe.planning.costmodel.Pricing`). PS ranks,
-which hold no GPU, are colocated on worker host i mod H or get hosts of their own after them. A strategy of
-whole variables (`dtf`) keeps one PS task per worker host, as the planner prices it: its tasks beyond the
-H worker hosts are dropped (the strategy table gives it one per GPU, one per host at G = 1).
+which hold no GPU, are colocated on worker host i mod H or get hosts of their own after them. A strategy with
+one PS per worker host (``ps_per_host``: `dtf`, `byteps`) keeps one per worker host, as the planner prices it:
+its PS ranks beyond the H worker hosts are dropped (the strategy table gives it one per GPU, one per host at
+G = 1).
 """
 
 from __future__ import annotations
