@@ -13,7 +13,7 @@ is against; :attr:`StrategyKind.ps_per_host` the parameter servers deployed one 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, cast
 
 from ralp_pipe.errors import ConfigError
@@ -76,24 +76,25 @@ def _resolve(target: str) -> Any:
 
 
 _ENGINE = "ralp_pipe.engine"
+_PS = StrategyKind(
+    "ps",
+    has_ps=True,
+    places_layers=False,
+    min_gpus=1,
+    workers=lambda n: n,
+    servers=lambda n, num_ps: num_ps,
+    per_worker_volume=True,
+    step=f"{_ENGINE}.strategies.ps:ParameterServerStrategy",
+    volume=f"{_ENGINE}.volume:push_pull_bytes",
+    ranks="N workers + `num_ps` parameter servers",
+    link_pattern=STAR,
+    baseline=True,
+    reference=True,
+)
 STRATEGY_KINDS: dict[str, StrategyKind] = {
     kind.name: kind
     for kind in (
-        StrategyKind(
-            "ps",
-            has_ps=True,
-            places_layers=False,
-            min_gpus=1,
-            workers=lambda n: n,
-            servers=lambda n, num_ps: num_ps,
-            per_worker_volume=True,
-            step=f"{_ENGINE}.strategies.ps:ParameterServerStrategy",
-            volume=f"{_ENGINE}.volume:push_pull_bytes",
-            ranks="N workers + `num_ps` parameter servers",
-            link_pattern=STAR,
-            baseline=True,
-            reference=True,
-        ),
+        _PS,
         StrategyKind(
             "allreduce",
             has_ps=False,
@@ -152,21 +153,14 @@ STRATEGY_KINDS: dict[str, StrategyKind] = {
             whole_variables=True,
             ps_per_host=True,
         ),
-        StrategyKind(
-            "byteps",
-            has_ps=True,
-            places_layers=False,
-            min_gpus=1,
-            workers=lambda n: n,
-            # BytePS's deployment of `ps`: a server on every worker host, every tensor partitioned over all of them,
-            # a host's GPUs summed before its one push (ps's step and volume); strategy.num_ps does not apply
+        # BytePS's deployment of `ps`: a server on every worker host, every tensor partitioned over all of them, a
+        # host's GPUs summed before its one push (ps's step and volume); strategy.num_ps does not apply
+        replace(
+            _PS,
+            name="byteps",
             servers=lambda n, num_ps: n,
-            per_worker_volume=True,
-            step=f"{_ENGINE}.strategies.ps:ParameterServerStrategy",
-            volume=f"{_ENGINE}.volume:push_pull_bytes",
             ranks="N workers + N parameter servers (one per worker host, partitioned)",
-            link_pattern=STAR,
-            baseline=True,
+            reference=False,
             ps_per_host=True,
         ),
     )
