@@ -22,8 +22,9 @@ from typing import Any
 import pandas as pd
 
 from ralp_pipe.config import ConfigError, load
+from ralp_pipe.contract.topology import hosts_of
 from ralp_pipe.engine import devicemodel, models
-from ralp_pipe.planning.planner import dtf_options, hosts_of, pipelining_of, whole_variables
+from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
 

@@ -65,7 +65,7 @@ class LedgerComm:
         self.landed: dict[int, threading.Event] = {}
         self.credit_waits = 0  # waits not counted as the step's (the sender thread's)
 
-    def isend(self, tensor: torch.Tensor, dst: int, category: str) -> tuple[str, int]:
+    def isend(self, tensor: torch.Tensor, dst: int, category: str, stands_for: int | None = None) -> tuple[str, int]:
         self.log.append(("push", self._bucket(tensor)))
         return ("push", self._bucket(tensor))
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, reference_baseline, strategy_kind
-from ralp_pipe.contract.topology import of_strategy, on_hosts
+from ralp_pipe.contract.topology import Hosts, of_strategy, on_hosts
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets
 from ralp_pipe.engine.train import meta_units, run
 from ralp_pipe.engine.volume import push_pull_link_bytes
-from ralp_pipe.planning.costmodel import Hosts, Link, Pricing, compute_costs
+from ralp_pipe.planning.costmodel import Link, Pricing, compute_costs
 from ralp_pipe.planning.planner import (
     best_prediction,
     per_host_placements,

@@ -36,9 +36,9 @@ class RecordingComm(Comm):
     def ordered_p2p(self) -> bool:
         return True
 
-    def isend(self, tensor: torch.Tensor, dst: int, category: str) -> Handle:
+    def isend(self, tensor: torch.Tensor, dst: int, category: str, stands_for: int | None = None) -> Handle:
         self.posted.append((dst, "send", tensor.numel()))
-        return super().isend(tensor, dst, category)
+        return super().isend(tensor, dst, category, stands_for)
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Handle:
         self.posted.append((src, "recv", tensor.numel()))

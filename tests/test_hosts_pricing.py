@@ -8,10 +8,9 @@ from functools import lru_cache
 import pytest
 
 from ralp_pipe.config import ConfigError, StrategyConfig, load
-from ralp_pipe.contract.topology import topology
+from ralp_pipe.contract.topology import Hosts, topology
 from ralp_pipe.engine import models
 from ralp_pipe.planning.costmodel import (
-    Hosts,
     Link,
     Pipelining,
     Pricing,

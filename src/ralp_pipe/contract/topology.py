@@ -36,6 +36,7 @@ G = 1).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
@@ -205,3 +206,29 @@ def assign_to_ps(sizes: list[int], num_ps: int) -> list[int]:
         owner[index] = target
         loads[target] += sizes[index]
     return owner
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """G GPUs per host behind the host's one network link, talking to each other at the interconnect's rate."""
+
+    gpus_per_node: int = 1
+    interconnect_bytes_per_s: float = math.inf  # per GPU, each direction
+
+    def count(self, gpus: int) -> int:
+        """Hosts `gpus` GPUs fill, G at a time."""
+        return -(-gpus // self.gpus_per_node)
+
+    def in_host_s(self, param_bytes: float, summed: bool) -> float:
+        """Seconds a GPU's interconnect takes for one direction of its gradients' way out of the host: a ring
+        reduce inside it moves (G-1)/G of them per GPU (`summed`), else every GPU sends its whole set."""
+        if self.gpus_per_node == 1:
+            return 0.0
+        share = (self.gpus_per_node - 1) / self.gpus_per_node if summed else 1.0
+        return share * param_bytes / self.interconnect_bytes_per_s
+
+
+def hosts_of(cfg: Config) -> Hosts:
+    """The GPUs per host of `cfg` (``cluster.gpus_per_node``) and the interconnect between them."""
+    rate = cfg.interconnect.gbytes_per_s
+    return Hosts(cfg.cluster.gpus_per_node, math.inf if rate is None else rate * 1e9)

@@ -62,13 +62,12 @@ from ralp_pipe.config.compose import with_arch
 from ralp_pipe.config.dilation import emulated_rate, fixed_factor
 from ralp_pipe.config.schema import REAL
 from ralp_pipe.contract.records import Profile, check_profile_matches
-from ralp_pipe.contract.topology import Topology
+from ralp_pipe.contract.topology import Topology, hosts_of
 from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.engine.metrics import measured_late_s, measured_overruns, measured_stalls
 from ralp_pipe.engine.models import Unit, activation_shapes
 from ralp_pipe.engine.sgd import Optim
 from ralp_pipe.errors import DataError
-from ralp_pipe.planning.planner import hosts_of
 
 SPIN_S = 1e-3  # sleep to this long before a deadline, then spin: time.sleep overshoots by up to a few ms
 _schedstat = threading.local()  # per thread: its schedstat (on-CPU time, run delay, timeslices: ns), kept open

@@ -50,7 +50,7 @@ Phases of one step:
   pulls (not the pushes, which it receives meanwhile), and the workers' backward hides that
   delay as far as it lasts; what it does not hide is the PS device's (server) time.
 
-Hosts of several GPUs (:class:`Hosts`, ``cluster.gpus_per_node`` G > 1; at G = 1 every price above is
+Hosts of several GPUs (:class:`~ralp_pipe.contract.topology.Hosts`, ``cluster.gpus_per_node`` G > 1; at G = 1 every price above is
 unchanged): traffic between the GPUs of one host runs at the interconnect's rate, traffic between hosts
 through each host's one link, which its GPUs' flows share.
 
@@ -94,7 +94,10 @@ from typing import Any, Mapping, Sequence, cast
 from ralp_pipe.config import strategy_kind
 from ralp_pipe.config.units import payload_bytes_per_s
 from ralp_pipe.contract.records import at_batch, unit_curve
-from ralp_pipe.contract.topology import PS_DEVICE_HOSTS  # where RALP's PS device is, by Pricing.ps_device_shares_host
+from ralp_pipe.contract.topology import (  # where RALP's PS device is, by Pricing.ps_device_shares_host
+    PS_DEVICE_HOSTS,
+    Hosts,
+)
 from ralp_pipe.engine.models import check_split
 from ralp_pipe.engine.volume import variable_owners
 
@@ -236,26 +239,6 @@ class SharedCpu:
         """Time factor against the profile for `concurrent` ranks computing at once."""
         per_rank = max(1, self.cores // (self.share or world_size))
         return self.profile_threads / min(per_rank, self.cores / concurrent)
-
-
-@dataclass(frozen=True)
-class Hosts:
-    """G GPUs per host behind the host's one network link, talking to each other at the interconnect's rate."""
-
-    gpus_per_node: int = 1
-    interconnect_bytes_per_s: float = math.inf  # per GPU, each direction
-
-    def count(self, gpus: int) -> int:
-        """Hosts `gpus` GPUs fill, G at a time."""
-        return -(-gpus // self.gpus_per_node)
-
-    def in_host_s(self, param_bytes: float, summed: bool) -> float:
-        """Seconds a GPU's interconnect takes for one direction of its gradients' way out of the host: a ring
-        reduce inside it moves (G-1)/G of them per GPU (`summed`), else every GPU sends its whole set."""
-        if self.gpus_per_node == 1:
-            return 0.0
-        share = (self.gpus_per_node - 1) / self.gpus_per_node if summed else 1.0
-        return share * param_bytes / self.interconnect_bytes_per_s
 
 
 @dataclass(frozen=True)

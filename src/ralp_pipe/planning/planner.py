@@ -16,7 +16,6 @@ on SLURM the fabric is what the probe measured.
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
@@ -36,12 +35,11 @@ from ralp_pipe.config import (
 )
 from ralp_pipe.config.schema import StrategyConfig
 from ralp_pipe.contract.records import LinkProbe, Plan, Profile, check_profile_matches
-from ralp_pipe.contract.topology import cpu_share, on_hosts, topology
+from ralp_pipe.contract.topology import cpu_share, hosts_of, on_hosts, topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.planning.costmodel import (
-    Hosts,
     Link,
     Pipelining,
     Prediction,
@@ -172,12 +170,6 @@ def pipelining_of(cfg: Config) -> Pipelining | None:
     if not cfg.strategy.overlap or not transfers_overlap(cfg):
         return None
     return Pipelining(cfg.strategy.bucket_mb * 1e6)
-
-
-def hosts_of(cfg: Config) -> Hosts:
-    """The GPUs per host of `cfg` (``cluster.gpus_per_node``) and the interconnect between them."""
-    rate = cfg.interconnect.gbytes_per_s
-    return Hosts(cfg.cluster.gpus_per_node, math.inf if rate is None else rate * 1e9)
 
 
 def strategy_options(cfg: Config, name: str) -> StrategyConfig:

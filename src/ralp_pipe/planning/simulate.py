@@ -5,7 +5,7 @@ predicts images/sec and GB/step for N = 2..1024 GPUs (powers of two; ``--gpus 1`
 reference, where the strategies that need more devices have no row) and links of 1..400
 Gbit/s, one device per rank (the PS device computing at the profiled speed), choosing the
 best split for each RALP variant at every point. Hosts hold ``cluster.gpus_per_node`` GPUs linked
-by the ``interconnect`` (:class:`~ralp_pipe.planning.costmodel.Hosts`; the link speed is a host's). The
+by the ``interconnect`` (:class:`~ralp_pipe.contract.topology.Hosts`; the link speed is a host's). The
 parameter servers are deployed as the strategy table says: `dtf` and `byteps` (``ps_per_host``) with one PS
 task colocated on every worker host, as Distributed TensorFlow and BytePS are deployed, `ps` with the
 config's ``strategy.num_ps`` and ``strategy.ps_placement``; ``--ps-per-host`` deploys every one of them one
@@ -28,12 +28,12 @@ from ralp_pipe.atomic import atomic_path, check_writable
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, baselines, load, reference_baseline, strategy_kind
 from ralp_pipe.config.units import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.contract.records import LinkProbe, Profile, check_profile_matches
+from ralp_pipe.contract.topology import Hosts, hosts_of
 from ralp_pipe.engine import devicemodel, models
-from ralp_pipe.planning.costmodel import Hosts, Link, Pipelining, Pricing, WholeVariables, compute_costs
+from ralp_pipe.planning.costmodel import Link, Pipelining, Pricing, WholeVariables, compute_costs
 from ralp_pipe.planning.planner import (
     best_prediction,
     dtf_options,
-    hosts_of,
     pipelining_of,
     volume_function,
     whole_variables,

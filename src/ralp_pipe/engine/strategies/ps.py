@@ -65,7 +65,7 @@ class HostLeaderClient(PushPullClient):
     With `in_host_s` (a modelled run, whose buckets hold no gradient), the transfers inside the host are priced,
     not copied: each local sends a one-element token for its copy (``PushPullClient(token=True)``), and once every
     local's has arrived the leader waits `in_host_s(bucket bytes)`, the interconnect's time for the host's sum as
-    the cost model prices it (:meth:`ralp_pipe.planning.costmodel.Hosts.in_host_s`, x D), before the push; after
+    the cost model prices it (:meth:`ralp_pipe.contract.topology.Hosts.in_host_s`, x D), before the push; after
     the pull, it waits as long again before the token that hands the bucket to the locals. This machine's
     loopback then neither slows nor speeds the host's sums (metrics.json ``intra_host`` says which route ran).
     """
