@@ -45,6 +45,7 @@ import pandas as pd
 from ralp_pipe.config import AUTO_FACTOR, load
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.records import Profile
+from ralp_pipe.contract.topology import hosts_of
 from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
 from ralp_pipe.planning.profiling import profile_batches
@@ -64,7 +65,9 @@ def step_times(base: list[str], dataset: str, model: str, gpus: list[int], gbit:
         # ps as the experiment configures it; dtf and byteps one PS per worker host, as the strategy table deploys them
         servers = Servers(cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", None, pipelining)
         variables = whole_variables(units, dtf_options(cfg))
-        frame = simulate(profile, units, cfg.train.batch_size, Grid(gpus, gbit, 0.0), servers, variables=variables)
+        frame = simulate(
+            profile, units, cfg.train.batch_size, Grid(gpus, gbit, 0.0), servers, hosts_of(cfg), variables=variables
+        )
         frames.append(frame.assign(overlap=overlap))
     return pd.concat(frames)
 

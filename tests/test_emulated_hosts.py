@@ -18,6 +18,7 @@ from ralp_pipe.engine.volume import host_groups, push_pull_link_bytes, variable_
 from ralp_pipe.runtime import emulated
 from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites, emulated_topology, intra_host_record
 from ralp_pipe.runtime.launch import PythonMain, launch_local
+from ralp_pipe.workflow.matrix import Matrix, parse_settings
 from support.emulated_hosts import qdisc_stats
 
 HOSTS_OF_4 = ["cluster=emulated", "cluster.gpus_per_node=4", "interconnect=pcie3"]
@@ -153,3 +154,18 @@ def test_a_hosts_workers_sum_before_one_push_and_only_that_crosses_its_link(tmp_
         measured = metrics.wire_per_host[f"h{host}"]
         for way in ("tx", "rx"):
             assert link[way] / 1e9 <= measured[way] <= 1.05 * link[way] / 1e9, (host, way, measured, link)
+
+
+def test_the_hosts_experiment_runs_every_strategy_at_n_8_on_hosts_of_4() -> None:
+    """experiment=hosts-dilated: each of its runs, the N = 1 references aside, on 2 hosts of 4 behind PCIe 3.0
+    and one 10 Gbit/s link each, every baseline and RALP at N = 8, each configuration twice."""
+    matrix = Matrix(parse_settings({"experiment": "hosts-dilated"}))
+    runs = [entry for entry in matrix.runs if entry.gpus > 1]
+    strategies = {"ps", "dtf", "byteps", "allreduce", "ralp_h", "ralp_n"}
+    assert {(e.model, e.strategy, e.gpus, e.network) for e in runs} == {
+        (model, strategy, 8, "10gbit") for model in ("vgg16", "resnet50") for strategy in strategies
+    }
+    assert len(runs) == 2 * len(strategies) * 2
+    for entry in runs:
+        cfg = matrix.config(entry)
+        assert (cfg.cluster.gpus_per_node, cfg.interconnect.name, cfg.dilation.factor) == (4, "pcie3", 8)
