@@ -100,6 +100,7 @@ from ralp_pipe.contract.topology import (  # where RALP's PS device is, by Prici
 )
 from ralp_pipe.engine.models import check_split
 from ralp_pipe.engine.volume import variable_owners
+from ralp_pipe.planning.timeline import DtfStep, dtf_period
 
 # DDP's gradient buckets: the first (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then bucket_cap_mb's default
 DDP_FIRST_BUCKET_BYTES = 2**20
@@ -246,6 +247,7 @@ class WholeVariables:
     """`dtf`'s variables: their bytes in creation order, each whole on one PS task."""
 
     sizes: tuple[int, ...]
+    units: tuple[int, ...] = ()  # each variable's placement unit (needed to price the pipelined step)
     greedy: bool = False  # onto the least-loaded task (GreedyLoadBalancingStrategy); False: round-robin
     sum_in_host: bool = True  # distributed_replicated: a host's GPUs summed before the push
     transport_efficiency: float = 1.0  # achieved / line rate of the transport
@@ -406,12 +408,43 @@ def _dtf_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]
     direction_s = max(network / link.bytes_per_s, hosts.in_host_s(costs.param_bytes, variables.sum_in_host))
     if pricing.pipelining is None:
         return server, 2 * direction_s + 2 * link.latency_s
-    backward_s = costs.bwd(slice(None), pricing.batch_size) * pricing.slowdown(workers, world)
-    remote = (host_count - 1 if pricing.colocated else host_count) * per_host
-    # a variable travels whole, so it is pulled only once all of it has been pushed: the busiest task's pulls end
-    # its largest variable after its pushes (pushes back to back, each pull right behind its own push)
-    whole = dataclasses.replace(pricing, pipelining=Pipelining(variables.largest(pricing.num_ps)))
-    return _pipelined_ps(whole, backward_s, server, direction_s, remote, busiest)
+    period, server_s = dtf_period(_dtf_timeline(pricing, workers, world, variables))
+    return server_s, period - _full_model_compute(pricing, 1) * pricing.slowdown(workers, world) - server_s
+
+
+def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVariables) -> DtfStep:
+    """The pipelined `dtf` step of `pricing` (its link already at the transport's rate) as a variable-by-variable
+    timeline: workers filling hosts G at a time, one pushing group per host where its GPUs sum, else per GPU."""
+    if len(variables.units) != len(variables.sizes):
+        raise ValueError("pricing a pipelined dtf step needs each variable's placement unit (WholeVariables.units)")
+    costs, hosts, b = pricing.costs, pricing.hosts, pricing.batch_size
+    slowdown = pricing.slowdown(workers, world)
+    host_count, g = hosts.count(workers), hosts.gpus_per_node
+    if variables.sum_in_host:
+        group_hosts = list(range(host_count))
+        on_host = [min(g, workers - h * g) for h in group_hosts]
+        sums = [hosts.in_host_s(1.0, summed=True) if n > 1 else 0.0 for n in on_host]
+    else:
+        group_hosts, sums = [w // g for w in range(workers)], [0.0] * workers
+    pushers = len(group_hosts)
+    reduce_passes = pushers if pushers > 1 else 0
+    server_per_byte = (reduce_passes * costs.aggregate_s_per_byte + costs.update_s_per_byte) * pricing.slowdown(
+        pricing.num_ps, world
+    )
+    return DtfStep(
+        fwd_s=[u.fwd(b) * slowdown for u in costs.units],
+        bwd_s=[u.bwd(b) * slowdown for u in costs.units],
+        begin_s=costs.param_bytes * costs.aggregate_s_per_byte * slowdown,
+        sizes=variables.sizes,
+        units=variables.units,
+        owners=variable_owners(variables.sizes, pricing.num_ps, variables.greedy),
+        group_hosts=group_hosts,
+        task_hosts=[p % host_count if pricing.colocated else host_count + p for p in range(pricing.num_ps)],
+        sum_s_per_byte=sums,
+        server_s_per_byte=server_per_byte,
+        link_bytes_per_s=pricing.link.bytes_per_s,
+        latency_s=pricing.link.latency_s,
+    )
 
 
 def _ring_hop(pricing: Pricing, workers: int) -> tuple[float, float]:

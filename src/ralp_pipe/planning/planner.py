@@ -195,9 +195,11 @@ def per_host_placements(cfg: Config) -> dict[str, bool]:
 
 def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> WholeVariables:
     """`dtf`'s variables of `units` (each parameter tensor, in creation order) placed and pushed as `options` say."""
-    sizes = tuple(p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad)
+    variables = [(i, p.numel() * p.element_size()) for i, u in enumerate(units) for p in u.module.parameters()
+                 if p.requires_grad]  # fmt: skip
     return WholeVariables(
-        sizes,
+        tuple(size for _, size in variables),
+        tuple(unit for unit, _ in variables),
         greedy=options.variable_placement == "greedy",
         sum_in_host=options.variable_update == "distributed_replicated",
         transport_efficiency=options.transport_efficiency,

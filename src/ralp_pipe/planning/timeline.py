@@ -1,0 +1,272 @@
+"""A pipelined `dtf` step, variable by variable, as the engine runs it: the timeline the cost model prices.
+
+Distributed TensorFlow's variables travel whole, so where one variable is large (ResNet-50/22K's 179 MB fc
+weight) no bucket-level formula says when the step ends: its push shares its host's link with the other
+variables' pushes and its pull with the other task's replies. This module runs the step as events:
+
+- **Workers** (one group per worker host where the host's GPUs sum before the push, else one per GPU): forward
+  unit by unit, each waiting for the pulls of its own variables from the step before; backward in reverse, a
+  unit's gradients ready when its backward ends; the next step starts once every push has been issued and has
+  landed (the engine's ``end_backward`` and ``begin``).
+- **Senders**: push each variable in backward order once it is ready, to its PS task; a host's leader first
+  waits the interconnect's time for the host's sum (:meth:`Hosts.in_host_s`, as the engine's priced wait).
+- **PS tasks**: take their variables in that order; each once every pusher's copy has landed, then reduce and
+  update it (the profile's seconds per byte) and send it back to every pusher; a step ends, as the engine's
+  server loop does, once every reply has landed.
+- **Relays**: a host's leader hands each pulled variable to its other GPUs after the interconnect's time again,
+  one variable after another.
+- **Links**: every host has one link, full duplex, at the transport's achieved rate; the transfers crossing a
+  link share it max-min fairly (TCP flows through one shaper), those between one pair of ranks in order (one
+  connection), each arriving a latency after its last byte left. Transfers inside a host are free, as the
+  emulation's loopback runs them (the leader's priced waits are the host's interconnect).
+
+The step's length is the period of the steady state (:data:`STEPS` steps, from all parameters in place).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Sequence
+
+STEPS = 4  # steps run; the last two give the period (the first starts with every parameter in place)
+_EPS = 1e-12  # bytes of a transfer treated as done (float rounding of rate x time)
+
+
+@dataclass(frozen=True)
+class DtfStep:
+    """What one pipelined `dtf` step runs on: per-unit seconds, the variables, where they and the workers are."""
+
+    fwd_s: Sequence[float]  # per placement unit, forward
+    bwd_s: Sequence[float]  # per placement unit, backward
+    begin_s: float  # a step's work before its forward (zeroing the flat gradients)
+    sizes: Sequence[int]  # each variable's bytes, in creation order
+    units: Sequence[int]  # each variable's placement unit
+    owners: Sequence[int]  # each variable's PS task
+    group_hosts: Sequence[int]  # the host of each pushing worker group
+    task_hosts: Sequence[int]  # the host of each PS task
+    sum_s_per_byte: Sequence[float]  # per group, its leader's interconnect seconds per byte for the host's sum
+    server_s_per_byte: float  # a PS task's reduce and update per byte
+    link_bytes_per_s: float
+    latency_s: float = 0.0
+
+
+@dataclass
+class _Signal:
+    """Something that happens once; processes waiting for it resume when it does."""
+
+    fired: bool = False
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+
+
+@dataclass
+class _Transfer:
+    pair: tuple[int, int]
+    bytes_left: float
+    links: tuple[int, ...]
+    landed: _Signal
+    rate: float = 0.0
+
+
+Process = Generator["float | _Signal", None, None]
+
+
+class _Timeline:
+    """Processes, timed events and the shared links of one simulated run."""
+
+    def __init__(self, link_count: int, bytes_per_s: float, latency_s: float):
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._capacity = bytes_per_s
+        self._latency = latency_s
+        self._links = link_count
+        self._queues: dict[tuple[int, int], deque[_Transfer]] = {}
+        self._active: list[_Transfer] = []
+
+    def at(self, time: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (time, next(self._order), action))
+
+    def fire(self, signal: _Signal) -> None:
+        signal.fired = True
+        waiters, signal.waiters = signal.waiters, []
+        for resume in waiters:
+            self.at(self.now, resume)
+
+    def start(self, process: Process) -> None:
+        def resume() -> None:
+            for wanted in process:
+                if isinstance(wanted, _Signal):
+                    if not wanted.fired:
+                        wanted.waiters.append(resume)
+                        return
+                elif wanted > 0:
+                    self.at(self.now + wanted, resume)
+                    return
+
+        self.at(self.now, resume)
+
+    def send(self, pair: tuple[int, int], links: tuple[int, ...], size: float) -> _Signal:
+        """Queue `size` bytes on connection `pair` across `links` (none: inside a host, landed at once)."""
+        landed = _Signal()
+        if not links or size <= 0:
+            self.fire(landed)
+            return landed
+        queue = self._queues.setdefault(pair, deque())
+        queue.append(_Transfer(pair, float(size), links, landed))
+        if len(queue) == 1:
+            self._active.append(queue[0])
+            self._share()
+        return landed
+
+    def _share(self) -> None:
+        """Max-min fair rates of the active transfers over the links (progressive filling)."""
+        left = [self._capacity] * self._links
+        unfixed: dict[int, list[_Transfer]] = {}
+        for transfer in self._active:
+            for link in transfer.links:
+                unfixed.setdefault(link, []).append(transfer)
+        fixed: set[int] = set()
+        while unfixed:
+            link = min(unfixed, key=lambda k: left[k] / len(unfixed[k]))
+            rate = left[link] / len(unfixed[link])
+            for transfer in unfixed.pop(link):
+                transfer.rate = rate
+                fixed.add(id(transfer))
+                for other in transfer.links:
+                    if other != link and other in unfixed:
+                        left[other] -= rate
+                        unfixed[other] = [t for t in unfixed[other] if id(t) not in fixed]
+                        if not unfixed[other]:
+                            del unfixed[other]
+
+    def run(self) -> None:
+        """Run until nothing is left to happen."""
+        while self._events or self._active:
+            next_event = self._events[0][0] if self._events else float("inf")
+            first = min(self._active, key=lambda t: t.bytes_left / t.rate, default=None)
+            done_at = self.now + first.bytes_left / first.rate if first is not None else float("inf")
+            until = min(next_event, done_at)
+            for transfer in self._active:
+                transfer.bytes_left -= transfer.rate * (until - self.now)
+            self.now = until
+            if first is not None and done_at <= next_event:
+                self._land([t for t in self._active if t.bytes_left <= _EPS * max(1.0, t.rate)])
+            else:
+                _, _, action = heapq.heappop(self._events)
+                action()
+
+    def _land(self, done: list[_Transfer]) -> None:
+        for transfer in done:
+            self._active.remove(transfer)
+            queue = self._queues[transfer.pair]
+            queue.popleft()
+            if queue:
+                self._active.append(queue[0])
+            self.at(self.now + self._latency, lambda signal=transfer.landed: self.fire(signal))
+        self._share()
+
+
+def _run(step: DtfStep, server_s_per_byte: float) -> float:
+    """The steady-state period of `step` with the PS tasks' reduce and update at `server_s_per_byte`."""
+    hosts = max([*step.group_hosts, *step.task_hosts]) + 1
+    up = list(range(hosts))  # link indices: a host's way out, then its way in
+    down = [hosts + h for h in range(hosts)]
+    timeline = _Timeline(2 * hosts, step.link_bytes_per_s, step.latency_s)
+    groups, tasks, count = len(step.group_hosts), len(step.task_hosts), len(step.sizes)
+    order = [v for v in reversed(range(count)) if step.sizes[v]]  # backward's order, the flat layout's
+    by_unit: dict[int, list[int]] = {}
+    for v in order:
+        by_unit.setdefault(step.units[v], []).append(v)
+    starts: list[list[float]] = [[] for _ in range(groups)]
+
+    def signals() -> list[list[list[_Signal]]]:  # [step][group][variable]
+        return [[[_Signal() for _ in range(count)] for _ in range(groups)] for _ in range(STEPS)]
+
+    ready, pulled, usable = signals(), signals(), signals()
+    issued = [[_Signal() for _ in range(groups)] for _ in range(STEPS)]
+    pushes: list[list[list[_Signal]]] = [[[] for _ in range(groups)] for _ in range(STEPS)]
+    arrived = [[_Signal() for _ in range(count)] for _ in range(STEPS)]
+    copies = [[0] * count for _ in range(STEPS)]
+
+    def links(source: int, target: int) -> tuple[int, ...]:
+        return () if source == target else (up[source], down[target])
+
+    def worker(g: int) -> Process:
+        for k in range(STEPS):
+            if k:
+                yield issued[k - 1][g]
+                for push in pushes[k - 1][g]:
+                    yield push
+            starts[g].append(timeline.now)
+            yield step.begin_s
+            for unit, seconds in enumerate(step.fwd_s):
+                if k:
+                    for v in by_unit.get(unit, []):
+                        yield usable[k - 1][g][v]
+                yield seconds
+            for unit in reversed(range(len(step.bwd_s))):
+                yield step.bwd_s[unit]
+                for v in by_unit.get(unit, []):
+                    timeline.fire(ready[k][g][v])
+
+    def sender(g: int) -> Process:
+        host = step.group_hosts[g]
+        for k in range(STEPS):
+            for v in order:
+                yield ready[k][g][v]
+                yield step.sum_s_per_byte[g] * step.sizes[v]
+                task = step.owners[v]
+                landed = timeline.send((g, groups + task), links(host, step.task_hosts[task]), step.sizes[v])
+                pushes[k][g].append(landed)
+                timeline.start(_count_copy(k, v, landed))
+            timeline.fire(issued[k][g])
+
+    def _count_copy(k: int, v: int, landed: _Signal) -> Process:
+        yield landed
+        copies[k][v] += 1
+        if copies[k][v] == groups:
+            timeline.fire(arrived[k][v])
+
+    def server(task: int) -> Process:
+        host, mine = step.task_hosts[task], [v for v in order if step.owners[v] == task]
+        for k in range(STEPS):
+            replies = []
+            for v in mine:
+                yield arrived[k][v]
+                yield server_s_per_byte * step.sizes[v]
+                for g in range(groups):
+                    landed = timeline.send((groups + task, g), links(host, step.group_hosts[g]), step.sizes[v])
+                    replies.append(landed)
+                    timeline.start(_relay_input(pulled[k][g][v], landed))
+            for landed in replies:
+                yield landed
+
+    def _relay_input(target: _Signal, landed: _Signal) -> Process:
+        yield landed
+        timeline.fire(target)
+
+    def relay(g: int) -> Process:
+        for k in range(STEPS):
+            for v in order:
+                yield pulled[k][g][v]
+                yield step.sum_s_per_byte[g] * step.sizes[v]
+                timeline.fire(usable[k][g][v])
+
+    for g in range(groups):
+        for process in (worker(g), sender(g), relay(g)):
+            timeline.start(process)
+    for task in range(tasks):
+        timeline.start(server(task))
+    timeline.run()
+    return max((s[-1] - s[-3]) / 2 for s in starts)
+
+
+def dtf_period(step: DtfStep) -> tuple[float, float]:
+    """(step seconds, of which the PS tasks' reduce and update add) of a pipelined `dtf` step (see module doc);
+    the second is the step's length less the same step's with the servers' work free."""
+    period = _run(step, step.server_s_per_byte)
+    free = _run(step, 0.0) if step.server_s_per_byte else period
+    return period, max(0.0, period - free)
