@@ -168,13 +168,14 @@ def test_dtf_is_a_trainable_baseline_with_a_ps_task_per_worker_host() -> None:
 
 
 def test_pipelined_dtf_pulls_a_variable_only_after_all_of_it_was_pushed() -> None:
-    """The busiest link's pulls end the largest variable after its pushes: (bytes each way + largest) / rate, as
-    the engine's whole-variable buckets run (a variable returns once every worker's copy of it has arrived)."""
+    """Worked by hand on the timeline (no compute, no server work, 1 MB/s links): worker 1 pushes the 300 and
+    then the 600 B variable to task 0 on host 0, its link shared for a while with task 1's 100 B reply to worker 0
+    (1000 B in all); only then can the 600 B variable come back, over host 0's link, which it shares with worker
+    0's 100 B push of the next step (worker 0 had everything back earlier): (1000 + 700) / rate, each step."""
     costs = ComputeCosts(tuple(UnitCost(f"u{i}", 0, (1,), (0.0,), (0.0,)) for i in range(2)), 0.0, 0.0)
-    variables = WholeVariables((600, 100, 300))  # round-robin over 2 tasks: 900 and 100 bytes
+    variables = WholeVariables((600, 100, 300), units=(0, 0, 1))  # round-robin over 2 tasks: 900 and 100 bytes
     pricing = Pricing(costs, 1, Link(1e6), num_ps=2, colocated=True, pipelining=Pipelining(10), variables=variables)
     each_way = 900 + 100  # a host pushes to the other host's task and serves the other worker from its own
-    assert variables.largest(2) == 600
-    assert predict("dtf", 2, 2, {"total": 0}, pricing).comm_s == pytest.approx((each_way + 600) / 1e6)
+    assert predict("dtf", 2, 2, {"total": 0}, pricing).comm_s == pytest.approx((each_way + 600 + 100) / 1e6)
     slower = dataclasses.replace(pricing, variables=dataclasses.replace(variables, transport_efficiency=0.5))
-    assert predict("dtf", 2, 2, {"total": 0}, slower).comm_s == pytest.approx((each_way + 600) / 0.5e6)
+    assert predict("dtf", 2, 2, {"total": 0}, slower).comm_s == pytest.approx((each_way + 600 + 100) / 0.5e6)

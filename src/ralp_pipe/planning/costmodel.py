@@ -66,8 +66,10 @@ through each host's one link, which its GPUs' flows share.
   in creation order as ``replica_device_setter`` placed them, or greedily onto the least-loaded task), so
   the busiest PS task holds more than 1/num_ps; a host's GPUs summed before the push
   (``distributed_replicated``) or every GPU pushing (``parameter_server``); its transport achieving
-  ``transport_efficiency`` of the link's rate (gRPC); pipelined, each variable travels whole, so the busiest
-  task's pulls end its largest variable after its pushes (not one bucket, as with `ps`).
+  ``transport_efficiency`` of the link's rate (gRPC). Pipelined, each variable travels whole and returns only
+  once every pusher's copy has arrived, so one large variable decides when the step ends; no bucket formula
+  prices that, and the step is run as a timeline of every variable's push, reduce, update and pull over the
+  shared host links (:mod:`ralp_pipe.planning.timeline`), as the engine runs it, at any G.
 - RALP: the PS device is a GPU of a host of its own, or one GPU of a worker host whose other G-1 GPUs
   are workers (:attr:`Pricing.ps_device_shares_host`); the busiest link then carries the remote
   workers' share of the traffic and the interconnect the local workers' share. The planner prices both
@@ -253,13 +255,6 @@ class WholeVariables:
     transport_efficiency: float = 1.0  # achieved / line rate of the transport
     colocated: bool = True  # a PS task on every worker host (strategy.ps_placement); False: hosts of their own
 
-    def largest(self, num_ps: int) -> int:
-        """Bytes of the largest variable on the busiest of `num_ps` PS tasks (the one holding the most bytes)."""
-        owners = variable_owners(self.sizes, num_ps, self.greedy)
-        loads = self.loads(num_ps)
-        busiest = loads.index(max(loads))
-        return max((size for size, task in zip(self.sizes, owners) if task == busiest), default=0)
-
     def loads(self, num_ps: int) -> list[int]:
         """Bytes each of `num_ps` PS tasks holds (the engine's assignment, :func:`variable_owners`)."""
         loads = [0] * num_ps
@@ -388,28 +383,34 @@ def _ps_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]:
 
 
 def _dtf_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]:
-    """(server, comm) seconds of a `dtf` step: the busiest PS task adds the pushed gradient sets of its whole
-    variables and applies SGD to them; transfers cross the busiest host link at the transport's achieved rate."""
+    """(server, comm) seconds of a `dtf` step at the transport's achieved rate. Sequential: every push crosses
+    the busiest host link, the busiest PS task adds the pushed gradient sets of its whole variables and applies
+    SGD to them, every pull crosses back. Pipelined: the step's timeline (:func:`_dtf_timeline`)."""
     variables = pricing.variables
     if variables is None:
         raise ValueError("pricing dtf needs its variables' sizes (Pricing.variables)")
-    costs, hosts = pricing.costs, pricing.hosts
     link = dataclasses.replace(pricing.link, bytes_per_s=pricing.link.bytes_per_s * variables.transport_efficiency)
     pricing = dataclasses.replace(pricing, link=link)
+    costs, hosts = pricing.costs, pricing.hosts
+    if pricing.pipelining is not None:
+        period, server_s = dtf_period(_dtf_timeline(pricing, workers, world, variables))
+        return server_s, period - _full_model_compute(pricing, 1) * pricing.slowdown(workers, world) - server_s
     per_host = 1 if variables.sum_in_host else hosts.gpus_per_node
     host_count = hosts.count(workers)
-    pushers = host_count * per_host
     loads = variables.loads(pricing.num_ps)
-    busiest = max(loads)
-    reduce_passes = pushers if pushers > 1 else 0
-    add = costs.aggregate_s_per_byte
-    server = (reduce_passes * add + costs.update_s_per_byte) * busiest * pricing.slowdown(pricing.num_ps, world)
+    server = _dtf_server_s_per_byte(pricing, host_count * per_host, world) * max(loads)
     network = whole_variable_direction_bytes(loads, host_count, per_host, pricing.colocated)
     direction_s = max(network / link.bytes_per_s, hosts.in_host_s(costs.param_bytes, variables.sum_in_host))
-    if pricing.pipelining is None:
-        return server, 2 * direction_s + 2 * link.latency_s
-    period, server_s = dtf_period(_dtf_timeline(pricing, workers, world, variables))
-    return server_s, period - _full_model_compute(pricing, 1) * pricing.slowdown(workers, world) - server_s
+    return server, 2 * direction_s + 2 * link.latency_s
+
+
+def _dtf_server_s_per_byte(pricing: Pricing, pushers: int, world: int) -> float:
+    """A `dtf` PS task's seconds per byte of its variables: adding `pushers` gradient sets (none from one) and SGD."""
+    costs = pricing.costs
+    reduce_passes = pushers if pushers > 1 else 0
+    return (reduce_passes * costs.aggregate_s_per_byte + costs.update_s_per_byte) * pricing.slowdown(
+        pricing.num_ps, world
+    )
 
 
 def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVariables) -> DtfStep:
@@ -426,11 +427,6 @@ def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVa
         sums = [hosts.in_host_s(1.0, summed=True) if n > 1 else 0.0 for n in on_host]
     else:
         group_hosts, sums = [w // g for w in range(workers)], [0.0] * workers
-    pushers = len(group_hosts)
-    reduce_passes = pushers if pushers > 1 else 0
-    server_per_byte = (reduce_passes * costs.aggregate_s_per_byte + costs.update_s_per_byte) * pricing.slowdown(
-        pricing.num_ps, world
-    )
     return DtfStep(
         fwd_s=[u.fwd(b) * slowdown for u in costs.units],
         bwd_s=[u.bwd(b) * slowdown for u in costs.units],
@@ -441,7 +437,7 @@ def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVa
         group_hosts=group_hosts,
         task_hosts=[p % host_count if pricing.colocated else host_count + p for p in range(pricing.num_ps)],
         sum_s_per_byte=sums,
-        server_s_per_byte=server_per_byte,
+        server_s_per_byte=_dtf_server_s_per_byte(pricing, len(group_hosts), world),
         link_bytes_per_s=pricing.link.bytes_per_s,
         latency_s=pricing.link.latency_s,
     )

@@ -25,6 +25,7 @@ The step's length is the period of the steady state (:data:`STEPS` steps, from a
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections import deque
@@ -61,13 +62,14 @@ class _Signal:
     waiters: list[Callable[[], None]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Transfer:
     pair: tuple[int, int]
     bytes_left: float
     links: tuple[int, ...]
     landed: _Signal
     rate: float = 0.0
+    fixed: int = -1  # the last sharing round that gave it a rate
 
 
 Process = Generator["float | _Signal", None, None]
@@ -85,6 +87,10 @@ class _Timeline:
         self._links = link_count
         self._queues: dict[tuple[int, int], deque[_Transfer]] = {}
         self._active: list[_Transfer] = []
+        self._shared_at = 0.0  # when the active transfers' bytes and rates were last brought up to date
+        self._rounds = itertools.count()
+        self._dirty = False  # transfers started or ended since the rates were shared
+        self._first: _Transfer | None = None  # the active transfer to end first at the shared rates
 
     def at(self, time: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (time, next(self._order), action))
@@ -117,44 +123,64 @@ class _Timeline:
         queue = self._queues.setdefault(pair, deque())
         queue.append(_Transfer(pair, float(size), links, landed))
         if len(queue) == 1:
+            self._progress()
             self._active.append(queue[0])
-            self._share()
+            self._dirty = True
         return landed
 
+    def _progress(self) -> None:
+        """Bring the active transfers' bytes left up to now at their current rates."""
+        elapsed = self.now - self._shared_at
+        if elapsed > 0:
+            for transfer in self._active:
+                transfer.bytes_left -= transfer.rate * elapsed
+        self._shared_at = self.now
+
     def _share(self) -> None:
-        """Max-min fair rates of the active transfers over the links (progressive filling)."""
+        """Max-min fair rates of the active transfers over the links (progressive filling: the link offering the
+        least per transfer fixes its transfers' rate; a share only grows as others are fixed, so stale heap
+        entries are skipped)."""
+        self._progress()
         left = [self._capacity] * self._links
-        unfixed: dict[int, list[_Transfer]] = {}
+        count = [0] * self._links
+        crossing: dict[int, list[_Transfer]] = {}
         for transfer in self._active:
             for link in transfer.links:
-                unfixed.setdefault(link, []).append(transfer)
-        fixed: set[int] = set()
-        while unfixed:
-            link = min(unfixed, key=lambda k: left[k] / len(unfixed[k]))
-            rate = left[link] / len(unfixed[link])
-            for transfer in unfixed.pop(link):
-                transfer.rate = rate
-                fixed.add(id(transfer))
+                count[link] += 1
+                crossing.setdefault(link, []).append(transfer)
+        heap = [(left[link] / count[link], link) for link in crossing]
+        heapq.heapify(heap)
+        round_ = next(self._rounds)
+        while heap:
+            share, link = heapq.heappop(heap)
+            if not count[link] or share != left[link] / count[link]:
+                continue
+            for transfer in crossing[link]:
+                if transfer.fixed == round_:
+                    continue
+                transfer.rate, transfer.fixed = share, round_
                 for other in transfer.links:
-                    if other != link and other in unfixed:
-                        left[other] -= rate
-                        unfixed[other] = [t for t in unfixed[other] if id(t) not in fixed]
-                        if not unfixed[other]:
-                            del unfixed[other]
+                    left[other] -= share
+                    count[other] -= 1
+                    if other != link and count[other]:
+                        heapq.heappush(heap, (left[other] / count[other], other))
+        self._first = min(self._active, key=lambda t: t.bytes_left / t.rate, default=None)
+        self._dirty = False
 
     def run(self) -> None:
         """Run until nothing is left to happen."""
         while self._events or self._active:
+            if self._dirty:
+                self._share()
             next_event = self._events[0][0] if self._events else float("inf")
-            first = min(self._active, key=lambda t: t.bytes_left / t.rate, default=None)
-            done_at = self.now + first.bytes_left / first.rate if first is not None else float("inf")
-            until = min(next_event, done_at)
-            for transfer in self._active:
-                transfer.bytes_left -= transfer.rate * (until - self.now)
-            self.now = until
+            first = self._first
+            done_at = self._shared_at + first.bytes_left / first.rate if first is not None else float("inf")
             if first is not None and done_at <= next_event:
-                self._land([t for t in self._active if t.bytes_left <= _EPS * max(1.0, t.rate)])
+                self.now = done_at
+                self._progress()
+                self._land([t for t in self._active if t is first or t.bytes_left <= _EPS * t.rate])
             else:
+                self.now = next_event
                 _, _, action = heapq.heappop(self._events)
                 action()
 
@@ -165,8 +191,8 @@ class _Timeline:
             queue.popleft()
             if queue:
                 self._active.append(queue[0])
-            self.at(self.now + self._latency, lambda signal=transfer.landed: self.fire(signal))
-        self._share()
+            self.at(self.now + self._latency, functools.partial(self.fire, transfer.landed))
+        self._dirty = True
 
 
 def _run(step: DtfStep, server_s_per_byte: float) -> float:
@@ -221,10 +247,10 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
                 task = step.owners[v]
                 landed = timeline.send((g, groups + task), links(host, step.task_hosts[task]), step.sizes[v])
                 pushes[k][g].append(landed)
-                timeline.start(_count_copy(k, v, landed))
+                timeline.start(count_copy(k, v, landed))
             timeline.fire(issued[k][g])
 
-    def _count_copy(k: int, v: int, landed: _Signal) -> Process:
+    def count_copy(k: int, v: int, landed: _Signal) -> Process:
         yield landed
         copies[k][v] += 1
         if copies[k][v] == groups:
@@ -240,11 +266,11 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
                 for g in range(groups):
                     landed = timeline.send((groups + task, g), links(host, step.group_hosts[g]), step.sizes[v])
                     replies.append(landed)
-                    timeline.start(_relay_input(pulled[k][g][v], landed))
+                    timeline.start(hand_on(landed, pulled[k][g][v]))
             for landed in replies:
                 yield landed
 
-    def _relay_input(target: _Signal, landed: _Signal) -> Process:
+    def hand_on(landed: _Signal, target: _Signal) -> Process:
         yield landed
         timeline.fire(target)
 
