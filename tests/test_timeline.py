@@ -52,6 +52,7 @@ def _one_worker(server_s_per_byte: float, sum_s_per_byte: float = 0.0) -> DtfSte
         units=[0],
         owners=[0],
         group_hosts=[0],
+        group_pushers=[1],
         task_hosts=[0],
         sum_s_per_byte=[sum_s_per_byte],
         server_s_per_byte=server_s_per_byte,
@@ -71,3 +72,11 @@ def test_a_hosts_sum_and_relay_each_take_the_interconnects_time() -> None:
     push issued) and the relay's as long again before its other GPUs may use the variable."""
     period, server = dtf_period(_one_worker(0.0, sum_s_per_byte=0.01))
     assert (period, server) == pytest.approx((3.5 + 1.0 + 1.0 - 0.5, 0.0))
+
+
+def test_a_transfer_standing_for_several_flows_takes_as_many_shares() -> None:
+    """Three GPUs' identical pushes as one transfer of weight 3 beside one flow: 3/4 and 1/4 of the link, until
+    the three have landed and the one takes all of it."""
+    timeline = _Timeline(1, 1.0, 0.0)
+    sent = {"three": timeline.send((0, 9), (0,), 3.0, weight=3), "one": timeline.send((1, 9), (0,), 2.0)}
+    assert _landing_times(timeline, sent) == pytest.approx({"three": 4.0, "one": 5.0})

@@ -415,18 +415,15 @@ def _dtf_server_s_per_byte(pricing: Pricing, pushers: int, world: int) -> float:
 
 def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVariables) -> DtfStep:
     """The pipelined `dtf` step of `pricing` (its link already at the transport's rate) as a variable-by-variable
-    timeline: workers filling hosts G at a time, one pushing group per host where its GPUs sum, else per GPU."""
+    timeline: workers filling hosts G at a time, a host's GPUs summed before one push or each pushing its own."""
     if len(variables.units) != len(variables.sizes):
         raise ValueError("pricing a pipelined dtf step needs each variable's placement unit (WholeVariables.units)")
     costs, hosts, b = pricing.costs, pricing.hosts, pricing.batch_size
     slowdown = pricing.slowdown(workers, world)
     host_count, g = hosts.count(workers), hosts.gpus_per_node
-    if variables.sum_in_host:
-        group_hosts = list(range(host_count))
-        on_host = [min(g, workers - h * g) for h in group_hosts]
-        sums = [hosts.in_host_s(1.0, summed=True) if n > 1 else 0.0 for n in on_host]
-    else:
-        group_hosts, sums = [w // g for w in range(workers)], [0.0] * workers
+    on_host = [min(g, workers - h * g) for h in range(host_count)]
+    summed = variables.sum_in_host
+    pushers = [1 if summed else n for n in on_host]
     return DtfStep(
         fwd_s=[u.fwd(b) * slowdown for u in costs.units],
         bwd_s=[u.bwd(b) * slowdown for u in costs.units],
@@ -434,10 +431,11 @@ def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVa
         sizes=variables.sizes,
         units=variables.units,
         owners=variable_owners(variables.sizes, pricing.num_ps, variables.greedy),
-        group_hosts=group_hosts,
+        group_hosts=range(host_count),
+        group_pushers=pushers,
         task_hosts=[p % host_count if pricing.colocated else host_count + p for p in range(pricing.num_ps)],
-        sum_s_per_byte=sums,
-        server_s_per_byte=_dtf_server_s_per_byte(pricing, len(group_hosts), world),
+        sum_s_per_byte=[hosts.in_host_s(1.0, summed=True) if summed and n > 1 else 0.0 for n in on_host],
+        server_s_per_byte=_dtf_server_s_per_byte(pricing, sum(pushers), world),
         link_bytes_per_s=pricing.link.bytes_per_s,
         latency_s=pricing.link.latency_s,
     )

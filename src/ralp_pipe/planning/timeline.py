@@ -4,7 +4,8 @@ Distributed TensorFlow's variables travel whole, so where one variable is large 
 weight) no bucket-level formula says when the step ends: its push shares its host's link with the other
 variables' pushes and its pull with the other task's replies. This module runs the step as events:
 
-- **Workers** (one group per worker host where the host's GPUs sum before the push, else one per GPU): forward
+- **Workers**, one group per worker host (its GPUs run in lockstep; where they sum before the push the group
+  pushes once, else each GPU its own copy, and the group's transfers stand for that many flows): forward
   unit by unit, each waiting for the pulls of its own variables from the step before; backward in reverse, a
   unit's gradients ready when its backward ends; the next step starts once every push has been issued and has
   landed (the engine's ``end_backward`` and ``begin``).
@@ -47,6 +48,7 @@ class DtfStep:
     units: Sequence[int]  # each variable's placement unit
     owners: Sequence[int]  # each variable's PS task
     group_hosts: Sequence[int]  # the host of each pushing worker group
+    group_pushers: Sequence[int]  # the GPUs of each group that push their own copy (1 where a host sums first)
     task_hosts: Sequence[int]  # the host of each PS task
     sum_s_per_byte: Sequence[float]  # per group, its leader's interconnect seconds per byte for the host's sum
     server_s_per_byte: float  # a PS task's reduce and update per byte
@@ -68,6 +70,7 @@ class _Transfer:
     bytes_left: float
     links: tuple[int, ...]
     landed: _Signal
+    weight: int  # the flows it stands for (identical ones, in lockstep): its share of a link is that many
     rate: float = 0.0
     fixed: int = -1  # the last sharing round that gave it a rate
 
@@ -114,14 +117,15 @@ class _Timeline:
 
         self.at(self.now, resume)
 
-    def send(self, pair: tuple[int, int], links: tuple[int, ...], size: float) -> _Signal:
-        """Queue `size` bytes on connection `pair` across `links` (none: inside a host, landed at once)."""
+    def send(self, pair: tuple[int, int], links: tuple[int, ...], size: float, weight: int = 1) -> _Signal:
+        """Queue `size` bytes on connection `pair` across `links` (none: inside a host, landed at once), as
+        `weight` flows of size / `weight` each."""
         landed = _Signal()
         if not links or size <= 0:
             self.fire(landed)
             return landed
         queue = self._queues.setdefault(pair, deque())
-        queue.append(_Transfer(pair, float(size), links, landed))
+        queue.append(_Transfer(pair, float(size), links, landed, weight))
         if len(queue) == 1:
             self._progress()
             self._active.append(queue[0])
@@ -142,28 +146,28 @@ class _Timeline:
         entries are skipped)."""
         self._progress()
         left = [self._capacity] * self._links
-        count = [0] * self._links
+        flows = [0] * self._links
         crossing: dict[int, list[_Transfer]] = {}
         for transfer in self._active:
             for link in transfer.links:
-                count[link] += 1
+                flows[link] += transfer.weight
                 crossing.setdefault(link, []).append(transfer)
-        heap = [(left[link] / count[link], link) for link in crossing]
+        heap = [(left[link] / flows[link], link) for link in crossing]
         heapq.heapify(heap)
         round_ = next(self._rounds)
         while heap:
             share, link = heapq.heappop(heap)
-            if not count[link] or share != left[link] / count[link]:
+            if not flows[link] or share != left[link] / flows[link]:
                 continue
             for transfer in crossing[link]:
                 if transfer.fixed == round_:
                     continue
-                transfer.rate, transfer.fixed = share, round_
+                transfer.rate, transfer.fixed = share * transfer.weight, round_
                 for other in transfer.links:
-                    left[other] -= share
-                    count[other] -= 1
-                    if other != link and count[other]:
-                        heapq.heappush(heap, (left[other] / count[other], other))
+                    left[other] -= transfer.rate
+                    flows[other] -= transfer.weight
+                    if other != link and flows[other]:
+                        heapq.heappush(heap, (left[other] / flows[other], other))
         self._first = min(self._active, key=lambda t: t.bytes_left / t.rate, default=None)
         self._dirty = False
 
@@ -202,6 +206,7 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
     down = [hosts + h for h in range(hosts)]
     timeline = _Timeline(2 * hosts, step.link_bytes_per_s, step.latency_s)
     groups, tasks, count = len(step.group_hosts), len(step.task_hosts), len(step.sizes)
+    weights = step.group_pushers
     order = [v for v in reversed(range(count)) if step.sizes[v]]  # backward's order, the flat layout's
     by_unit: dict[int, list[int]] = {}
     for v in order:
@@ -245,7 +250,9 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
                 yield ready[k][g][v]
                 yield step.sum_s_per_byte[g] * step.sizes[v]
                 task = step.owners[v]
-                landed = timeline.send((g, groups + task), links(host, step.task_hosts[task]), step.sizes[v])
+                landed = timeline.send(
+                    (g, groups + task), links(host, step.task_hosts[task]), weights[g] * step.sizes[v], weights[g]
+                )
                 pushes[k][g].append(landed)
                 timeline.start(count_copy(k, v, landed))
             timeline.fire(issued[k][g])
@@ -264,7 +271,9 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
                 yield arrived[k][v]
                 yield server_s_per_byte * step.sizes[v]
                 for g in range(groups):
-                    landed = timeline.send((groups + task, g), links(host, step.group_hosts[g]), step.sizes[v])
+                    landed = timeline.send(
+                        (groups + task, g), links(host, step.group_hosts[g]), weights[g] * step.sizes[v], weights[g]
+                    )
                     replies.append(landed)
                     timeline.start(hand_on(landed, pulled[k][g][v]))
             for landed in replies:
