@@ -23,7 +23,7 @@ def _landing_times(timeline: _Timeline, transfers: dict[str, _Signal]) -> dict[s
 
 def test_links_are_shared_max_min_fairly() -> None:
     """Link 1 carries b, c and d (a third each); a, alone with b on link 0, takes what b leaves of it (2/3)."""
-    timeline = _Timeline(2, 1.0, 0.0)
+    timeline = _Timeline([1.0, 1.0])
     sent = {
         "a": timeline.send((0, 9), (0,), 1.0),
         "b": timeline.send((1, 9), (0, 1), 1.0),
@@ -34,11 +34,11 @@ def test_links_are_shared_max_min_fairly() -> None:
 
 
 def test_a_connection_sends_in_order_and_each_transfer_lands_a_latency_after_its_last_byte() -> None:
-    timeline = _Timeline(1, 2.0, 0.25)
+    timeline = _Timeline([2.0])
     sent = {
-        "first": timeline.send((0, 1), (0,), 2.0),  # alone on the link: 1 s
-        "second": timeline.send((0, 1), (0,), 2.0),  # behind it on the same connection: 1 s more
-        "inside": timeline.send((0, 1), (), 5.0),  # inside a host: at once
+        "first": timeline.send((0, 1), (0,), 2.0, latency_s=0.25),  # alone on the link: 1 s
+        "second": timeline.send((0, 1), (0,), 2.0, latency_s=0.25),  # behind it on the same connection: 1 s more
+        "inside": timeline.send((0, 1), (), 5.0),  # crossing no link: at once
     }
     assert _landing_times(timeline, sent) == pytest.approx({"first": 1.25, "second": 2.25, "inside": 0.0})
 
@@ -77,6 +77,6 @@ def test_a_hosts_sum_and_relay_each_take_the_interconnects_time() -> None:
 def test_a_transfer_standing_for_several_flows_takes_as_many_shares() -> None:
     """Three GPUs' identical pushes as one transfer of weight 3 beside one flow: 3/4 and 1/4 of the link, until
     the three have landed and the one takes all of it."""
-    timeline = _Timeline(1, 1.0, 0.0)
+    timeline = _Timeline([1.0])
     sent = {"three": timeline.send((0, 9), (0,), 3.0, weight=3), "one": timeline.send((1, 9), (0,), 2.0)}
     assert _landing_times(timeline, sent) == pytest.approx({"three": 4.0, "one": 5.0})

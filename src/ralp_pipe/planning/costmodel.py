@@ -438,6 +438,7 @@ def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVa
         server_s_per_byte=_dtf_server_s_per_byte(pricing, sum(pushers), world),
         link_bytes_per_s=pricing.link.bytes_per_s,
         latency_s=pricing.link.latency_s,
+        port_bytes_per_s=hosts.interconnect_bytes_per_s if g > 1 else math.inf,
     )
 
 

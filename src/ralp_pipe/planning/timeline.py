@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Sequence
@@ -53,6 +54,7 @@ class DtfStep:
     sum_s_per_byte: Sequence[float]  # per group, its leader's interconnect seconds per byte for the host's sum
     server_s_per_byte: float  # a PS task's reduce and update per byte
     link_bytes_per_s: float
+    port_bytes_per_s: float = math.inf  # a GPU's interconnect to its host (the PS task's memory or the NIC)
     latency_s: float = 0.0
 
 
@@ -71,6 +73,7 @@ class _Transfer:
     links: tuple[int, ...]
     landed: _Signal
     weight: int  # the flows it stands for (identical ones, in lockstep): its share of a link is that many
+    latency_s: float
     rate: float = 0.0
     fixed: int = -1  # the last sharing round that gave it a rate
 
@@ -81,13 +84,11 @@ Process = Generator["float | _Signal", None, None]
 class _Timeline:
     """Processes, timed events and the shared links of one simulated run."""
 
-    def __init__(self, link_count: int, bytes_per_s: float, latency_s: float):
+    def __init__(self, capacities: Sequence[float]):
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
-        self._capacity = bytes_per_s
-        self._latency = latency_s
-        self._links = link_count
+        self._capacities = list(capacities)  # bytes/s of each link
         self._queues: dict[tuple[int, int], deque[_Transfer]] = {}
         self._active: list[_Transfer] = []
         self._shared_at = 0.0  # when the active transfers' bytes and rates were last brought up to date
@@ -117,15 +118,17 @@ class _Timeline:
 
         self.at(self.now, resume)
 
-    def send(self, pair: tuple[int, int], links: tuple[int, ...], size: float, weight: int = 1) -> _Signal:
-        """Queue `size` bytes on connection `pair` across `links` (none: inside a host, landed at once), as
-        `weight` flows of size / `weight` each."""
+    def send(
+        self, pair: tuple[int, int], links: tuple[int, ...], size: float, weight: int = 1, latency_s: float = 0.0
+    ) -> _Signal:
+        """Queue `size` bytes on connection `pair` across `links` (none: landed at once), as `weight` flows of
+        size / `weight` each, landing `latency_s` after the last byte left."""
         landed = _Signal()
         if not links or size <= 0:
             self.fire(landed)
             return landed
         queue = self._queues.setdefault(pair, deque())
-        queue.append(_Transfer(pair, float(size), links, landed, weight))
+        queue.append(_Transfer(pair, float(size), links, landed, weight, latency_s))
         if len(queue) == 1:
             self._progress()
             self._active.append(queue[0])
@@ -145,8 +148,8 @@ class _Timeline:
         least per transfer fixes its transfers' rate; a share only grows as others are fixed, so stale heap
         entries are skipped)."""
         self._progress()
-        left = [self._capacity] * self._links
-        flows = [0] * self._links
+        left = list(self._capacities)
+        flows = [0] * len(left)
         crossing: dict[int, list[_Transfer]] = {}
         for transfer in self._active:
             for link in transfer.links:
@@ -195,18 +198,21 @@ class _Timeline:
             queue.popleft()
             if queue:
                 self._active.append(queue[0])
-            self.at(self.now + self._latency, functools.partial(self.fire, transfer.landed))
+            self.at(self.now + transfer.latency_s, functools.partial(self.fire, transfer.landed))
         self._dirty = True
 
 
 def _run(step: DtfStep, server_s_per_byte: float) -> float:
     """The steady-state period of `step` with the PS tasks' reduce and update at `server_s_per_byte`."""
     hosts = max([*step.group_hosts, *step.task_hosts]) + 1
-    up = list(range(hosts))  # link indices: a host's way out, then its way in
-    down = [hosts + h for h in range(hosts)]
-    timeline = _Timeline(2 * hosts, step.link_bytes_per_s, step.latency_s)
     groups, tasks, count = len(step.group_hosts), len(step.task_hosts), len(step.sizes)
     weights = step.group_pushers
+    # links: each host's way out and way in, then each group's GPUs' ports out and in (where they are finite)
+    up, down = range(hosts), range(hosts, 2 * hosts)
+    ports = math.isfinite(step.port_bytes_per_s)
+    port_out, port_in = range(2 * hosts, 2 * hosts + groups), range(2 * hosts + groups, 2 * hosts + 2 * groups)
+    port_rates = [w * step.port_bytes_per_s for w in weights] if ports else []
+    timeline = _Timeline([step.link_bytes_per_s] * 2 * hosts + port_rates * 2)
     order = [v for v in reversed(range(count)) if step.sizes[v]]  # backward's order, the flat layout's
     by_unit: dict[int, list[int]] = {}
     for v in order:
@@ -222,8 +228,17 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
     arrived = [[_Signal() for _ in range(count)] for _ in range(STEPS)]
     copies = [[0] * count for _ in range(STEPS)]
 
-    def links(source: int, target: int) -> tuple[int, ...]:
-        return () if source == target else (up[source], down[target])
+    def route(g: int, task: int, push: bool, v: int) -> tuple[tuple[int, ...], float, int, float]:
+        """`send`'s links, bytes, weight and latency for variable `v` between group `g` and `task`: its GPUs'
+        ports, then the hosts' links where the two are on different hosts."""
+        source, target = step.group_hosts[g], step.task_hosts[task]
+        if not push:
+            source, target = target, source
+        links: tuple[int, ...] = ((port_out if push else port_in)[g],) if ports else ()
+        latency = 0.0
+        if source != target:
+            links, latency = (*links, up[source], down[target]), step.latency_s
+        return links, weights[g] * step.sizes[v], weights[g], latency
 
     def worker(g: int) -> Process:
         for k in range(STEPS):
@@ -244,15 +259,12 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
                     timeline.fire(ready[k][g][v])
 
     def sender(g: int) -> Process:
-        host = step.group_hosts[g]
         for k in range(STEPS):
             for v in order:
                 yield ready[k][g][v]
                 yield step.sum_s_per_byte[g] * step.sizes[v]
                 task = step.owners[v]
-                landed = timeline.send(
-                    (g, groups + task), links(host, step.task_hosts[task]), weights[g] * step.sizes[v], weights[g]
-                )
+                landed = timeline.send((g, groups + task), *route(g, task, True, v))
                 pushes[k][g].append(landed)
                 timeline.start(count_copy(k, v, landed))
             timeline.fire(issued[k][g])
@@ -264,16 +276,14 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
             timeline.fire(arrived[k][v])
 
     def server(task: int) -> Process:
-        host, mine = step.task_hosts[task], [v for v in order if step.owners[v] == task]
+        mine = [v for v in order if step.owners[v] == task]
         for k in range(STEPS):
             replies = []
             for v in mine:
                 yield arrived[k][v]
                 yield server_s_per_byte * step.sizes[v]
                 for g in range(groups):
-                    landed = timeline.send(
-                        (groups + task, g), links(host, step.group_hosts[g]), weights[g] * step.sizes[v], weights[g]
-                    )
+                    landed = timeline.send((groups + task, g), *route(g, task, False, v))
                     replies.append(landed)
                     timeline.start(hand_on(landed, pulled[k][g][v]))
             for landed in replies:
