@@ -3,8 +3,11 @@ a step's period with the servers' share of it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from ralp_pipe.planning.costmodel import ComputeCosts, Link, Pipelining, Pricing, UnitCost, WholeVariables, predict
 from ralp_pipe.planning.timeline import DtfStep, Process, _Signal, _Timeline, dtf_period
 
 
@@ -80,3 +83,15 @@ def test_a_transfer_standing_for_several_flows_takes_as_many_shares() -> None:
     timeline = _Timeline([1.0])
     sent = {"three": timeline.send((0, 9), (0,), 3.0, weight=3), "one": timeline.send((1, 9), (0,), 2.0)}
     assert _landing_times(timeline, sent) == pytest.approx({"three": 4.0, "one": 5.0})
+
+
+def test_a_dedicated_task_takes_every_hosts_copy_through_its_own_link() -> None:
+    """Two workers, one 100 B variable on task 0, links of 1 B/s, nothing else costing: colocated, only worker
+    1's copy crosses a link each way (200 s a step); on a host of its own both copies share the task's link each
+    way (400 s)."""
+    costs = ComputeCosts((UnitCost("u0", 100, (1,), (0.0,), (0.0,)),), 0.0, 0.0)
+    variables = WholeVariables((100,), units=(0,))
+    pricing = Pricing(costs, 1, Link(1.0), num_ps=2, colocated=True, pipelining=Pipelining(1), variables=variables)
+    assert predict("dtf", 2, 2, {"total": 0}, pricing).step_time_s == pytest.approx(200.0)
+    dedicated = dataclasses.replace(pricing, colocated=False)
+    assert predict("dtf", 2, 2, {"total": 0}, dedicated).step_time_s == pytest.approx(400.0)
