@@ -18,8 +18,9 @@ variables' pushes and its pull with the other task's replies. This module runs t
   one variable after another.
 - **Links**: every host has one link, full duplex, at the transport's achieved rate; the transfers crossing a
   link share it max-min fairly (TCP flows through one shaper), those between one pair of ranks in order (one
-  connection), each arriving a latency after its last byte left. Transfers inside a host are free, as the
-  emulation's loopback runs them (the leader's priced waits are the host's interconnect).
+  connection), each arriving a latency after its last byte left. On hosts of several GPUs every transfer also
+  crosses its GPUs' interconnect port (``port_bytes_per_s`` each); one between a GPU and a PS task of its own
+  host crosses nothing else (at one GPU per host it is free, as the emulation's loopback runs it).
 
 The step's length is the period of the steady state (:data:`STEPS` steps, from all parameters in place).
 """
