@@ -15,7 +15,7 @@ variables' pushes and its pull with the other task's replies. This module runs t
   update it (the profile's seconds per byte) and send it back to every pusher; a step ends, as the engine's
   server loop does, once every reply has landed.
 - **Relays**: a host's leader hands each pulled variable to its other GPUs after the interconnect's time again,
-  one variable after another.
+  one variable after another (a group without a sum has none: its GPUs use each variable as it lands).
 - **Links**: every host has one link, full duplex, at the transport's achieved rate; the transfers crossing a
   link share it max-min fairly (TCP flows through one shaper), those between one pair of ranks in order (one
   connection), each arriving a latency after its last byte left. On hosts of several GPUs every transfer also
@@ -224,6 +224,7 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
         return [[[_Signal() for _ in range(count)] for _ in range(groups)] for _ in range(STEPS)]
 
     ready, pulled, usable = signals(), signals(), signals()
+    relays = [seconds > 0 for seconds in step.sum_s_per_byte]  # groups whose leader relays to other GPUs
     issued = [[_Signal() for _ in range(groups)] for _ in range(STEPS)]
     pushes: list[list[list[_Signal]]] = [[[] for _ in range(groups)] for _ in range(STEPS)]
     arrived = [[_Signal() for _ in range(count)] for _ in range(STEPS)]
@@ -286,7 +287,7 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
                 for g in range(groups):
                     landed = timeline.send((groups + task, g), *route(g, task, False, v))
                     replies.append(landed)
-                    timeline.start(hand_on(landed, pulled[k][g][v]))
+                    timeline.start(hand_on(landed, (pulled if relays[g] else usable)[k][g][v]))
             for landed in replies:
                 yield landed
 
@@ -302,7 +303,7 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
                 timeline.fire(usable[k][g][v])
 
     for g in range(groups):
-        for process in (worker(g), sender(g), relay(g)):
+        for process in (worker(g), sender(g), *([relay(g)] if relays[g] else [])):
             timeline.start(process)
     for task in range(tasks):
         timeline.start(server(task))
