@@ -128,5 +128,10 @@ def test_paper_dilated_runs_every_baseline_and_dtf_and_byteps_only_where_their_r
     assert ("ps", 16) in ran and ("dtf", 16) not in ran and ("byteps", 16) not in ran and ("byteps", 8) in ran
     with pytest.raises(ConfigError, match="experiment.gpus_by_strategy"):
         load(["experiment=paper-dilated", "experiment.gpus_by_strategy={ralp_x: [2]}"])
-    with pytest.raises(ConfigError, match=r"gpus_by_strategy.dtf=\[32\] must be some of"):
+    with pytest.raises(ConfigError, match=r"gpus_by_strategy.dtf=\[32\] has none of experiment.gpus"):
         load(["experiment=paper-dilated", "experiment.gpus_by_strategy={dtf: [32]}"])
+    # narrowing the experiment to N = 16 refuses dtf and byteps (their entries stop at 8) until they are dropped
+    with pytest.raises(ConfigError, match="drop it from experiment.strategies"):
+        load(["experiment=paper-dilated", "experiment.gpus=[16]"])
+    narrowed = load(["experiment=paper-dilated", "experiment.gpus=[16]", "experiment.strategies=[ps,ralp_n]"])
+    assert narrowed.experiment.gpus_of("resnet50", "ps") == [16]

@@ -337,7 +337,7 @@ def test_pairs_run_only_their_datasets_and_models_and_none_is_every_combination(
     assert len(paired.runs) == len(every.runs) // 2
 
 
-def test_gpus_by_model_runs_a_model_at_its_own_n_and_refuses_an_n_the_experiment_lacks() -> None:
+def test_gpus_by_model_narrows_a_model_to_its_own_n_and_refuses_a_model_left_with_none() -> None:
     base = ["experiment.models=[resnet18,alexnet]", "experiment.gpus=[2,4]", "experiment.reference=true"]
     base.append("train.image_size=64")  # AlexNet's smallest
     every = Matrix(parse_settings({"experiment": "smoke", "overrides": base}))
@@ -345,7 +345,16 @@ def test_gpus_by_model_runs_a_model_at_its_own_n_and_refuses_an_n_the_experiment
     assert {r.gpus for r in every.runs if r.model == "alexnet"} == {1, 2, 4}
     assert {r.gpus for r in own.runs if r.model == "alexnet"} == {1, 4}  # the reference stays
     assert [r for r in own.runs if r.model == "resnet18"] == [r for r in every.runs if r.model == "resnet18"]
-    for wrong, named in (("alexnet=[8]", "gpus_by_model.alexnet=[8]"), ("vgg11=[2]", "'vgg11'")):
+    # an entry narrows: N it lists beyond the experiment's, or a model the experiment does not run, change nothing
+    for narrowing in ("alexnet=[4,8]", "vgg11=[2]"):
+        more = Matrix(
+            parse_settings({"experiment": "smoke", "overrides": [*base, f"+experiment.gpus_by_model.{narrowing}"]})
+        )
+        assert more.runs == (own if narrowing.startswith("alexnet") else every).runs
+    for wrong, named in (
+        ("alexnet=[8]", "gpus_by_model.alexnet=[8] has none of experiment.gpus=[2, 4]"),
+        ("vgg1=[2]", "'vgg1'"),
+    ):
         with pytest.raises(ConfigError, match=re.escape(named)):
             Matrix(parse_settings({"experiment": "smoke", "overrides": [*base, f"+experiment.gpus_by_model.{wrong}"]}))
 

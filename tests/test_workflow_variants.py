@@ -24,7 +24,7 @@ def _variant(name: str, *overrides: str) -> str:
     return f"+experiment.variants.{name}=[{','.join(repr(o) for o in overrides)}]"
 
 
-def test_networks_by_model_runs_a_model_on_its_own_networks_and_refuses_one_the_experiment_lacks() -> None:
+def test_networks_by_model_narrows_a_model_to_its_own_networks_and_refuses_a_model_left_with_none() -> None:
     both = ["experiment.networks=[loopback,1gbit]"]
     every = _matrix(*both)
     own = _matrix(*both, "+experiment.networks_by_model.alexnet=[1gbit]", "experiment.reference=true")

@@ -449,22 +449,9 @@ def _validate_experiment(e: ExperimentConfig) -> None:
         _choice("experiment.strategies[]", strategy, tuple(STRATEGY_KINDS))
     for gpus in e.gpus:
         _at_least("experiment.gpus[]", gpus, 2)
-    _by_model("gpus", e.gpus_by_model, e.gpus, e.models, "every N of the experiment, a model's entry the N it runs at")
-    _by_model(
-        "gpus",
-        e.gpus_by_strategy,
-        e.gpus,
-        e.strategies,
-        "every N of the experiment, a strategy's entry the N it runs at",
-        "strategy",
-    )
-    _by_model(
-        "networks",
-        e.networks_by_model,
-        e.networks,
-        e.models,
-        "every network of the experiment, a model's entry its own",
-    )
+    _by_model("gpus", e.gpus_by_model, e.gpus, e.models, MODELS, "model")
+    _by_model("gpus", e.gpus_by_strategy, e.gpus, e.strategies, tuple(STRATEGY_KINDS), "strategy")
+    _by_model("networks", e.networks_by_model, e.networks, e.models, MODELS, "model")
     for name in e.variants:
         _safe_name("experiment.variants", name)
     for model in e.measured_profiles:
@@ -483,16 +470,20 @@ def _validate_experiment(e: ExperimentConfig) -> None:
 
 
 def _by_model(
-    name: str, by_model: dict[str, Any], every: list[Any], models: list[str], meaning: str, of: str = "model"
+    name: str, by: dict[str, Any], every: list[Any], listed: list[str], known: Sequence[str], of: str
 ) -> None:
-    """experiment.<name>_by_<of>: each entry one of the experiment's `models` (its models, or its strategies where
-    `of` says so), its values some of experiment.<name>."""
-    for model, own in by_model.items():
-        _choice(f"experiment.{name}_by_{of}", model, models)
-        if not own or not set(own) <= set(every):
+    """experiment.<name>_by_<of>: each entry a known model (or strategy, where `of` says so) with the values of
+    experiment.<name> it may run at. An entry narrows, so narrowing the experiment (fewer models, N or networks)
+    needs no edit of it; a listed model or strategy its entry leaves with none of experiment.<name> is refused."""
+    for key, own in by.items():
+        _choice(f"experiment.{name}_by_{of}", key, known)
+        if not own:
+            raise ConfigError(f"experiment.{name}_by_{of}.{key} is empty: list the {name} it runs at, or drop it")
+        if key in listed and not set(own) & set(every):
             raise ConfigError(
-                f"experiment.{name}_by_{of}.{model}={list(own)} must be some of experiment.{name}={every}: "
-                f"experiment.{name} lists {meaning}"
+                f"experiment.{name}_by_{of}.{key}={list(own)} has none of experiment.{name}={every}, so {of} "
+                f"{key} would not run: drop it from experiment.{'strategies' if of == 'strategy' else 'models'} "
+                f"or add one of its {name} to experiment.{name}"
             )
 
 

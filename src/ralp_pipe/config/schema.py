@@ -269,6 +269,15 @@ class ExperimentConfig:
     reference: bool = False  # also run the single-device reference (allreduce at N=1: no communication)
     target: str | None = None  # a config/device entry: profiles are modelled for that GPU; None: measured here
 
+    def gpus_of(self, model: str, strategy: str) -> list[int]:
+        """The N `model` runs at under `strategy`: experiment.gpus as its model's and strategy's entries narrow it."""
+        own = (self.gpus_by_model.get(model, self.gpus), self.gpus_by_strategy.get(strategy, self.gpus))
+        return [g for g in self.gpus if all(g in narrowed for narrowed in own)]
+
+    def networks_of(self, model: str) -> list[str]:
+        """The networks `model` runs on: experiment.networks as its entry narrows them."""
+        return [n for n in self.networks if n in self.networks_by_model.get(model, self.networks)]
+
 
 @dataclass
 class PathsConfig:

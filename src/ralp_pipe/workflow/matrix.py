@@ -269,9 +269,8 @@ class Matrix:
             Run(d, m, s, g, n, overlap, r)
             for d, m in self.pairs()
             for s, overlap in self._arms()
-            for g in e.gpus_by_model.get(m, e.gpus)
-            if g in e.gpus_by_strategy.get(s, e.gpus)
-            for n in e.networks_by_model.get(m, e.networks)
+            for g in e.gpus_of(m, s)
+            for n in e.networks_of(m)
             for r in range(e.repeats)
         ]
         self._variant_bases = {name: self._variant_base(head, name) for name in e.variants}
@@ -372,7 +371,7 @@ class Matrix:
         strategy, gpus = REFERENCE
         overlap = self._sections["strategy", strategy].overlap
         return [
-            Run(d, m, strategy, gpus, e.networks_by_model.get(m, e.networks)[0], overlap, r)
+            Run(d, m, strategy, gpus, e.networks_of(m)[0], overlap, r)
             for d, m in self.pairs()
             for r in range(e.repeats)
         ]
