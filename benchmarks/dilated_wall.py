@@ -30,6 +30,10 @@ Concurrent workloads are not counted. ``--side-by-side`` also packs the runs as 
 each other (:mod:`ralp_pipe.workflow.resources`: a modelled run's cores and its links' shaped load within the
 machine's cores and the link budget; each run's D as given, though the workflow's checks certify D beside that
 budget, which may raise it): the makespan of starting each run, in the matrix's order, as soon as it fits.
+Whatever the D, a run's bytes cross emulated links that this machine's kernel shapes, and it shapes a limited rate
+accurately in all (the link budget, 6 Gbit/s on 2 cores, is what the checks certify runs beside each other at): so
+the bytes the runs send (the planner's GB/step, which train checks against its counters, x the steps) over
+``--capacity`` bound the training wall time from below, however the runs are compressed and packed.
 """
 
 from __future__ import annotations
@@ -83,6 +87,9 @@ def main() -> int:
     parser.add_argument("--checks", type=Path, help="folder of link-check records: <network>/<pattern>-h<hosts>.json")
     parser.add_argument("--side-by-side", action="store_true", help="also the wall time with runs side by side")
     parser.add_argument("--cores", type=int, default=2, help="cores of the machine (--side-by-side)")
+    parser.add_argument(
+        "--capacity", nargs="*", default=[LINK_BUDGET], help="rates the emulated links carry in all, for the bound"
+    )
     parser.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides, e.g. 'experiment.repeats=1'")
     args = parser.parse_args()
     matrix = Matrix(parse_settings({"experiment": args.experiment, "overrides": args.overrides}))
@@ -108,7 +115,7 @@ def main() -> int:
     by_pair: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for run in matrix.runs:
         by_pair[run.dataset, run.model].append(run)
-    total, lines, jobs = 0.0, [], []
+    total, sent_gb, lines, jobs = 0.0, 0.0, [], []
     by_factor: dict[tuple[str, str, float], int] = defaultdict(int)
     by_slice: dict[tuple[str, int], float] = defaultdict(float)  # (network, N) -> seconds
     for (dataset, model), runs in sorted(by_pair.items()):
@@ -126,6 +133,7 @@ def main() -> int:
             step = row.compute_s + row.server_s if run.gpus == 1 else row.step_time_s
             d = factor_of(run)
             took = args.start_s + steps * d * step
+            sent_gb += 0.0 if run.gpus == 1 else steps * row.gb_per_step
             seconds += took
             by_factor[run.network, matrix.link_fields(run)["pattern"], d] += 1
             by_slice[run.network, run.gpus] += took
@@ -151,6 +159,12 @@ def main() -> int:
         f"estimated training wall time, serial: {total:.0f} s ({total / 3600:.2f} h), {args.start_s:g} s per run "
         "besides its steps"
     )
+    for capacity in args.capacity:
+        bound = sent_gb * 8e9 / rate_bits_per_s(capacity)
+        print(
+            f"bytes the runs send through emulated links: {sent_gb / 1e3:.1f} TB; at {capacity} in all, at least "
+            f"{bound:.0f} s ({bound / 3600:.2f} h) of training wall time, whatever D and packing"
+        )
     if args.side_by_side:
         packed = side_by_side(jobs, 1000 * args.cores, budget_mbps()) + checks * args.check_s
         print(
