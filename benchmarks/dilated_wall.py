@@ -160,7 +160,7 @@ def main() -> int:
         "besides its steps"
     )
     for capacity in args.capacity:
-        bound = sent_gb * 8e9 / rate_bits_per_s(capacity)
+        bound = sent_gb * 8e9 / budget_mbps(capacity) / 1e6
         print(
             f"bytes the runs send through emulated links: {sent_gb / 1e3:.1f} TB; at {capacity} in all, at least "
             f"{bound:.0f} s ({bound / 3600:.2f} h) of training wall time, whatever D and packing"
