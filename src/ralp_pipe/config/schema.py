@@ -252,11 +252,12 @@ class ExperimentConfig:
     pairs: list[list[str]] = field(default_factory=list)  # [dataset, model] pairs to run; empty: every combination
     strategies: list[str] = field(default_factory=trainable_strategies)
     gpus: list[int] = field(default_factory=lambda: [4])
-    gpus_by_model: dict[str, list[int]] = field(default_factory=dict)  # a model's own N, from gpus; others: every N
-    # a strategy's own N, from gpus (one this machine cannot run at every N, e.g. its ranks' memory); others: every N
+    # the N a model may run at: its entry narrows gpus (so narrowing gpus needs no edit of it); others: every N
+    gpus_by_model: dict[str, list[int]] = field(default_factory=dict)
+    # the same for a strategy (one this machine cannot run at every N, e.g. its ranks' memory)
     gpus_by_strategy: dict[str, list[int]] = field(default_factory=dict)
     networks: list[str] = field(default_factory=lambda: ["loopback"])
-    networks_by_model: dict[str, list[str]] = field(default_factory=dict)  # a model's own networks, from networks
+    networks_by_model: dict[str, list[str]] = field(default_factory=dict)  # a model's networks, the same way
     # name -> overrides: the runs its model=, dataset=, strategy=, cluster.gpus= and network= overrides select (all
     # where it has none) run again with its other overrides, in rows <strategy>-<name>
     variants: dict[str, list[str]] = field(default_factory=dict)
