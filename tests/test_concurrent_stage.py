@@ -58,11 +58,17 @@ def test_the_concurrent_stage_runs_each_job_alone_and_together_and_summarises_th
         ratio = job["alone_images_per_sec"] / job["together_images_per_sec"]
         assert job["slowdown"] == pytest.approx(ratio, rel=1e-12)
         assert job["dilation_factor"] is None and alone[0].dilation is None  # undilated: the tables show these
+        # Together, the jobs met at their round's gate: windows started at once, the link kept loaded to the last end.
+        assert all(m.gate is None for m in alone)
+        for m in together:
+            assert m.gate is not None and m.gate["jobs"] == 2 and m.gate["tail_steps"] >= 0
         # Each run's ranks read their own host's link counters: the job ran on the hosts of its layout.
         for run in (*alone, *together):
             assert run.wire_per_host is not None and sorted(run.wire_per_host) == sorted(f"h{h}" for h in job["hosts"])
             assert run.model == "resnet18" and run.strategy == job["overrides"][0].split("=")[1]
         assert f"job {job['job']} ({' '.join(job['overrides'])}): alone" in proc.stdout
+    for r in range(2):
+        assert [len(list((out / f"r{r}-gate" / side).iterdir())) for side in ("in", "out")] == [2, 2]
     # What the stage wrote is what aggregation reads: one row per job, the same figures.
     table = concurrent_table(load_workloads([out / CONCURRENT_FILE]))
     assert len(table) == 2 and list(table["slowdown"]) == [job["slowdown"] for job in summary["jobs"]]

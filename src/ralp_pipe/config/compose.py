@@ -428,6 +428,7 @@ def _validate_train(t: TrainConfig, model: str) -> None:
     _in_range("train.momentum", t.momentum, 0.0, 1.0, "[0, 1)", high_open=True)
     _in_range("train.weight_decay", t.weight_decay, 0.0, math.inf, "[0, inf)")
     _at_least("train.repeat", t.repeat, 0)
+    _at_least("train.gate_jobs", t.gate_jobs, 1)
     if t.variant is not None:
         _safe_name("train.variant", t.variant)
 

@@ -185,6 +185,10 @@ class TrainConfig:
     repeat: int = 0  # which of experiment.repeats this run is (set by the workflow; changes nothing it computes)
     # the experiment.variants entry this run is (set by the workflow): its row is <strategy>-<variant>
     variant: str | None = None
+    # one job of a concurrent workload (set by the concurrent stage): the folder where its gate_jobs jobs meet, so
+    # that their measured windows start together and the link stays loaded until the last closes (engine/gate.py)
+    gate: str | None = None
+    gate_jobs: int = 1
 
 
 @dataclass

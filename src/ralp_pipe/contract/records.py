@@ -116,6 +116,9 @@ class RunMetrics(Record):
     # emulated hosts of several GPUs: their count, each rank's host, the interconnect and how ranks of one host
     # exchanged data (route), where RALP's PS device was; None at one GPU per host
     intra_host: dict[str, Any] | None = None
+    # one job of a concurrent workload: the workload's jobs, whose windows started together (train.gate), and the
+    # unmeasured steps this one ran after its window while the others measured; None for a run alone
+    gate: dict[str, Any] | None = None
     images_per_step: int = field(metadata=_COLUMN)
     step_time_s: float = field(metadata=_COLUMN)
     window_s: float | None = None

@@ -39,6 +39,7 @@ from ralp_pipe.contract.topology import Topology, of_strategy, placed
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.dilation import Pacer, Targets, compute_size, placeholder_batch, run_delay_s, stand_ins
+from ralp_pipe.engine.gate import open_gate
 from ralp_pipe.engine.metrics import MEASURE, WARMUP, Progress, StepTimes, step_record, synchronize, window_edge
 from ralp_pipe.engine.strategies import Optim, StepSetup, build, holds_model
 from ralp_pipe.errors import RunFailure
@@ -64,6 +65,7 @@ class RankResult(TypedDict):
     keeps_freed: list[bool]  # whether every rank's allocator reuses freed memory (hardware.keep_freed_memory)
     peak_rss_mb: list[float]  # peak resident memory of every rank's process
     needed_factor: list[float]  # dilated: the smallest factor every rank's units would have fitted (0: undilated)
+    tail_steps: list[int]  # every rank's unmeasured steps after its window while its workload's other jobs measured
 
 
 def rank_command(
@@ -235,10 +237,13 @@ def run_rank(
         role = topo.role(env.rank)
         total = t.warmup_steps + t.measure_steps
         progress = Progress(total, topo.num_workers * t.batch_size, _print_now) if env.rank == 0 else None
+        gate = open_gate(t.gate, t.gate_jobs, cfg.cluster.timeout_s, env.rank)
         rows, start, wire_start = [], window_edge(device), None
         _collect_between_steps()
         for step in range(total):
             if step == t.warmup_steps:
+                if gate is not None:
+                    gate.meet()  # the workload's windows start together
                 start, wire_start = window_edge(device), _wire_reading()
                 if pacer is not None:
                     pacer.needed = 0.0  # the window's units only: the first steps allocate and rebuild buckets
@@ -263,6 +268,16 @@ def run_rank(
                 progress.step(step, phase, step_time_s)
             gc.collect()
         end, wire_end = window_edge(device), _wire_reading()
+        tail_steps = 0
+        if gate is not None:
+            gate.check_out()
+            while not gate.all_out():  # keep loading the shared link, unmeasured, until every job's window closed
+                strategy.step(None if batches is None else next(batches))
+                comm.take()
+                if pacer is not None:
+                    pacer.take()
+                tail_steps += 1
+            strategy.finish()
         gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None
         mine = {
             "rows": rows,
@@ -273,6 +288,7 @@ def run_rank(
             "peak_rss_mb": hardware.peak_rss_mb(),
             "keeps_freed": keeps_freed,
             "needed_factor": 0.0 if pacer is None else pacer.needed,
+            "tail_steps": tail_steps,
         }
         dist.gather_object(mine, gathered, dst=0)
     finally:
@@ -291,6 +307,7 @@ def run_rank(
         peak_rss_mb=[g["peak_rss_mb"] for g in gathered],
         keeps_freed=[g["keeps_freed"] for g in gathered],
         needed_factor=[g["needed_factor"] for g in gathered],
+        tail_steps=[g["tail_steps"] for g in gathered],
     )
 
 

@@ -354,6 +354,7 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
         dilation=dilation.record(cfg, result, measured.calibration),
         transport=transport_record(cfg),
         intra_host=_intra_host(cfg, topo),
+        gate=None if t.gate is None else {"jobs": t.gate_jobs, "tail_steps": max(result["tail_steps"])},
         images_per_step=figures.images_per_step,
         step_time_s=figures.step_time_s,
         window_s=result["window_s"],

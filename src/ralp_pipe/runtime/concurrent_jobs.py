@@ -8,7 +8,8 @@ joins the shared cluster: its command line names the hosts (``--shared-hosts``, 
 :meth:`ralp_pipe.runtime.emulated.EmulatedCluster.share`).
 Each of ``experiment.repeats`` rounds runs every distinct job alone on the same layout (jobs with the same
 overrides share one alone run: the same configuration on the same links), then all together. ``concurrent.json``
-holds each job's strategy, its measured images/sec alone and together in every round (``alone_runs``,
+holds each job's strategy, its measured images/sec alone and together in every round (together: windows that
+started at once and a link kept loaded until the last closed, :mod:`ralp_pipe.engine.gate`) (``alone_runs``,
 ``together_runs``) and their means, the slowdown (mean alone / mean together) and its dilation factor D (null where undilated; the
 tables show target-equivalent figures, measured x D, with intervals, the group's k and whether its jobs are
 all alike: :func:`ralp_pipe.results.tables.concurrent_table`).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,7 +115,10 @@ def run_concurrent(jobs: Sequence[Sequence[str]], common: Sequence[str], out: Pa
         for i in sorted(set(alone_of)):
             with EmulatedCluster(n_hosts, rate, burst) as cluster:
                 _run_jobs(cluster, [(_run_dir(out, i, r, "alone"), overrides[i], hosts[i])], timeout_s)
-        at_once = [(_run_dir(out, i, r, "together"), o, hosts[i]) for i, o in enumerate(overrides)]
+        gate = out / f"r{r}-gate"  # where the jobs meet, so that their windows run together (engine/gate.py)
+        shutil.rmtree(gate, ignore_errors=True)  # a fresh meeting each round
+        met = [f"train.gate={gate}", f"train.gate_jobs={len(jobs)}"]
+        at_once = [(_run_dir(out, i, r, "together"), [*o, *met], hosts[i]) for i, o in enumerate(overrides)]
         with EmulatedCluster(n_hosts, rate, burst) as cluster:
             _run_jobs(cluster, at_once, timeout_s)
     summary: dict[str, Any] = {
