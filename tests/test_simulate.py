@@ -86,7 +86,11 @@ def test_simulate_cli_writes_parquet_and_png_curves(tmp_path, vgg11, capsys) -> 
     for name in ("images_per_sec.png", "speedup_over_ps.png"):
         with Image.open(out / name) as image:
             assert image.format == "PNG" and image.width > 400
-    assert "Gbit/s N=2" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    # per link speed and end of the N range: every strategy's images/sec, then the best; each line once
+    every = [line for line in printed if "Gbit/s N=" in line]
+    assert len(every) == len(set(every)) == 2 * 2 and all(f" {s} " in every[0] for s in STRATEGIES)
+    assert sum(line.lstrip().startswith("best ") for line in printed) == 2 * 2
     assert sorted(p.name for p in out.iterdir()) == ["images_per_sec.png", "simulation.parquet", "speedup_over_ps.png"]
 
 

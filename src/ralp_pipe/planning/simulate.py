@@ -202,20 +202,22 @@ def write_outputs(frame: pd.DataFrame, out: Path, device: str) -> list[Path]:
 
 
 def summary(frame: pd.DataFrame) -> str:
-    """Best strategy per link speed at the smallest and largest N and its speedup over each baseline, as short text
-    lines."""
+    """Per link speed, at the smallest and the largest N: every strategy's images/sec, then the best one with its
+    speedup over each baseline, as short text lines."""
     lines = []
     for gbit in sorted(frame.link_gbit.unique()):
-        for n in (frame.gpus.min(), frame.gpus.max()):
+        for n in sorted({frame.gpus.min(), frame.gpus.max()}):
             part = frame[(frame.link_gbit == gbit) & (frame.gpus == n)]
             best = part.loc[part.images_per_sec.idxmax()]
             split = f" split {int(best.split)}" if strategy_kind(best.strategy).places_layers else ""
             over = ", ".join(
                 f"{best[f'speedup_over_{b}']:.2f}x {b}" for b in baselines() if pd.notna(best.get(f"speedup_over_{b}"))
             )
+            every = ", ".join(f"{r.strategy} {r.images_per_sec:,.0f}" for r in part.itertuples())
+            lines.append(f"{gbit:>5g} Gbit/s N={n:<5d} img/s: {every}")
             lines.append(
-                f"{gbit:>5g} Gbit/s N={n:<5d} best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, "
-                f"{over}, {best.gb_per_step:.3g} GB/step"
+                f"{'':>20}best {best.strategy}{split}: {best.images_per_sec:,.0f} img/s, {over}, "
+                f"{best.gb_per_step:.3g} GB/step"
             )
     return "\n".join(lines)
 
