@@ -51,6 +51,7 @@ from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.records import Profile
 from ralp_pipe.contract.topology import hosts_of
 from ralp_pipe.engine import devicemodel, models
+from ralp_pipe.errors import ConfigError
 from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
@@ -92,6 +93,14 @@ def main() -> int:
     )
     parser.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides, e.g. 'experiment.repeats=1'")
     args = parser.parse_args()
+    try:
+        return estimate(args, parser)
+    except ConfigError as exc:  # a wrong experiment, override or rate: its message names it
+        parser.exit(2, f"{parser.prog}: {exc}\n")
+
+
+def estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Print the estimate and the bound for the parsed `args` (`parser` reports a missing --factor)."""
     matrix = Matrix(parse_settings({"experiment": args.experiment, "overrides": args.overrides}))
     overrides = [f"experiment={args.experiment}", *args.overrides]
     base = load(overrides)
@@ -162,7 +171,7 @@ def main() -> int:
     for capacity in args.capacity:
         bound = sent_gb * 8e9 / budget_mbps(capacity) / 1e6
         print(
-            f"bytes the runs send through emulated links: {sent_gb / 1e3:.1f} TB; at {capacity} in all, at least "
+            f"bytes the runs send through emulated links: {sent_gb / 1e3:.3g} TB; at {capacity} in all, at least "
             f"{bound:.0f} s ({bound / 3600:.2f} h) of training wall time, whatever D and packing"
         )
     if args.side_by_side:
