@@ -450,9 +450,9 @@ def _validate_experiment(e: ExperimentConfig) -> None:
         _choice("experiment.strategies[]", strategy, tuple(STRATEGY_KINDS))
     for gpus in e.gpus:
         _at_least("experiment.gpus[]", gpus, 2)
-    _by_model("gpus", e.gpus_by_model, e.gpus, e.models, MODELS, "model")
-    _by_model("gpus", e.gpus_by_strategy, e.gpus, e.strategies, tuple(STRATEGY_KINDS), "strategy")
-    _by_model("networks", e.networks_by_model, e.networks, e.models, MODELS, "model")
+    _narrowing("gpus", e.gpus_by_model, e.gpus, ("model", "models"), e.models, MODELS)
+    _narrowing("gpus", e.gpus_by_strategy, e.gpus, ("strategy", "strategies"), e.strategies, tuple(STRATEGY_KINDS))
+    _narrowing("networks", e.networks_by_model, e.networks, ("model", "models"), e.models, MODELS)
     for name in e.variants:
         _safe_name("experiment.variants", name)
     for model in e.measured_profiles:
@@ -470,21 +470,21 @@ def _validate_experiment(e: ExperimentConfig) -> None:
             )
 
 
-def _by_model(
-    name: str, by: dict[str, Any], every: list[Any], listed: list[str], known: Sequence[str], of: str
+def _narrowing(
+    name: str, by: dict[str, Any], every: list[Any], of: tuple[str, str], listed: list[str], known: Sequence[str]
 ) -> None:
-    """experiment.<name>_by_<of>: each entry a known model (or strategy, where `of` says so) with the values of
-    experiment.<name> it may run at. An entry narrows, so narrowing the experiment (fewer models, N or networks)
-    needs no edit of it; a listed model or strategy its entry leaves with none of experiment.<name> is refused."""
+    """experiment.<name>_by_<of>: each entry a known model or strategy (`of`: its singular and plural) with the
+    values of experiment.<name> it may run at. An entry narrows, so narrowing the experiment (fewer models, N or
+    networks) needs no edit of it; a `listed` one its entry leaves with none of experiment.<name> is refused."""
+    one, many = of
     for key, own in by.items():
-        _choice(f"experiment.{name}_by_{of}", key, known)
+        _choice(f"experiment.{name}_by_{one}", key, known)
         if not own:
-            raise ConfigError(f"experiment.{name}_by_{of}.{key} is empty: list the {name} it runs at, or drop it")
+            raise ConfigError(f"experiment.{name}_by_{one}.{key} is empty: list the {name} it runs at, or drop it")
         if key in listed and not set(own) & set(every):
             raise ConfigError(
-                f"experiment.{name}_by_{of}.{key}={list(own)} has none of experiment.{name}={every}, so {of} "
-                f"{key} would not run: drop it from experiment.{'strategies' if of == 'strategy' else 'models'} "
-                f"or add one of its {name} to experiment.{name}"
+                f"experiment.{name}_by_{one}.{key}={list(own)} has none of experiment.{name}={every}, so {one} "
+                f"{key} would not run: drop it from experiment.{many} or add one of its {name} to experiment.{name}"
             )
 
 
