@@ -451,3 +451,20 @@ def test_a_key_twice_in_the_users_overrides_is_refused_and_stage_commands_give_e
     args = matrix.stage_args("train", run)
     assert args.count("strategy.overlap=false") == 1 and args[-1] == "train.repeat=0", args
     assert matrix.config(run).strategy.overlap is False
+
+
+def test_a_concurrent_job_that_places_layers_trains_with_its_configurations_plan() -> None:
+    """A RALP job of a workload gets the matrix's plan of its dataset, model, N and network (so it runs the split
+    its configuration runs alone in the matrix); ps needs none, nor a job with a split of its own or whose
+    configuration the matrix lacks (it keeps strategy.split or the default)."""
+    jobs = ["strategy=ps model=resnet18 cluster.gpus=2 network=10gbit"]
+    jobs += [f"strategy=ralp_n model=resnet18 cluster.gpus={n} network=10gbit" for n in (2, 4)]
+    jobs += ["strategy=ralp_n model=resnet18 cluster.gpus=2 network=10gbit strategy.split=3"]
+    elsewhere = "strategy=ralp_n model=resnet18 cluster.gpus=2 network=5gbit"  # ResNet-18 runs on 10gbit only
+    workloads = ", ".join("[" + ", ".join(f'"{job}"' for job in group) + "]" for group in (jobs, [elsewhere] * 2))
+    matrix = Matrix(parse_settings({"experiment": "dilated", "overrides": [f"experiment.concurrent=[{workloads}]"]}))
+    n2, n4 = (matrix.path("plan", matrix.first(model="resnet18", gpus=n, network="10gbit")) for n in ("2", "4"))
+    assert matrix.workload_plans(0) == [None, n2, n4, None]
+    assert matrix.workload_plans(1) == [None, None]
+    args = matrix.concurrent_args(0)
+    assert args[1] == jobs[0] and args[3] == f"{jobs[1]} strategy.plan={n2}" and args[7] == jobs[3]

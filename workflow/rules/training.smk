@@ -45,8 +45,13 @@ rule train:
         "{params.link_check} {params.args} > {log:q} 2>&1"
 
 
-# Several training jobs at once on one emulated network (experiment.concurrent), each also alone.
+# Several training jobs at once on one emulated network (experiment.concurrent), each also alone; a job that
+# places layers trains with the plan of its configuration in the matrix.
 rule concurrent:
+    input:
+        plans=lambda wildcards: [
+            plan for plan in MATRIX.workload_plans(int(wildcards.index)) if plan
+        ],
     output:
         f"{MATRIX.path('concurrent')}/{CONCURRENT_FILE}",
     log:

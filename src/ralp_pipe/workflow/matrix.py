@@ -524,10 +524,38 @@ class Matrix:
         """The concurrent workloads of the experiment: each a list of jobs (Hydra override strings)."""
         return [list(w) for w in self.base.experiment.concurrent]
 
+    def workload_plans(self, index: int) -> list[str | None]:
+        """The plan each job of workload `index` trains with: the matrix's plan of the job's dataset, model, N and
+        network where the job places layers with no split or plan of its own (None: none, or the matrix has no run
+        of that configuration, and the job takes strategy.split or the default split), so that a job runs the split
+        its configuration runs in the matrix."""
+        plans: list[str | None] = []
+        for cfg in self._workload_configs[index]:
+            plan = None
+            if strategy_kind(cfg.strategy.name).places_layers and cfg.strategy.split is None and not cfg.strategy.plan:
+                try:
+                    run = self.first(
+                        dataset=cfg.dataset.name,
+                        model=cfg.model.name,
+                        gpus=str(cfg.cluster.gpus),
+                        network=cfg.network.name,
+                    )
+                except ConfigError:
+                    run = None
+                plan = None if run is None else self.path("plan", run)
+            plans.append(plan)
+        return plans
+
     def concurrent_args(self, index: int) -> list[str]:
-        """Arguments of `ralp-pipe concurrent` for workload `index`: its jobs, then the overrides
-        every job shares (the experiment and the user's training overrides)."""
-        jobs = [arg for job in self.workloads[index] for arg in ("--job", job)]
+        """Arguments of `ralp-pipe concurrent` for workload `index`: its jobs (each with its plan,
+        :meth:`workload_plans`), then the overrides every job shares (the experiment and the user's training
+        overrides)."""
+        plans = self.workload_plans(index)
+        with_plans = [
+            job if plan is None else f"{job} {shlex.quote(f'strategy.plan={plan}')}"
+            for job, plan in zip(self.workloads[index], plans)
+        ]
+        jobs = [arg for job in with_plans for arg in ("--job", job)]
         common = [o for o in self.settings.overrides if relevant(override_key(o), STAGE_KEYS["train"])]
         return [*jobs, f"experiment={self.settings.experiment}", *common]
 
