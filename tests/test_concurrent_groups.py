@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
@@ -64,6 +65,44 @@ def test_each_round_runs_every_distinct_job_alone_once_then_all_together(
     assert summary["jobs"][1]["slowdown"] == pytest.approx(10.5 / 4.5)
     assert {j["dilation_factor"] for j in summary["jobs"]} == {8.0}
     assert (tmp_path / "concurrent.json").is_file()
+
+
+def test_a_job_of_several_workloads_of_one_call_runs_alone_once_a_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workloads w0 = (ps, RALP-N) and w1 = (ps, ps): each round runs ps and RALP-N alone once (in w0, the first
+    workload that has them), then w0's jobs together, then w1's; w1's jobs name w0's ps as their alone runs, and the
+    pooled spread counts those runs once."""
+    calls: list[list[Path]] = []
+
+    def run_jobs(cluster: Any, jobs: Sequence[tuple[Path, list[str], list[int]]], timeout_s: float) -> None:
+        calls.append([out.relative_to(tmp_path) for out, _, _ in jobs])
+
+    def record(out: Path) -> Any:
+        workload, job, repeat = out.parents[2].name, int(out.parent.parent.name[3:]), int(out.parent.name[1:])
+        figure = {"alone": 10.0 + 10 * job, "together": 5.0 + job + (2 if workload == "w1" else 0)}[out.name]
+        return SimpleNamespace(images_per_sec=figure + repeat / 10, dilation={"factor": 8.0})
+
+    monkeypatch.setattr(concurrent_jobs, "EmulatedCluster", NoCluster)
+    monkeypatch.setattr(concurrent_jobs, "_run_jobs", run_jobs)
+    monkeypatch.setattr(concurrent_jobs, "_record", record)
+    common = ["network=10gbit", "dilation.factor=8", "dilation.mode=modelled", "experiment.repeats=2"]
+    outs = [tmp_path / "w0", tmp_path / "w1"]
+    summaries = concurrent_jobs.run_workloads([[PS.split(), RALP.split()], [PS.split(), PS.split()]], common, outs)
+    for r in range(2):
+        alone = [[Path(f"w0/job{i}/r{r}/alone")] for i in (0, 1)]
+        together = [[Path(f"{w}/job{i}/r{r}/together") for i in (0, 1)] for w in ("w0", "w1")]
+        assert calls[4 * r : 4 * r + 4] == alone + together
+    assert len(calls) == 8
+    w0, w1 = summaries
+    assert [(j["alone_of"], j.get("alone_in")) for j in w0["jobs"]] == [(0, None), (1, None)]
+    assert [(j["alone_of"], j.get("alone_in")) for j in w1["jobs"]] == [(0, "w0"), (0, "w0")]
+    assert [j["alone_runs"] for j in w1["jobs"]] == [[10.0, 10.1]] * 2
+    assert all((out / "concurrent.json").is_file() for out in outs)
+    spread = concurrent_spread([("w0", w0), ("w1", w1)])
+    groups = [[10.0, 10.1], [20.0, 20.1], [5.0, 5.1], [6.0, 6.1], [7.0, 7.1], [8.0, 8.1]]  # ps alone counted once
+    expected = pool(groups)
+    assert (spread.df, spread.relative_std) == (expected.df, pytest.approx(expected.relative_std))
 
 
 @pytest.mark.parametrize("count", [1, MAX_CONCURRENT_JOBS + 1])
@@ -152,3 +191,16 @@ def test_the_slowdown_plot_draws_with_and_without_workloads(tmp_path: Path) -> N
         tables = Tables(*([empty] * 3), concurrent, empty, "")  # type: ignore[arg-type]  # only concurrent is read
         concurrent_slowdown(tables, tmp_path / f"{name}.png")
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[strategy=ps]", "--workload 1 is not JSON"),
+        ('{"job": "strategy=ps"}', "must be a JSON list of override strings"),
+    ],
+)
+def test_a_workload_that_is_not_a_json_list_of_strings_is_refused_by_its_number(text: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        concurrent_jobs.parse_workload(text, 1)
+    assert concurrent_jobs.parse_workload("[\"strategy=ps 'train.seed=1'\"]", 0) == [["strategy=ps", "train.seed=1"]]

@@ -164,7 +164,13 @@ def test_a_concurrent_workload_asks_one_node_for_all_its_ranks_at_once(tmp_path:
     # a node of 8 CPUs: the 5 ranks share them (as they share this machine's locally); its memory must hold them
     shared = Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm",
                                     "overrides": [*overrides, workload, "cluster.slurm.cpus_per_node=8"]}))  # fmt: skip
-    assert shared.concurrent_resources(0)["cpus_per_task"] == 8
+    assert shared.concurrent_resources()["cpus_per_task"] == 8
+    # a second workload, ps beside itself: one job runs both, the largest's 6 ranks at once, ps and ralp_n alone once
+    # a round (ps is in both) and each workload together: 4 bounds
+    both = workload.replace("]]", "],['strategy=ps cluster.gpus=2','strategy=ps cluster.gpus=2']]")
+    two = Matrix(parse_settings({"experiment": "smoke", "launcher": "slurm", "overrides": [*overrides, both]}))
+    assert two.concurrent_resources()["tasks"] == 1 and two.concurrent_resources()["mem_mb"] == 6 * 3000
+    assert two.concurrent_resources()["runtime"] == 4 * 31 + 10
     with pytest.raises(ConfigError, match=r"concurrent workload of 2 jobs .* 5 x cluster.slurm.mem_mb=3000 = 15000 MB"):
         Matrix(
             parse_settings(

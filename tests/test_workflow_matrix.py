@@ -385,10 +385,9 @@ def test_rules_hand_stages_the_exact_paths_of_their_inputs_and_name_logs_from_th
                 f"--plan {matrix.path('plan', run)} "
             ), command
             assert "strategy.plan" not in command
-        if rule == "concurrent":
-            assert command.startswith(f"ralp-pipe concurrent --out {matrix.path('concurrent', index=0)} --job "), (
-                command
-            )
+        if rule == "concurrent":  # one job runs every workload, workload i into concurrent/w<i>
+            root = os.path.dirname(matrix.path("concurrent", index=0))
+            assert command.startswith(f"ralp-pipe concurrent --out {root} --workload "), command
     assert sum(rule == "train" for rule, *_ in jobs) == len(matrix.runs)
 
 
@@ -466,5 +465,8 @@ def test_a_concurrent_job_that_places_layers_trains_with_its_configurations_plan
     n2, n4 = (matrix.path("plan", matrix.first(model="resnet18", gpus=n, network="10gbit")) for n in ("2", "4"))
     assert matrix.workload_plans(0) == [None, n2, n4, None]
     assert matrix.workload_plans(1) == [None, None]
-    args = matrix.concurrent_args(0)
-    assert args[1] == jobs[0] and args[3] == f"{jobs[1]} strategy.plan={n2}" and args[7] == jobs[3]
+    args = matrix.concurrent_args()
+    assert args[0] == args[2] == "--workload" and args[4] == "experiment=dilated"
+    given = json.loads(args[1])
+    assert given[0] == jobs[0] and given[1] == f"{jobs[1]} strategy.plan={n2}" and given[3] == jobs[3]
+    assert json.loads(args[3]) == [elsewhere] * 2

@@ -41,7 +41,7 @@ def slurm_resources(stage, *names):
     if not MATRIX.settings.slurm:
         return {}
     if stage == "concurrent":
-        resources = lambda wildcards: MATRIX.concurrent_resources(int(wildcards.index))
+        resources = lambda wildcards: MATRIX.concurrent_resources()
     else:
         resources = lambda wildcards: MATRIX.slurm_resources(
             run_of(wildcards, stage), stage

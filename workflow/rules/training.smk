@@ -45,35 +45,44 @@ rule train:
         "{params.link_check} {params.args} > {log:q} 2>&1"
 
 
-# Several training jobs at once on one emulated network (experiment.concurrent), each also alone; a job that
+# Several training jobs at once on one emulated network (experiment.concurrent), each also alone: one job runs
+# every workload (a job of several workloads runs alone once a round), workload i into concurrent/w<i>; a job that
 # places layers trains with the plan of its configuration in the matrix.
-rule concurrent:
-    input:
-        plans=lambda wildcards: [
-            plan for plan in MATRIX.workload_plans(int(wildcards.index)) if plan
-        ],
-    output:
-        f"{MATRIX.path('concurrent')}/{CONCURRENT_FILE}",
-    log:
-        MATRIX.log("concurrent"),
-    wildcard_constraints:
-        index=r"\d+",
-    conda:
-        ENV
-    threads: workflow.cores  # throughput measurements run alone
-    resources:
-        **slurm_resources(
-            "concurrent",
-            "mem_mb",
-            "runtime",
-            "nodes",
-            "tasks",
-            "cpus_per_task",
-            "slurm_extra",
-        ),
-    params:
-        key=lambda wildcards: MATRIX.concurrent_params(int(wildcards.index)),
-        args=lambda wildcards: shlex.join(MATRIX.concurrent_args(int(wildcards.index))),
-        out=lambda wildcards, output: os.path.dirname(output[0]),
-    shell:
-        "ralp-pipe concurrent --out {params.out:q} {params.args} > {log:q} 2>&1"
+if MATRIX.workloads:
+
+    rule concurrent:
+        input:
+            plans=sorted(
+                {
+                    plan
+                    for index in range(len(MATRIX.workloads))
+                    for plan in MATRIX.workload_plans(index)
+                    if plan
+                }
+            ),
+        output:
+            [
+                f"{MATRIX.path('concurrent', index=index)}/{CONCURRENT_FILE}"
+                for index in range(len(MATRIX.workloads))
+            ],
+        log:
+            MATRIX.log("concurrent"),
+        conda:
+            ENV
+        threads: workflow.cores  # throughput measurements run alone
+        resources:
+            **slurm_resources(
+                "concurrent",
+                "mem_mb",
+                "runtime",
+                "nodes",
+                "tasks",
+                "cpus_per_task",
+                "slurm_extra",
+            ),
+        params:
+            key=MATRIX.concurrent_params(),
+            args=shlex.join(MATRIX.concurrent_args()),
+            out=lambda wildcards, output: os.path.dirname(os.path.dirname(output[0])),
+        shell:
+            "ralp-pipe concurrent --out {params.out:q} {params.args} > {log:q} 2>&1"

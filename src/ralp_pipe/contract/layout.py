@@ -23,7 +23,7 @@ PLAN_FILE = PLAN_ID + ".json"  # below the plans folder
 # strategy.overlap=false), then r<k> for the k-th of experiment.repeats independent repeats.
 CONFIGURATION_ID = "{dataset}/{model}/n{gpus}-{network}/{arm}"
 RUN_ID = CONFIGURATION_ID + "/r{repeat}"
-CONCURRENT_ID = "w{index}"  # one workload of experiment.concurrent
+CONCURRENT_ID = "w{index}"  # one workload of experiment.concurrent (one job runs them all: logs/concurrent.log)
 SEQUENTIAL_SUFFIX = "-sequential"
 MEASURED_FOLDER = "profiles/measured"  # experiment.measured_profiles: profiles measured here ...
 MEASURED_PLANS_FOLDER = f"{MEASURED_FOLDER}/plans"  # ... and the plans made from them
@@ -53,7 +53,6 @@ LOG_IDS = {
     "profile_measured": PROFILE_ID,
     "plan_measured": PLAN_ID,
     "train": RUN_ID,
-    "concurrent": CONCURRENT_ID,
 }
 METRICS_FILE, STEPS_FILE = "metrics.json", "steps.parquet"  # in a run folder; metrics.json marks it complete
 MANIFEST_FILE = "manifest.json"  # in a dataset's shards folder: what was prepared, from what

@@ -382,11 +382,13 @@ def concurrent_row(workload: str, doc: dict[str, Any], job: dict[str, Any], spre
 
 def concurrent_spread(workloads: Sequence[tuple[str, dict[str, Any]]]) -> Pool:
     """The run-to-run spread of ln images/sec pooled over every concurrent job's rounds, alone and together (a job
-    alone counted once where several jobs of a workload share its alone runs)."""
+    alone counted once where several jobs share its alone runs: of one workload, or of the workloads of one call,
+    whose record names the workload that ran them, ``alone_in``)."""
     groups: dict[tuple[Any, ...], list[float]] = {}
     for name, doc in workloads:
         for job in doc["jobs"]:
-            groups[(name, "alone", job.get("alone_of", job["job"]))] = _runs(name, job, "alone")
+            alone = (job.get("alone_in", name), "alone", job.get("alone_of", job["job"]))
+            groups[alone] = _runs(name, job, "alone")
             groups[(name, "together", job["job"])] = _runs(name, job, "together")
     return pool(list(groups.values()))
 

@@ -546,22 +546,24 @@ class Matrix:
             plans.append(plan)
         return plans
 
-    def concurrent_args(self, index: int) -> list[str]:
-        """Arguments of `ralp-pipe concurrent` for workload `index`: its jobs (each with its plan,
-        :meth:`workload_plans`), then the overrides every job shares (the experiment and the user's training
-        overrides)."""
-        plans = self.workload_plans(index)
-        with_plans = [
-            job if plan is None else f"{job} {shlex.quote(f'strategy.plan={plan}')}"
-            for job, plan in zip(self.workloads[index], plans)
-        ]
-        jobs = [arg for job in with_plans for arg in ("--job", job)]
+    def concurrent_args(self) -> list[str]:
+        """Arguments of the one `ralp-pipe concurrent` call that runs every workload (`--workload` each, in order, so
+        workload i lands in concurrent/w<i>, every job with its plan, :meth:`workload_plans`), then the overrides
+        every job shares (the experiment and the user's training overrides)."""
+        args = []
+        for index, workload in enumerate(self.workloads):
+            plans = self.workload_plans(index)
+            jobs = [
+                job if plan is None else f"{job} {shlex.quote(f'strategy.plan={plan}')}"
+                for job, plan in zip(workload, plans)
+            ]
+            args += ["--workload", json.dumps(jobs)]
         common = [o for o in self.settings.overrides if relevant(override_key(o), STAGE_KEYS["train"])]
-        return [*jobs, f"experiment={self.settings.experiment}", *common]
+        return [*args, f"experiment={self.settings.experiment}", *common]
 
-    def concurrent_params(self, index: int) -> str:
-        """Rerun key of a concurrent workload: its arguments and the resolved training config."""
-        data = {"args": self.concurrent_args(index), "config": select(to_dict(self.base), STAGE_KEYS["train"])}
+    def concurrent_params(self) -> str:
+        """Rerun key of the concurrent workloads: their arguments and the resolved training config."""
+        data = {"args": self.concurrent_args(), "config": select(to_dict(self.base), STAGE_KEYS["train"])}
         return json.dumps(data, sort_keys=True)
 
     def _check_workloads(self) -> None:
@@ -578,9 +580,10 @@ class Matrix:
                 [self._compose(head + shlex.split(job), "concurrent job", job) for job in workload]
             )
 
-    def concurrent_resources(self, index: int) -> dict[str, Any]:
-        """SLURM resources of concurrent workload `index` (:func:`ralp_pipe.workflow.slurm.concurrent_resources`)."""
-        return concurrent_resources(self.base, self._workload_configs[index])
+    def concurrent_resources(self) -> dict[str, Any]:
+        """SLURM resources of the job running every concurrent workload
+        (:func:`ralp_pipe.workflow.slurm.concurrent_resources`)."""
+        return concurrent_resources(self.base, self._workload_configs, self.workloads)
 
     def checks_links(self, run: Run) -> bool:
         """Whether `run` takes its dilation factor from a ``check_links`` job: modelled ``auto`` on emulated links
@@ -708,8 +711,8 @@ class Matrix:
             self.slurm_resources(self.first(network=network), "probe")
         for run in self.runs:
             self.slurm_resources(run, "train")
-        for index in range(len(self.workloads)):
-            self.concurrent_resources(index)
+        if self.workloads:
+            self.concurrent_resources()
 
     def resolved(self) -> dict[str, Any]:
         """Every run's resolved config, keyed by its run id (for bundles)."""

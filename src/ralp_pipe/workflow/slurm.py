@@ -164,15 +164,23 @@ def one_node(cfg: Config, job: str, ranks: int) -> dict[str, Any]:
     return {"nodes": 1, "tasks": 1, "cpus_per_task": cpus, "mem_mb": ranks * s.mem_mb}
 
 
-def concurrent_resources(cfg: Config, jobs: Sequence[Config]) -> dict[str, Any]:
-    """The resources of a concurrent-workload job of the experiment `cfg` (``cluster.slurm.*``) running `jobs`:
-    one node for every rank of them at once (:func:`one_node`), for each job alone and then all together."""
+def concurrent_resources(
+    cfg: Config, workloads: Sequence[Sequence[Config]], overrides: Sequence[Sequence[str]]
+) -> dict[str, Any]:
+    """The resources of the job running the concurrent `workloads` of the experiment `cfg` (``cluster.slurm.*``; each
+    workload's jobs' configs, and the `overrides` that tell which jobs are alike): one node for the ranks of the
+    largest workload at once (:func:`one_node`), for each distinct job alone and then each workload together."""
     s = cfg.cluster.slurm
-    ranks = sum(of_strategy(job.strategy, job.cluster.gpus).world_size for job in jobs)
-    bounds = [training_seconds(job) for job in jobs]
-    resources: dict[str, Any] = one_node(cfg, f"a concurrent workload of {len(jobs)} jobs", ranks)
-    # each of experiment.repeats rounds: every job alone, then the longest again for all together
-    resources["runtime"] = math.ceil(cfg.experiment.repeats * (sum(bounds) + max(bounds)) / 60) + s.margin_min
+    ranks = [sum(of_strategy(job.strategy, job.cluster.gpus).world_size for job in jobs) for jobs in workloads]
+    largest = max(range(len(workloads)), key=lambda w: ranks[w])
+    what = f"a concurrent workload of {len(workloads[largest])} jobs"
+    resources: dict[str, Any] = one_node(cfg, what, ranks[largest])
+    alone = {
+        job: training_seconds(config) for jobs, texts in zip(workloads, overrides) for config, job in zip(jobs, texts)
+    }
+    together = [max(training_seconds(job) for job in jobs) for jobs in workloads]
+    # each of experiment.repeats rounds: every distinct job alone, then each workload's longest again all together
+    resources["runtime"] = math.ceil(cfg.experiment.repeats * (sum(alone.values()) + sum(together)) / 60) + s.margin_min
     resources.update(_placement(cfg))
     if s.exclusive:
         resources["slurm_extra"] = "--exclusive"
