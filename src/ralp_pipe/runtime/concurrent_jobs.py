@@ -133,8 +133,8 @@ def run_workloads(
     distinct job of them all alone once (on the layout of the first workload that has it), then each workload's jobs
     all together; write and return each workload's concurrent.json."""
     where = ["--job"] if len(workloads) == 1 else [f"--workload {w} ({outs[w]})" for w in range(len(workloads))]
-    plans = [_workload(jobs, common, out, name) for jobs, out, name in zip(workloads, outs, where)]
-    configs = [c for plan in plans for c in plan.configs]
+    groups = [_workload(jobs, common, out, name) for jobs, out, name in zip(workloads, outs, where)]
+    configs = [c for group in groups for c in group.configs]
     timeout_s = max(c.cluster.timeout_s for c in configs)
     repeats = max(c.experiment.repeats for c in configs)
     home: dict[tuple[str, ...], tuple[int, int]] = {}  # each distinct job -> the (workload, job) that runs it alone
@@ -143,30 +143,33 @@ def run_workloads(
             home.setdefault(tuple(job), (w, i))
     for r in range(repeats):
         for w, i in home.values():
-            plan = plans[w]
-            with EmulatedCluster(plan.n_hosts, *plan.network) as cluster:
-                _run_jobs(cluster, [(_run_dir(plan.out, i, r, "alone"), plan.overrides[i], plan.hosts[i])], timeout_s)
-        for plan in plans:
-            gate = plan.out / f"r{r}-gate"  # where the jobs meet, so that their windows run together (engine/gate.py)
+            group = groups[w]
+            with EmulatedCluster(group.n_hosts, *group.network) as cluster:
+                _run_jobs(
+                    cluster, [(_run_dir(group.out, i, r, "alone"), group.overrides[i], group.hosts[i])], timeout_s
+                )
+        for group in groups:
+            gate = group.out / f"r{r}-gate"  # where the jobs meet, so that their windows run together (engine/gate.py)
             shutil.rmtree(gate, ignore_errors=True)  # a fresh meeting each round
-            met = [f"train.gate={gate}", f"train.gate_jobs={len(plan.configs)}"]
+            met = [f"train.gate={gate}", f"train.gate_jobs={len(group.configs)}"]
             at_once = [
-                (_run_dir(plan.out, i, r, "together"), [*o, *met], plan.hosts[i]) for i, o in enumerate(plan.overrides)
+                (_run_dir(group.out, i, r, "together"), [*o, *met], group.hosts[i])
+                for i, o in enumerate(group.overrides)
             ]
-            with EmulatedCluster(plan.n_hosts, *plan.network) as cluster:
+            with EmulatedCluster(group.n_hosts, *group.network) as cluster:
                 _run_jobs(cluster, at_once, timeout_s)
     summaries = []
-    for w, (jobs, plan) in enumerate(zip(workloads, plans)):
+    for w, (jobs, group) in enumerate(zip(workloads, groups)):
         summary: dict[str, Any] = {
-            "network": {"rate": plan.network[0], "burst": plan.network[1]},
+            "network": {"rate": group.network[0], "burst": group.network[1]},
             "shared_host": SHARED_HOST,
             "repeats": repeats,
             "jobs": [],
         }
         for i, job in enumerate(jobs):
             alone_w, alone_i = home[tuple(job)]
-            alone = [_record(_run_dir(plans[alone_w].out, alone_i, r, "alone")) for r in range(repeats)]
-            together = [_record(_run_dir(plan.out, i, r, "together")) for r in range(repeats)]
+            alone = [_record(_run_dir(groups[alone_w].out, alone_i, r, "alone")) for r in range(repeats)]
+            together = [_record(_run_dir(group.out, i, r, "together")) for r in range(repeats)]
             alone_runs = [m.images_per_sec for m in alone]
             together_runs = [m.images_per_sec for m in together]
             alone_mean, together_mean = sum(alone_runs) / repeats, sum(together_runs) / repeats
@@ -174,10 +177,10 @@ def run_workloads(
                 {
                     "job": i,
                     "overrides": list(job),
-                    "strategy": plan.configs[i].strategy.name,
-                    "hosts": plan.hosts[i],
+                    "strategy": group.configs[i].strategy.name,
+                    "hosts": group.hosts[i],
                     "alone_of": alone_i,
-                    **({} if alone_w == w else {"alone_in": plans[alone_w].out.name}),
+                    **({} if alone_w == w else {"alone_in": groups[alone_w].out.name}),
                     "alone_runs": alone_runs,
                     "together_runs": together_runs,
                     "alone_images_per_sec": alone_mean,
@@ -187,7 +190,7 @@ def run_workloads(
                     "dilation_factor": (alone[0].dilation or {}).get("factor"),
                 }
             )
-        write_json_atomic(plan.out / CONCURRENT_FILE, summary)
+        write_json_atomic(group.out / CONCURRENT_FILE, summary)
         summaries.append(summary)
     return summaries
 
