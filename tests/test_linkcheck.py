@@ -271,7 +271,8 @@ def test_a_backend_ring_that_never_keeps_up_is_named(monkeypatch: pytest.MonkeyP
 def test_the_backend_keeps_up_with_a_low_rate_and_runs_at_twice_it(pattern: str, per_message: float) -> None:
     choice = accurate_factor(3, "200mbit", backend=pattern)
     _check_records(choice)
-    chosen = choice.measurements[-1]
+    # the chosen D's passing reading: under load the search may end on a failed reading below it (compression)
+    chosen = next(m for m in reversed(choice.measurements) if m.factor == choice.factor and m.worst >= choice.threshold)
     backend = chosen.backend
     assert backend is not None and backend.hosts == 3 and backend.pattern == pattern, choice.to_dict()
     assert backend.rate == shaped_rate("200mbit", chosen.factor / linkcheck.BACKEND_HEADROOM)  # the headroom's rate

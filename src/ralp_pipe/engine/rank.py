@@ -143,7 +143,13 @@ def _print_now(line: str) -> None:
 
 
 def _wire_reading() -> Any:
-    return host_counters()
+    """This host's link counters (None off emulated hosts and SLURM nodes), read just after a window edge's barrier.
+    A second barrier keeps every rank from sending the next phase's bytes before every host has read its own: a
+    rank that reaches its reading late (a loaded machine) would otherwise miss bytes another host already sent."""
+    reading = host_counters()
+    if reading is not None:
+        dist.barrier()
+    return reading
 
 
 def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | None:
