@@ -142,14 +142,17 @@ def _print_now(line: str) -> None:
     print(line, flush=True)
 
 
-def _wire_reading() -> Any:
-    """This host's link counters (None off emulated hosts and SLURM nodes), read just after a window edge's barrier.
-    A second barrier keeps every rank from sending the next phase's bytes before every host has read its own: a
-    rank that reaches its reading late (a loaded machine) would otherwise miss bytes another host already sent."""
+def _measured_edge(device: torch.device) -> tuple[float, Any]:
+    """One edge of the measured window (:func:`window_edge`: every rank there, then the clock) and this host's link
+    counters read there (None off emulated hosts and SLURM nodes, alike for every rank of a run). Where they are
+    read, a second barrier keeps every rank from sending the next phase's bytes before every host has read its own:
+    a rank reading late (a loaded machine) would otherwise take into its reading bytes sent after the edge, which
+    the window then misses."""
+    at = window_edge(device)
     reading = host_counters()
     if reading is not None:
         dist.barrier()
-    return reading
+    return at, reading
 
 
 def _wire_gb(start: list[Any], end: list[Any], steps: int) -> dict[str, Any] | None:
@@ -250,7 +253,7 @@ def run_rank(
             if step == t.warmup_steps:
                 if gate is not None:
                     gate.meet()  # the workload's windows start together
-                start, wire_start = window_edge(device), _wire_reading()
+                start, wire_start = _measured_edge(device)
                 if pacer is not None:
                     pacer.needed = 0.0  # the window's units only: the first steps allocate and rebuild buckets
             _maybe_fail(env.rank, step)
@@ -273,7 +276,7 @@ def run_rank(
             if progress is not None:
                 progress.step(step, phase, step_time_s)
             gc.collect()
-        end, wire_end = window_edge(device), _wire_reading()
+        end, wire_end = _measured_edge(device)
         tail_steps = 0
         if gate is not None:
             gate.check_out()
