@@ -1,5 +1,5 @@
 # The front-door commands. Each creates/reuses .venv from envs/requirements.lock first.
-.PHONY: run test test-fast lint setup
+.PHONY: run test test-fast lint setup docs
 
 setup:
 	@bash scripts/setup.sh
@@ -20,3 +20,7 @@ lint: setup
 # The unit tests only: no training/profile subprocess, snakemake workflow, SLURM or network namespace.
 test-fast: setup
 	@bash scripts/test.sh -m "not slow and not slurm and not netns" $(ARGS)
+
+# Write every generated block of README.md and docs/ again from its record (docs/records/) or the code.
+docs: setup
+	@.venv/bin/cog -r -I docs --verbosity=1 @docs/generated.txt

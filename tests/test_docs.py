@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Iterator
 
 from ralp_pipe import errors
-from ralp_pipe.config import schema
+from ralp_pipe.config import reference, schema
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 
 def rendered(page: str) -> str:
-    """A docs page's Markdown as the site's hook fills it in at build time."""
-    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
-    assert spec and spec.loader
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
-    return hooks.on_page_markdown((DOCS / page).read_text())
+    """A docs page's Markdown, its generated blocks written by cog (``make docs``; ``make lint`` checks them)."""
+    return (DOCS / page).read_text()
 
 
 def leaf_keys(root: type, prefix: str = "") -> Iterator[str]:
@@ -64,3 +63,95 @@ def test_readme_links_resolve() -> None:
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
         if not target.startswith(("http://", "https://")):
             assert (ROOT / target).exists(), f"README.md links {target}, which does not exist"
+
+
+def test_every_key_of_the_reference_has_a_description() -> None:
+    undescribed = [key.key for key in reference.schema_keys() if not key.comment.strip()]
+    assert not undescribed, f"keys without a comment in config/schema.py or config/: {undescribed}"
+    assert all(key.type != "Any" for key in reference.schema_keys()), "a key typed Any in the reference"
+
+
+def _cog_check(folder: Path) -> subprocess.CompletedProcess[str]:
+    """`make lint`'s check of the generated blocks, run on a copy of the docs' generator in `folder`."""
+    return subprocess.run(
+        [sys.executable, "-m", "cogapp", "--check", "-I", str(folder), str(folder / "page.md")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_lint_fails_when_a_generated_figure_or_its_record_changes(tmp_path: Path) -> None:
+    shutil.copy(DOCS / "records.py", tmp_path / "records.py")
+    (tmp_path / "records").mkdir()
+    measured = {"command": "python benchmarks/x.py", "revision": "abc1234", "date": "2026-12-07", "machine": "m"}
+    record = tmp_path / "records" / "x.json"
+    record.write_text(json.dumps({**measured, "figures": {"speedup": 2.345}}))
+    page = tmp_path / "page.md"
+    page.write_text(
+        "RALP is <!-- [[[cog import records; cog.out(records.fig('x', 'speedup', '.2f') + 'x') ]]] -->\n"
+        "<!-- [[[end]]] --> faster.\n"
+    )
+    written = subprocess.run([sys.executable, "-m", "cogapp", "-r", "-I", str(tmp_path), str(page)], check=False)
+    assert written.returncode == 0 and "2.35x" in page.read_text()
+    assert _cog_check(tmp_path).returncode == 0
+
+    page.write_text(page.read_text().replace("2.35x", "2.50x"))  # a figure edited by hand
+    assert _cog_check(tmp_path).returncode != 0
+    page.write_text(page.read_text().replace("2.50x", "2.35x"))
+    assert _cog_check(tmp_path).returncode == 0
+
+    record.write_text(json.dumps({**measured, "figures": {"speedup": 2.1}}))  # measured again, not regenerated
+    assert _cog_check(tmp_path).returncode != 0
+
+
+def test_the_generated_blocks_match_their_records() -> None:
+    listed = (DOCS / "generated.txt").read_text().split()
+    checked = subprocess.run(
+        [sys.executable, "-m", "cogapp", "--check", "-I", str(DOCS), *listed],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    holding = {str(p.relative_to(ROOT)) for p in [ROOT / "README.md", *DOCS.rglob("*.md")] if "[[[cog" in p.read_text()}
+    assert holding <= set(listed), f"docs/generated.txt does not list {sorted(holding - set(listed))}"
+
+
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but hyphens and underscores dropped, spaces
+    to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    """Every heading anchor of a Markdown page as GitHub renders it (repeats numbered -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    found = set()
+    in_code = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        match = None if in_code else re.match(r"^#{1,6} (.+)$", line)
+        if match:
+            slug = _github_slug(match[1])
+            found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_readme_links_resolve_as_github_renders_them() -> None:
+    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(), flags=re.S)
+    dead = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = ROOT / path if path else ROOT / "README.md"
+        if not file.exists():
+            dead.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            dead.append(target)
+    assert not dead, f"README.md links to what is not there: {dead}"

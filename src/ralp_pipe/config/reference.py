@@ -1,7 +1,7 @@
 """The configuration reference, generated from the code: every key of the typed schema and every Hydra group option.
 
-The documentation site (``docs/hooks.py``) puts :func:`schema_markdown`, :func:`groups_markdown` and
-:func:`exit_codes_markdown` into its pages at build time, so the reference cannot drift from
+The documentation's cog blocks (``docs/records.py``, ``make docs``) write :func:`schema_markdown`, :func:`groups_markdown` and
+:func:`exit_codes_markdown` into its pages, and ``make lint`` checks them, so the reference cannot drift from
 :mod:`ralp_pipe.config.schema`, ``config/`` and :mod:`ralp_pipe.errors`. A key's text is the comment on its
 line or the comment lines directly above it in ``schema.py``; its allowed values are those the value checks of
 :mod:`ralp_pipe.config.compose` pass to their ``_choice`` calls with a fixed tuple.
@@ -149,7 +149,7 @@ def schema_keys(root: type = schema.Config, prefix: str = "") -> Iterator[KeyDoc
             continue
         yield KeyDoc(
             key,
-            annotations.get((root.__name__, item.name), str(item.type)),
+            schema.UNION_TYPES.get(key) or annotations.get((root.__name__, item.name), str(item.type)),
             _default(item),
             comments.get((root.__name__, item.name)) or from_config.get(key, ""),
             allowed.get(key, ()),
@@ -158,7 +158,7 @@ def schema_keys(root: type = schema.Config, prefix: str = "") -> Iterator[KeyDoc
 
 def _cell(text: str) -> str:
     """Text safe inside a Markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    return text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
 
 
 def schema_markdown() -> str:
@@ -189,8 +189,8 @@ def _leading_comment(path: Path) -> str:
             break
         text = line.lstrip("#").strip()
         if not text.startswith("@package"):
-            lines.append(text)
-    return " ".join(lines)
+            lines.append(("\n" if text.startswith("- ") else "") + text)
+    return " ".join(lines).replace(" \n- ", "\n- ")
 
 
 def _root_defaults(config_dir: Path = schema.CONFIG_DIR) -> dict[str, str]:
@@ -210,20 +210,45 @@ def group_options(config_dir: Path = schema.CONFIG_DIR) -> list[GroupOption]:
     ]
 
 
+def _flat(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a YAML mapping; lists are leaves."""
+    for key, item in tree.items():
+        if isinstance(item, dict) and item:
+            yield from _flat(item, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", item
+
+
+def _experiment_section(option: GroupOption, config_dir: Path) -> str:
+    """One experiment as a section of its own: its file's comment, the groups it chooses, every key it sets."""
+    tree = yaml.safe_load((config_dir / option.group / f"{option.name}.yaml").read_text()) or {}
+    chosen = [
+        f"`{key.removeprefix('override ').lstrip('/')}={value}`"
+        for entry in tree.pop("defaults", [])
+        if isinstance(entry, dict)
+        for key, value in entry.items()
+    ]
+    rows = [f"| `{key}` | `{_cell(json.dumps(value).replace(chr(34), ''))}` |" for key, value in _flat(tree)]
+    groups = f"It chooses {', '.join(chosen)}.\n\n" if chosen else ""
+    return (
+        f"#### `experiment={option.name}`\n\n{option.comment.replace(chr(10) + '- ', chr(10) * 2 + '- ', 1)}\n\n{groups}"
+        "| key | value |\n|---|---|\n" + "\n".join(rows)
+    )
+
+
 def groups_markdown(config_dir: Path = schema.CONFIG_DIR) -> str:
-    """One table per group folder of `config_dir`: each option, whether it is the default, its file's comment."""
+    """One table per group folder of `config_dir`: each option, whether it is the default, its file's comment;
+    the experiments, whose comments are long and which set keys of every group, as a section each."""
     options = group_options(config_dir)
     parts = []
     for group in sorted({o.group for o in options}):
-        rows = [
-            f"| `{o.name}` | {'default' if o.default else ''} | {_cell(o.comment)} |"
-            for o in options
-            if o.group == group
-        ]
-        parts.append(
-            f"### `{group}`\n\nChoose with `{group.replace('/', '.')}=NAME` "
-            f"(files in `config/{group}/`).\n\n| option | | what it is |\n|---|---|---|\n" + "\n".join(rows)
-        )
+        mine = [o for o in options if o.group == group]
+        head = f"### `{group}`\n\nChoose with `{group.replace('/', '.')}=NAME` (files in `config/{group}/`)."
+        if group == "experiment":
+            parts.append(head + "\n\n" + "\n\n".join(_experiment_section(o, config_dir) for o in mine))
+            continue
+        rows = [f"| `{o.name}` | {'default' if o.default else ''} | {_cell(o.comment)} |" for o in mine]
+        parts.append(head + "\n\n| option | | what it is |\n|---|---|---|\n" + "\n".join(rows))
     return "\n\n".join(parts) + "\n"
 
 

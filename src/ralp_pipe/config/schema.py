@@ -49,6 +49,8 @@ REAL, MODELLED = "real", "modelled"  # dilation.mode: real compute padded, or th
 DILATION_MODES = (REAL, MODELLED)
 PROFILE_TARGET_SUFFIX = ".json"  # a dilation.target ending so is a profile file, anything else a config/device entry
 MIN_IMAGE_SIZE = {"alexnet": 64, "inception_v3": 75}  # smallest input whose feature maps do not vanish
+# the types of keys declared Any because OmegaConf has no unions of value types, as compose.py checks them
+UNION_TYPES = {"dilation.factor": 'float | "auto" | None'}
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -56,28 +58,30 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class SyntheticSource:
     """Settings of the deterministic JPEG generator used when no real ImageNet exists."""
 
-    images_per_class: int = 2
-    height: int = 72
-    width: int = 88
-    seed: int = 0
+    images_per_class: int = 2  # generated images of each class
+    height: int = 72  # generated images' height in pixels (before any crop)
+    width: int = 88  # generated images' width in pixels
+    seed: int = 0  # generator seed: the same seed writes the same bytes
 
 
 @dataclass
 class ShardOptions:
     """How `prepare-shards` packs images into webdataset tar shards."""
 
-    images_per_shard: int = 256
+    images_per_shard: int = 256  # images in one tar shard (the last may hold fewer)
+    # shrink images whose shorter side is longer to this many pixels (re-encoded as JPEG; never enlarged); None: keep
     resize_shorter: int | None = None
-    strict: bool = False
-    workers: int = 2
+    strict: bool = False  # an unreadable source image stops preparation; false: skipped and listed in the manifest
+    workers: int = 2  # processes writing shards in parallel
 
 
 @dataclass
 class DatasetConfig:
     """An image collection: where it lives, its layout and its class count."""
 
-    name: str = "synthetic1k"
-    num_classes: int = 1000
+    name: str = "synthetic1k"  # the dataset's name: its folder below <results>/data and its rows' `dataset` column
+    num_classes: int = 1000  # classes of the dataset: the classifier's outputs (model.num_classes follows it)
+    # folders: class folders of JPEGs (ILSVRC train/); tars: one tar per class (ImageNet-21K); synthetic: generated
     layout: str = "synthetic"
     source: str | None = None
     synthetic: SyntheticSource = field(default_factory=SyntheticSource)
@@ -88,18 +92,19 @@ class DatasetConfig:
 class ModelConfig:
     """A torchvision CNN; `num_classes` always comes from the dataset."""
 
-    name: str = "vgg11"
-    dropout: float = 0.5
+    name: str = "vgg11"  # the torchvision architecture, one of MODELS
+    dropout: float = 0.5  # dropout probability of the classifier (VGG, AlexNet)
 
 
 @dataclass
 class StrategyConfig:
     """How parameters and layers are placed on workers and parameter servers."""
 
-    name: str = "ps"
-    num_ps: int = 1
+    name: str = "ps"  # the strategy, one of STRATEGIES (what each does: docs/method/strategies.md)
+    num_ps: int = 1  # parameter-server ranks (ps; RALP's PS device is always one)
+    # RALP: placement units run by the workers (the rest on the PS device); None: the plan's, else after the last conv/pool unit
     split: int | None = None
-    plan: str | None = None
+    plan: str | None = None  # RALP: a plan file written by `ralp-pipe plan`, whose split the run takes
     overlap: bool = True  # pipelined push/pull (Distributed TensorFlow, BytePS); false: the sequential ablation
     bucket_mb: float = (
         1.0  # push/pull bucket size (BytePS partitions 4 MB; 1 MB is faster here, README); 0: one per parameter
@@ -117,7 +122,7 @@ class StrategyConfig:
 class SlurmConfig:
     """What jobs ask SLURM for and what its nodes hold (``workflow/rules``; the numbers: ralp_pipe.workflow.slurm)."""
 
-    partition: str | None = None
+    partition: str | None = None  # the partition jobs are submitted to (sbatch -p); None: the cluster's default
     account: str | None = None  # the account every job is charged to (sbatch -A); None: the plugin guesses one
     gpus_per_node: int = 0  # GPUs of one node: ranks take one each, this many per node; 0: CPU nodes
     cpus_per_task: int = 1  # CPUs of one rank (and of a profile job, which times one rank's compute)
@@ -134,13 +139,14 @@ class SlurmConfig:
 class ClusterConfig:
     """Where the ranks of one training run execute."""
 
+    # where ranks run: local (processes here), emulated (one network namespace per host, links shaped by tc), slurm (srun)
     kind: str = "local"
     gpus: int = 4
     gpus_per_node: int = 1  # GPUs of one host behind its one network link (planned and simulated; 1: a host each)
     device: str = "auto"
     backend: str = "auto"
     timeout_s: int = 900
-    init_timeout_s: int = 60
+    init_timeout_s: int = 60  # seconds the ranks may take to join the process group
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
@@ -149,7 +155,7 @@ class InterconnectConfig:
     """What links the GPUs of one host (``config/interconnect/<name>.yaml``): the bytes/s one GPU moves each
     direction to the others, from the cited source; None (`none`): no interconnect, one GPU per host."""
 
-    name: str = "none"
+    name: str = "none"  # the interconnect's name, one of config/interconnect/
     gbytes_per_s: float | None = None  # GB/s (10^9 bytes) per GPU per direction
     source: str = ""  # where the figure comes from
 
@@ -158,9 +164,10 @@ class InterconnectConfig:
 class NetworkConfig:
     """The link between hosts: a tc rate for the emulated cluster, or loopback."""
 
-    name: str = "loopback"
+    name: str = "loopback"  # the network's name: its rows' `network` column
+    # each host link's rate in both directions, as tc writes it (1gbit, 200mbit); unlimited: not shaped
     rate: str = "unlimited"
-    burst: str = "1mb"
+    burst: str = "1mb"  # tc tbf bucket size of each shaped link: the bytes that may pass at once above the rate
     interface: str | None = None  # on SLURM: the fabric's interface ranks bind to; None: the one routing to rank 0
 
 
@@ -172,16 +179,16 @@ class TrainConfig:
     image_size: int = 64
     warmup_steps: int = 5
     measure_steps: int = 100
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    seed: int = 0
+    lr: float = 0.01  # SGD learning rate
+    momentum: float = 0.9  # SGD momentum
+    weight_decay: float = 0.0  # SGD L2 weight decay
+    seed: int = 0  # seed of the model's initial weights and the synthetic batches
     loader: str = "synthetic"
-    loader_threads: int = 2
+    loader_threads: int = 2  # threads of the DALI or torchvision loader of each worker
     # torch threads: this host's CPUs split over this many ranks (None: the ranks of the run on the
     # host); the N=1 reference sets the largest run's count, so its one rank computes as one of those
     cpu_share: int | None = None
-    amp: bool = False
+    amp: bool = False  # mixed precision (torch.autocast to bfloat16) on CUDA devices; ignored on CPUs
     repeat: int = 0  # which of experiment.repeats this run is (set by the workflow; changes nothing it computes)
     # the experiment.variants entry this run is (set by the workflow): its row is <strategy>-<variant>
     variant: str | None = None
@@ -202,11 +209,11 @@ class DeviceConfig:
 
     name: str = "v100"  # defaults: config/device/v100.yaml, the default option of the group (a test keeps them equal)
     arch: str = "volta"  # one of ARCHES: whose fitted efficiencies and launch overhead the null fields take
-    peak_fp32_tflops: float = 15.7
+    peak_fp32_tflops: float = 15.7  # FP32 peak of the data sheet, TFLOP/s
     peak_tf32_tflops: float | None = None  # tensor-core TF32 (Ampere and later); convolutions use it, as cuDNN does
     peak_fp16_tflops: float | None = 125.0  # tensor-core FP16 (recorded; modelled profiles price FP32 training)
-    memory_gbps: float = 900.0
-    memory_gb: float = 16.0
+    memory_gbps: float = 900.0  # memory bandwidth of the data sheet, GB/s
+    memory_gb: float = 16.0  # device memory of the data sheet, GB
     reserved_gb: float = 0.5  # CUDA context, cuDNN workspaces and allocator slack: never holds tensors
     launch_overhead_us: float | None = None  # per kernel (framework dispatch + launch), added to every priced kernel
     # achieved / peak FLOP/s of convolutions, counted as direct convolutions: above 1 where cuDNN's Winograd
@@ -250,17 +257,18 @@ class DilationConfig:
 class ExperimentConfig:
     """The matrix the workflow expands: one training run per combination."""
 
-    name: str = "local"
-    datasets: list[str] = field(default_factory=lambda: ["synthetic1k"])
-    models: list[str] = field(default_factory=lambda: ["vgg11"])
+    name: str = "local"  # the experiment's name: its bundle's and results' name
+    datasets: list[str] = field(default_factory=lambda: ["synthetic1k"])  # config/dataset entries the matrix runs
+    models: list[str] = field(default_factory=lambda: ["vgg11"])  # config/model entries the matrix runs
     pairs: list[list[str]] = field(default_factory=list)  # [dataset, model] pairs to run; empty: every combination
-    strategies: list[str] = field(default_factory=trainable_strategies)
+    strategies: list[str] = field(default_factory=trainable_strategies)  # strategies the matrix runs, in table order
+    # the N (ranks: workers and PS devices together) each configuration runs at
     gpus: list[int] = field(default_factory=lambda: [4])
     # the N a model may run at: its entry narrows gpus (so narrowing gpus needs no edit of it); others: every N
     gpus_by_model: dict[str, list[int]] = field(default_factory=dict)
     # the same for a strategy (one this machine cannot run at every N, e.g. its ranks' memory)
     gpus_by_strategy: dict[str, list[int]] = field(default_factory=dict)
-    networks: list[str] = field(default_factory=lambda: ["loopback"])
+    networks: list[str] = field(default_factory=lambda: ["loopback"])  # config/network entries the matrix runs on
     networks_by_model: dict[str, list[str]] = field(default_factory=dict)  # a model's networks, the same way
     # name -> overrides: the runs its model=, dataset=, strategy=, cluster.gpus= and network= overrides select (all
     # where it has none) run again with its other overrides, in rows <strategy>-<name>
@@ -268,6 +276,7 @@ class ExperimentConfig:
     # models also profiled on this machine (measured) where target is set, at their smallest N, and planned from that
     # profile on their first network beside the target's plan (summary.md)
     measured_profiles: list[str] = field(default_factory=list)
+    # workloads of jobs run at once on one emulated network: each a list of jobs, a job one string of overrides
     concurrent: list[list[str]] = field(default_factory=list)
     repeats: int = 1  # independent runs of every training configuration (fresh ranks each)
     sequential: list[str] = field(default_factory=list)  # strategies also run with strategy.overlap=false
@@ -288,7 +297,7 @@ class ExperimentConfig:
 class PathsConfig:
     """Where results are written."""
 
-    results: str = "results"
+    results: str = "results"  # the folder every stage writes below (relative to the working directory)
 
 
 @dataclass

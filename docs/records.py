@@ -1,0 +1,101 @@
+"""The documentation's measured figures, read from the records the measurements left (``docs/records/*.json``).
+
+README.md and the pages under ``docs/`` hold cog blocks (``<!-- [[[cog ... ]]] -->`` up to
+``<!-- [[[end]]] -->``) whose text is written by these functions and by the configuration reference
+(:mod:`ralp_pipe.config.reference`). ``make docs`` writes every block again; ``make lint`` runs the same
+generator with ``--check`` and fails where a block differs from what its record gives, so a figure edited by
+hand, or a record measured again without regenerating, is caught. The files holding blocks are listed in
+``docs/generated.txt``.
+
+A record is one JSON object: ``command`` (what produced it), ``revision`` (the commit it ran at), ``date``,
+``machine``, optionally ``note`` (how it was obtained, e.g. transcribed from a run's printed output), and
+``figures``: the measured values, nested by name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any, Sequence
+
+DOCS = Path(__file__).resolve().parent
+RECORDS = DOCS / "records"
+README = DOCS.parent / "README.md"
+REQUIRED = ("command", "revision", "date", "machine", "figures")
+
+
+class RecordError(ValueError):
+    """A record that is missing, unreadable or lacks a figure a page asks for."""
+
+
+@cache
+def record(name: str) -> dict[str, Any]:
+    """The record ``docs/records/<name>.json``, checked to hold every field of :data:`REQUIRED`."""
+    path = RECORDS / f"{name}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{path}: cannot be read as a record ({exc})") from None
+    missing = [key for key in REQUIRED if key not in data]
+    if missing:
+        raise RecordError(f"{path}: lacks {', '.join(missing)}")
+    return data
+
+
+def value(name: str, key: str) -> Any:
+    """The figure at dotted `key` (``a.b.0``: list items by index) of record `name`."""
+    found: Any = record(name)["figures"]
+    for part in key.split("."):
+        try:
+            found = found[int(part)] if isinstance(found, list) else found[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise RecordError(f"docs/records/{name}.json has no figure {key!r}") from None
+    return found
+
+
+def fig(name: str, key: str, spec: str = "") -> str:
+    """The figure at `key` of record `name`, formatted with `spec` (a format spec such as ``.1f``)."""
+    return format(value(name, key), spec)
+
+
+def figs(name: str, key: str, spec: str = "", sep: str = ", ", last: str | None = None) -> str:
+    """The list at `key` of record `name`, each item formatted with `spec`, joined by `sep` (`last` before the
+    final item where given: ``1, 2 and 3``)."""
+    items = [format(item, spec) for item in value(name, key)]
+    if last is None or len(items) < 2:
+        return sep.join(items)
+    return sep.join(items[:-1]) + last + items[-1]
+
+
+def minutes(seconds: float) -> str:
+    """``9 min 26 s`` from a number of seconds (under a minute: ``42 s``; whole hours: ``4 h 35 min``)."""
+    whole = round(seconds)
+    if whole >= 3600:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    if whole >= 60:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole} s"
+
+
+def source(name: str) -> str:
+    """Where record `name`'s figures come from: its command, revision and date, as a Markdown phrase."""
+    data = record(name)
+    return f"`{data['command']}` at revision {data['revision']}, {data['date']}"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table of `rows` under `header` (cells already formatted)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def readme_for_site() -> str:
+    """README.md as the site's home page: its links into ``docs/`` made relative to the site, its cog blocks'
+    markers dropped (their generated text stays)."""
+    text = README.read_text()
+    text = re.sub(r"^<!-- \[\[\[(cog|end)\b.*?-->\n", "", text, flags=re.M | re.S)
+    text = re.sub(r"\]\(docs/", "](", text)
+    return text.replace("[`docs/`](index.md)", "these pages").rstrip("\n")
