@@ -1,0 +1,132 @@
+"""Real TensorFlow PS / PyTorch DDP beside ralp-pipe's `dtf` / `allreduce` and the planner, on emulated links.
+
+    python benchmarks/peers --models alexnet --hosts 2 4 --rates 200mbit 1gbit --repeats 2 \
+        --peers tf_ps ddp --batch 8 --size 224 --steps 3 --out results/peers
+
+For every model, N and rate it profiles and plans the configuration once (the prediction), then runs,
+repeat by repeat, each peer and the ralp-pipe strategy beside it, one after the other (so the
+shared machine's drift hits both alike). Writes ``peers.parquet`` (one row per peer run with the
+ralp-pipe run beside it), ``peers.md`` (means with 95% t-intervals over the repeats) and
+``peers.json`` (the command, the git revision and the rows) into ``--out``. ``--no-ours`` and
+``--no-prediction`` run the peers alone (the test's loopback check). Exits 1 if a peer's loss is not
+finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: `peers` as a package
+
+import pandas as pd  # noqa: E402
+
+from peers.harness import PEERS, Setting, predict, record, run_ours, run_peer  # noqa: E402
+from ralp_pipe.results.intervals import mean_interval  # noqa: E402
+
+
+def _revision() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    return done.stdout.strip() or "unknown"
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per setting and peer: means and 95% half-widths over the repeats, ratios of the means."""
+    keys = ["model", "hosts", "rate", "batch", "image_size", "peer", "strategy"]
+    out = []
+    for key, group in rows.groupby(keys, sort=False):
+        row = dict(zip(keys, key))
+        row["repeats"] = len(group)
+        for column in ("peer_images_per_sec", "ours_images_per_sec"):
+            values = group[column].dropna().tolist()
+            estimate = mean_interval(values) if values else None
+            row[column] = estimate.mean if estimate else math.nan
+            row[column.replace("images_per_sec", "half_width")] = estimate.half_width if estimate else math.nan
+        row["predicted_images_per_sec"] = group.predicted_images_per_sec.iloc[0]
+        row["ours_over_peer"] = row["ours_images_per_sec"] / row["peer_images_per_sec"]
+        row["predicted_over_peer"] = row["predicted_images_per_sec"] / row["peer_images_per_sec"]
+        for column in ("peer_busiest_tx_mb", "peer_busiest_rx_mb", "ours_busiest_tx_mb", "ours_busiest_rx_mb"):
+            row[column] = group[column].mean()
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The summary as a Markdown table."""
+
+    def figure(mean: float, half: float) -> str:
+        if math.isnan(mean):
+            return "-"
+        return f"{mean:.3g} ± {half:.2g}" if not math.isnan(half) else f"{mean:.3g}"
+
+    lines = [
+        "| model | N | rate | peer | ralp-pipe | peer img/s | ralp-pipe img/s | predicted img/s | ours / peer "
+        "| predicted / peer | busiest link MB/step up, down: peer | ralp-pipe |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table.itertuples():
+        lines.append(
+            f"| {r.model} {r.image_size} px b{r.batch} | {r.hosts} | {r.rate} | {r.peer} | {r.strategy} "
+            f"| {figure(r.peer_images_per_sec, r.peer_half_width)} | {figure(r.ours_images_per_sec, r.ours_half_width)} "
+            f"| {r.predicted_images_per_sec:.3g} | {r.ours_over_peer:.2f} | {r.predicted_over_peer:.2f} "
+            f"| {r.peer_busiest_tx_mb:.0f}, {r.peer_busiest_rx_mb:.0f} | {r.ours_busiest_tx_mb:.0f}, {r.ours_busiest_rx_mb:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the harness with `argv`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["alexnet"])
+    parser.add_argument("--hosts", nargs="+", type=int, default=[2])
+    parser.add_argument("--rates", nargs="+", default=["1gbit"], help="tc rates per host link, or unlimited")
+    parser.add_argument("--peers", nargs="+", choices=sorted(PEERS), default=["tf_ps", "ddp"])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-ours", action="store_true", help="run the peers only")
+    parser.add_argument("--no-prediction", action="store_true", help="skip profile and plan")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/peers " + shlex.join(sys.argv[1:] if argv is None else argv)
+    rows = []
+    for model in args.models:
+        for hosts in args.hosts:
+            for rate in args.rates:
+                setting = Setting(model, hosts, rate, args.batch, args.size, args.classes, args.warmup, args.steps)
+                folder = args.out / setting.label
+                predicted = {} if args.no_prediction else predict(setting, folder / "plan")
+                for repeat in range(args.repeats):
+                    for peer in args.peers:
+                        strategy = PEERS[peer]
+                        measured = run_peer(peer, setting, folder / f"r{repeat}" / peer)
+                        ours = None
+                        if not args.no_ours:
+                            ours = run_ours(strategy, setting, folder / f"r{repeat}" / strategy)
+                        rows.append(record(setting, repeat, measured, ours, predicted.get(strategy)))
+                        print(json.dumps(rows[-1]), flush=True)
+                        frame = pd.DataFrame(rows)
+                        frame.to_parquet(args.out / "peers.parquet", index=False)
+    frame = pd.DataFrame(rows)
+    table = summary(frame)
+    (args.out / "peers.md").write_text(f"`{command}` at {_revision()}\n\n" + markdown(table))
+    document = {"command": command, "revision": _revision(), "rows": frame.to_dict(orient="records")}
+    (args.out / "peers.json").write_text(json.dumps(document, indent=1, default=str) + "\n")
+    print(markdown(table))
+    finite = all(math.isfinite(v) for v in frame.peer_loss_last)
+    if not finite:
+        print("a peer's loss is not finite", file=sys.stderr)
+    return 0 if finite else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
