@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from functools import cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -55,9 +56,25 @@ def value(name: str, key: str) -> Any:
     return found
 
 
+def value_of(name: str, field: str) -> Any:
+    """A field of record `name` beside its figures: ``command``, ``revision``, ``date``, ``machine``."""
+    return record(name)[field]
+
+
+def num(x: float) -> str:
+    """A measured number as the record gives it, a float keeping one decimal where it is whole (``12.0``)."""
+    return f"{x:.1f}" if isinstance(x, float) and x.is_integer() else f"{x:g}"
+
+
+def wrap(text: str, width: int = 110) -> str:
+    """`text` as one Markdown paragraph: its whitespace collapsed, wrapped at `width` (long links stay whole)."""
+    return textwrap.fill(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+
 def fig(name: str, key: str, spec: str = "") -> str:
     """The figure at `key` of record `name`, formatted with `spec` (a format spec such as ``.1f``)."""
-    return format(value(name, key), spec)
+    found = value(name, key)
+    return format(found, spec) if spec else num(found)
 
 
 def figs(name: str, key: str, spec: str = "", sep: str = ", ", last: str | None = None) -> str:
@@ -75,7 +92,7 @@ def minutes(seconds: float) -> str:
     if whole >= 3600:
         return f"{whole // 3600} h {whole % 3600 // 60} min"
     if whole >= 60:
-        return f"{whole // 60} min {whole % 60} s"
+        return f"{whole // 60} min" + (f" {whole % 60} s" if whole % 60 else "")
     return f"{whole} s"
 
 
