@@ -49,6 +49,9 @@ import pandas as pd
 
 from ralp_pipe.results.intervals import mean_interval
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write_record  # noqa: E402
+
 STRATEGIES = ("ps", "allreduce", "ralp_h", "ralp_n")
 KS = (2, 3, 5, 10, 25)  # measured steps of the shorter recipes
 WARMUPS = (1, 2, 5)  # warm-up steps before them
@@ -186,6 +189,7 @@ def main() -> int:
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument("--tolerance", type=float, default=0.01, help="the choice's largest relative deviation")
     parser.add_argument("--long", action="store_true", help="also every row with its windows' mean and interval")
+    parser.add_argument("--record", type=Path, help="also write the worst deviations as a docs record (JSON)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ralp-steps-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -221,7 +225,18 @@ def main() -> int:
     wall = time.monotonic() - began
     report(table, pd.DataFrame(runs), ref, args.tolerance, args.long)
     print(f"wall time {wall:.0f} s; records in {out}/steps.csv")
+    if args.record:
+        worst = worst_deviations(table)
+        write_record(args.record, {"worst_deviation_pct": {k: round(100 * v, 2) for k, v in worst.items()}})
     return 0
+
+
+def worst_deviations(table: pd.DataFrame) -> dict[str, float]:
+    """recipe w + k -> its worst deviation over every run (max of |prefix| and windows' RMS), in recipe order."""
+    worst = table.assign(worst=table[["prefix_dev", "window_rms"]].abs().max(axis=1))
+    by_recipe = worst.pivot_table(index="recipe", values="worst", aggfunc="max").worst
+    order = sorted(by_recipe.index, key=lambda name: tuple(int(x) for x in name.split("+"))[::-1])
+    return {recipe: float(by_recipe[recipe]) for recipe in order}
 
 
 def report(table: pd.DataFrame, runs: pd.DataFrame, ref: Recipe, tolerance: float, long: bool) -> None:
@@ -253,10 +268,9 @@ def report(table: pd.DataFrame, runs: pd.DataFrame, ref: Recipe, tolerance: floa
         print()
         print("\n".join(lines))
     print()
-    worst = table.assign(worst=table[["prefix_dev", "window_rms"]].abs().max(axis=1))
-    summary = worst.pivot_table(index="recipe", values="worst", aggfunc="max").sort_values("worst")
     print("Worst deviation over every run (max of |prefix| and windows' RMS) per recipe w + k")
-    print("\n".join(f"  {recipe}: {100 * v:.2f}%" for recipe, v in summary.worst.items()))
+    worst = sorted(worst_deviations(table).items(), key=lambda item: item[1])
+    print("\n".join(f"  {recipe}: {100 * v:.2f}%" for recipe, v in worst))
     chosen = choose(table, tolerance)
     if chosen is None:
         print(f"choice: no recipe with k <= {table.k.max()} is within {100 * tolerance:g}% for every strategy")

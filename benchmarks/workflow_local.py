@@ -6,7 +6,7 @@ then the measured time, the budget and their ratio, and the time spent per rule,
 timestamps of Snakemake's log (kept as `workflow.log` in the folder). `--fresh` measures what a new user
 waits for: a clone of this repository's HEAD, its `make setup` with an empty installer cache, then the
 workflow with the clone's environment; the budget then holds set-up and workflow together.
-Run: `python benchmarks/workflow_local.py [--experiment local] [--keep DIR] [--fresh] [--overrides KEY=VALUE ...]`.
+Run: `python benchmarks/workflow_local.py [--experiment local] [--keep DIR] [--fresh [--record FILE]] [--overrides KEY=VALUE ...]`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from record import write_record  # noqa: E402
+
 BUDGET_S = 10 * 60
 
 
@@ -59,7 +62,12 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="run in this folder instead of a temporary one")
     parser.add_argument("--overrides", nargs="+", help="Hydra overrides, e.g. 'experiment.networks=[1gbit]'")
     parser.add_argument("--fresh", action="store_true", help="clone HEAD and time its `make setup` first")
+    parser.add_argument(
+        "--record", type=Path, help="with --fresh: add this run's seconds to a docs record (JSON; the latest 4 kept)"
+    )
     args = parser.parse_args()
+    if args.record and not args.fresh:
+        parser.error("--record keeps fresh-clone timings: give --fresh too")
     work = args.keep or Path(tempfile.mkdtemp(prefix="ralp-workflow-"))
     work.mkdir(parents=True, exist_ok=True)
     repo, python, setup_s = REPO, Path(sys.executable), 0.0
@@ -100,7 +108,16 @@ def main() -> int:
     )
     if returncode != 0:
         print(text[-8000:], file=sys.stderr)
+    elif args.record:
+        record_timing(args.record, setup_s, elapsed)
     return returncode
+
+
+def record_timing(path: Path, setup_s: float, workflow_s: float, keep: int = 4) -> None:
+    """Add one fresh-clone run's set-up and workflow seconds to the record at `path`, keeping the latest `keep`."""
+    old = json.loads(path.read_text())["figures"] if path.exists() else {"setup_s": [], "workflow_s": []}
+    figures = {key: [*old[key], round(new)][-keep:] for key, new in (("setup_s", setup_s), ("workflow_s", workflow_s))}
+    write_record(path, figures, note=f"set-up and workflow seconds of the latest {keep} fresh-clone runs")
 
 
 def _verdict(returncode: int, elapsed: float) -> str:

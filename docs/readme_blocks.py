@@ -67,8 +67,8 @@ def steps() -> str:
 
 def make_run() -> str:
     """What `make run` runs and how long it took from a fresh clone."""
-    d = "default-run"
-    total = [a + b for a, b in zip(r.value(d, "setup_s"), r.value(d, "workflow_s"))]
+    t = "make-run-time"
+    total = [a + b for a, b in zip(r.value(t, "setup_s"), r.value(t, "workflow_s"))]
     return (
         r.wrap(f"""`make run` runs the `dilated` experiment ({r.minutes(min(total))} - {r.minutes(max(total))} on a
         fresh clone in {len(total)} runs, 2 cores, set-up included; no dataset needed): a cluster of V100s emulated

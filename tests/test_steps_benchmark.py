@@ -85,3 +85,32 @@ def test_the_choice_is_the_smallest_k_then_w_within_tolerance_in_every_run() -> 
     batches = [steps.figure(wobbly, 5 + 10 * b, 10, 32, 8.0) for b in range(10)]
     assert figure == pytest.approx(32 * 8 * 100 / sum(wobbly[5:105]))
     assert half == pytest.approx(mean_interval(batches).half_width)
+
+
+def test_the_record_holds_each_recipes_worst_deviation_as_the_docs_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wobbly = [0.9 if i % 2 else 1.1 for i in range(105)]
+    rows = pd.DataFrame(
+        [
+            {"run": run, **row}
+            for run, times in (("steady", [1.0] * 105), ("wobbly", wobbly))
+            for row in steps.recipe_rows(times, 32, 8.0, REF, ks=(2, 3), warmups=(1,))
+        ]
+    )
+    worst = steps.worst_deviations(rows)
+    assert list(worst) == ["1+2", "1+3"]  # recipe order: k, then w
+    assert worst["1+2"] == pytest.approx(0.0, abs=1e-9) and 0.02 < worst["1+3"] < 0.04
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks/steps.py", "--record", "x.json"])
+    path = tmp_path / "steps.json"
+    steps.write_record(path, {"worst_deviation_pct": {k: round(100 * v, 2) for k, v in worst.items()}})
+    docs = importlib.util.spec_from_file_location(
+        "records", Path(__file__).resolve().parents[1] / "docs" / "records.py"
+    )
+    assert docs is not None and docs.loader is not None
+    records = importlib.util.module_from_spec(docs)
+    docs.loader.exec_module(records)
+    monkeypatch.setattr(records, "RECORDS", tmp_path)
+    assert records.value("steps", "worst_deviation_pct.1+3") == round(100 * worst["1+3"], 2)
+    assert records.value_of("steps", "command") == "python benchmarks/steps.py --record x.json"
