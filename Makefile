@@ -7,8 +7,9 @@ setup:
 run: setup
 	@bash scripts/run.sh $(ARGS)
 
-# The whole suite; first the system packages its SLURM and network tests need (installed as root, else named).
+# The whole suite; first the peers extra (TensorFlow, for tests/test_peers.py) and the system packages its SLURM and network tests need (installed as root, else named).
 test: setup
+	@bash scripts/setup.sh --peers
 	@bash scripts/setup-system.sh --best-effort
 	@bash scripts/lint.sh
 	@bash scripts/test.sh $(ARGS)

@@ -10,7 +10,17 @@ VENV=${VENV:-.venv}
 UV_VERSION=0.13.9
 stamp="$VENV/.ralp-pipe-lock.sha256"
 want=$(sha256sum envs/requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+# --peers (make test): also the `peers` extra of pyproject.toml (TensorFlow, for benchmarks/peers), where missing;
+# `make run` never installs it
+peers() {
+  [ "${1:-}" = "--peers" ] || return 0
+  "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('tensorflow') is None)" && return 0
+  echo "setup: installing the peers extra (TensorFlow) into $VENV" >&2
+  mapfile -t wanted < <("$VENV/bin/python" -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['peers'], sep='\n')")
+  "$VENV/bin/python" -m pip install --quiet "${wanted[@]}"  # pip: it reads the indexes pip is configured with
+}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/ralp-pipe" ]; then
+  peers "$@"
   exit 0
 fi
 echo "setup: installing the pinned environment into $VENV (first time takes a minute or more)" >&2
@@ -31,3 +41,4 @@ fi
 "${install[@]}" -r envs/requirements.lock
 "${install[@]}" --no-deps --no-build-isolation -e .
 echo "$want" > "$stamp"
+peers "$@"

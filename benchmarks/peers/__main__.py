@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: `pe
 
 import pandas as pd  # noqa: E402
 
+from peers import transport  # noqa: E402
 from peers.harness import PEERS, Setting, predict, record, run_ours, run_peer  # noqa: E402
 from ralp_pipe.results.intervals import mean_interval  # noqa: E402
 
@@ -94,10 +95,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no-ours", action="store_true", help="run the peers only")
     parser.add_argument("--no-prediction", action="store_true", help="skip profile and plan")
+    parser.add_argument(
+        "--transport",
+        nargs="+",
+        metavar="RATE",
+        help="instead: TensorFlow's gRPC transfer rate between two hosts at each RATE (or unlimited), into transport.json",
+    )
+    parser.add_argument("--transport-mb", type=float, default=100.0, help="the tensor the transport benchmark copies")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/peers " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.transport:
+        found = transport.measure(args.transport, args.transport_mb, 3, args.out)
+        document = {"command": command, "revision": _revision(), "rows": found}
+        (args.out / "transport.json").write_text(json.dumps(document, indent=1) + "\n")
+        return 0
     rows = []
     for model in args.models:
         for hosts in args.hosts:
