@@ -244,6 +244,12 @@ def groups_markdown(config_dir: Path = schema.CONFIG_DIR) -> str:
     for group in sorted({o.group for o in options}):
         mine = [o for o in options if o.group == group]
         head = f"### `{group}`\n\nChoose with `{group.replace('/', '.')}=NAME` (files in `config/{group}/`)."
+        if "/" in group:  # a nested group is included by its parent's files, not chosen on the command line
+            parent = group.split("/")[0]
+            head = (
+                f"### `{group}`\n\nIncluded by the files of `config/{parent}/` (their defaults list), not chosen on "
+                f"the command line: override the keys it sets (`{parent}.KEY=VALUE`)."
+            )
         if group == "experiment":
             parts.append(head + "\n\n" + "\n\n".join(_experiment_section(o, config_dir) for o in mine))
             continue

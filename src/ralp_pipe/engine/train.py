@@ -116,7 +116,9 @@ def shared_hosts(text: str) -> list[dict[str, Any]]:
 
 def main(args: argparse.Namespace) -> int:
     """Run one training measurement and report its throughput."""
-    metrics = run(with_plan(load(args.overrides), args.plan), args.out, args.shards, args.shared_hosts, args.link_check)
+    marks = {"started": _started_at(), "imported": time.time()}
+    cfg = with_plan(load(args.overrides), args.plan)
+    metrics = run(cfg, args.out, args.shards, args.shared_hosts, args.link_check, marks)
     if metrics is not None:
         print(
             f"{metrics.strategy} {metrics.model} N={metrics.gpus}: {metrics.images_per_sec:.2f} images/s, "
@@ -224,13 +226,15 @@ def split_and_bytes(
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-    """What a run produced: the driver's split and analytic bytes per step, rank 0's result and, where
-    ``dilation.factor=auto`` chose the factor, how (:func:`resolve_auto`)."""
+    """What a run produced: the driver's split and analytic bytes per step, rank 0's result, where
+    ``dilation.factor=auto`` chose the factor, how (:func:`resolve_auto`), and when the driver's phases ended
+    (:func:`run`'s `marks`)."""
 
     split: int | None
     analytic: dict[str, int]
     result: RankResult
     calibration: dict[str, Any] | None
+    marks: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def resolve_auto(
@@ -366,6 +370,7 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
         roles=topo.roles,
         hosts=result["hosts"],
         peak_rss_mb=result["peak_rss_mb"],
+        timeline={**measured.marks, **result["timeline"], "recorded": time.time()},
         device=result["device"],
         backend=result["backend"],
         loader=t.loader,
@@ -519,6 +524,12 @@ def _process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _started_at() -> float:
+    """When this process started, in seconds since the epoch (to a clock tick)."""
+    since_boot = int(_process_start(os.getpid()) or 0) / os.sysconf("SC_CLK_TCK")
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + since_boot
+
+
 def _is_stale(staging: Path) -> bool:
     """True when the driver that made `staging` is gone (a folder no driver claimed counts after a minute)."""
     try:
@@ -636,11 +647,22 @@ class Ranks:
     targets: dilation.Targets | None = None
 
 
-def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate: bool = False) -> RankResult:
+def _launch(
+    cfg: Config,
+    topo: Topology,
+    staging: Path,
+    ranks: Ranks,
+    calibrate: bool = False,
+    marks: dict[str, float] | None = None,
+) -> RankResult:
     """Start and supervise the ranks (on the hosts `ranks.shared` names, where given); return rank 0's result.
 
-    A dilated run's emulated links run at network.rate / D. A full disk under the ranks' logs is named.
+    A dilated run's emulated links run at network.rate / D. A full disk under the ranks' logs is named. `marks`
+    gets when the launch began (``configured``), its emulated hosts were up (``hosts_up``) and its ranks had
+    all exited (``ranks_done``).
     """
+    marks = {} if marks is None else marks
+    marks["configured"] = time.time()
     device_type, backend = ranks.devices_of
     launcher = cluster_kind(cfg.cluster.kind).launcher
     result_file = staging / "result.json"
@@ -664,6 +686,7 @@ def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate:
 
             rate = emulated_rate(cfg)
             with emulated_sites(topo.hosts, rate, cfg.network.burst, ranks.shared) as emulated:
+                marks["hosts_up"] = time.time()
                 launch_local(entry, topo.world_size, timeout, staging, emulated, env)
         else:
             launch_local(entry, topo.world_size, timeout, staging, None, env)
@@ -675,6 +698,7 @@ def _launch(cfg: Config, topo: Topology, staging: Path, ranks: Ranks, calibrate:
             f"during the run, so the ranks' own errors may be missing; free space there and rerun. "
             f"{exc}"
         ) from exc
+    marks["ranks_done"] = time.time()
     result: RankResult = json.loads(result_file.read_text())
     return result
 
@@ -685,13 +709,16 @@ def run(
     shards: Path | None = None,
     shared: list[dict[str, Any]] | None = None,
     link_check: Path | None = None,
+    marks: dict[str, float] | None = None,
 ) -> RunMetrics | None:
     """Run the configured measurement and write its files to `out`; return the record (None on non-zero srun ranks).
 
     A shard loader reads `shards` (default: where ``prepare-shards`` writes the configured dataset);
     `shared` places the ranks on an emulated cluster of other jobs (:func:`shared_hosts`); `link_check`
-    is the factor ``ralp-pipe check-links`` chose for a modelled ``auto`` run (:func:`resolve_auto`).
+    is the factor ``ralp-pipe check-links`` chose for a modelled ``auto`` run (:func:`resolve_auto`). `marks`
+    (the command's start and imports) gets when the run's phases ended: metrics.json's ``timeline``.
     """
+    marks = {} if marks is None else marks
     strategy_kind(cfg.strategy.name).check_trainable()
     topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
     kind = cluster_kind(cfg.cluster.kind)
@@ -744,7 +771,7 @@ def run(
                 "one task per rank cannot: give dilation.factor a number, or start `ralp-pipe train` outside srun"
             )
         result = run_rank(cfg, RankEnv.from_environ(), device_type, backend, split, shards, ranks.targets)
-        return None if result is None else _finish(cfg, topo, out, Measured(split, analytic, result, None))
+        return None if result is None else _finish(cfg, topo, out, Measured(split, analytic, result, None, marks))
     if kind.shares_host_cpus:
         check_host(cfg, topo, units, device_type == "cpu")
     with out_locked(out):
@@ -752,8 +779,8 @@ def run(
         try:
             set_aside_previous(out)
             cfg, ranks, calibration = resolve_auto(cfg, topo, staging, ranks, link_check)
-            result = _launch(cfg, topo, staging, ranks)
-            metrics = _finish(cfg, topo, out, Measured(split, analytic, result, calibration))
+            result = _launch(cfg, topo, staging, ranks, marks=marks)
+            metrics = _finish(cfg, topo, out, Measured(split, analytic, result, calibration, marks))
             shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
             return metrics
         finally:
