@@ -104,8 +104,8 @@ def test_configurations_in_one_side_only_are_listed(tmp_path: Path) -> None:
 def test_a_bundle_compares_with_its_results_folder(tmp_path: Path) -> None:
     root = _results(tmp_path / "a")
     bundle = tmp_path / "a.tar.gz"
-    argv = ["bundle", "--root", str(root), "--include", str(root / "runs"), str(root / "tables"), "--out", str(bundle)]
-    assert cli(argv) == 0
+    includes = [str(root / name) for name in ("runs", "plans", "tables")]  # the plans the tables were made with
+    assert cli(["bundle", "--root", str(root), "--include", *includes, "--out", str(bundle)]) == 0
     assert cli(["compare", str(bundle), str(root)]) == 0
 
 

@@ -10,6 +10,13 @@ resumes and a re-run on unchanged input rewrites nothing.
 
 One run at a time prepares an output folder: it holds an exclusive lock on `.prepare.lock` in
 it (holding the run's PID) for the whole prepare; a second run waits for it, then gives up.
+
+Training checks the shards it will read against the manifest before any rank starts
+(:func:`check_shards`): every shard's size, and the sha256 of every shard and index where the
+shards total at most :data:`HASH_LIMIT_BYTES` (the default's 12 MB hash in 20-30 ms; a full
+ImageNet's tens of GB would take about a minute per run, so those are sized only). A run that
+fails while a shard is damaged (:func:`damage_named`) hashes them all to name it. Either way one
+line names the shard and the `ralp-pipe prepare-shards` command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ import os
 import platform
 import random
 import re
+import shlex
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from concurrent.futures import Future, as_completed
@@ -30,17 +40,17 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from tqdm import tqdm
 
 from ralp_pipe.atomic import atomic_path, check_writable
-from ralp_pipe.config import Config, DatasetConfig, load
+from ralp_pipe.config import Config, DatasetConfig, load, to_dict
 from ralp_pipe.contract.layout import MANIFEST_FILE, PATHS
 from ralp_pipe.data import imaging, synthetic
 from ralp_pipe.data.sources import Scan, SourceError, SourceImage, read_bytes, scan
 from ralp_pipe.data.tarshard import Sample, index_text, tar_bytes
-from ralp_pipe.errors import ConfigError, DataError, disk_errors
+from ralp_pipe.errors import ConfigError, DataError, RunFailure, disk_errors, os_problem
 from ralp_pipe.runtime.process import process_pool
 
 CONFIG_KEYS = ("dataset", "paths")  # what this stage reads of the config (a key covers those below it)
@@ -53,6 +63,8 @@ RECORDS = "parts"
 LOCK = ".prepare.lock"
 LOCK_WAIT_S = 600.0
 _SHARD_FILE = re.compile(r"^shard-\d{6}\.(tar|idx|json)$")
+HASH_LIMIT_BYTES = 1 << 30  # shards totalling more are only sized before a run: hashing would take seconds or more
+CHECKED = ("bytes", "sha256", "index_sha256")  # what a shard's record and manifest entry say of its files
 
 
 @dataclass(frozen=True)
@@ -74,8 +86,107 @@ def read_manifest(shards_dir: Path) -> dict[str, Any]:
     path = Path(shards_dir) / MANIFEST
     if not path.is_file():
         raise ConfigError(f"no {MANIFEST} in {shards_dir}: run `ralp-pipe prepare-shards dataset=<name>` first")
-    manifest: dict[str, Any] = json.loads(path.read_text())
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} cannot be read ({exc}): delete {shards_dir} and prepare the shards anew") from exc
     return manifest
+
+
+def check_shards(shards_dir: Path, cfg: Config, hashed: bool | None = None) -> None:
+    """Refuse (DataError, one line) the first shard of `shards_dir` that differs from its manifest entry, naming
+    it and the command that rebuilds it (:func:`rebuild_advice`); the checksums too where `hashed` (None: where
+    the shards total at most :data:`HASH_LIMIT_BYTES`)."""
+    entries = read_manifest(shards_dir)["shards"]
+    if hashed is None:
+        hashed = sum(entry.get("bytes", 0) for entry in entries) <= HASH_LIMIT_BYTES
+    for entry in entries:
+        tar = shards_dir / entry["name"]
+        problem = shard_problem(tar, shards_dir / entry["index"], entry, hashed)
+        if problem is not None:
+            raise DataError(f"shard {tar} is damaged: {problem}; {rebuild_advice(shards_dir, cfg)}")
+
+
+def shard_problem(tar: Path, idx: Path, expected: Mapping[str, Any], hashed: bool = True) -> str | None:
+    """What differs between shard `tar` with its index `idx` and `expected` (its record or manifest entry), None
+    where nothing does: the tar's size and the index's presence always, both checksums where `hashed`."""
+    if any(key not in expected for key in CHECKED):
+        return f"no {' and '.join(CHECKED)} are recorded for it (it was prepared by an older ralp-pipe)"
+    try:
+        size, _ = tar.stat().st_size, idx.stat()
+        if size != expected["bytes"]:
+            return f"it has {size} bytes where {expected['bytes']} were written"
+        for path, key in ((tar, "sha256"), (idx, "index_sha256")):
+            if hashed and _file_sha256(path) != expected[key]:
+                return f"the sha256 of {path.name} differs from the one recorded when it was written"
+    except OSError as exc:
+        return f"cannot read it: {os_problem(exc)}"
+    return None
+
+
+@contextmanager
+def damage_named(shards_dir: Path | None, cfg: Config, logs: Path) -> Iterator[None]:
+    """Turn a run that failed (RunFailure) while a shard of `shards_dir` is damaged into one line naming the shard
+    and the next step (:func:`check_shards`, hashing every shard), with the ranks' logs of `logs` copied to a
+    folder it names; a failure with intact shards passes unchanged."""
+    try:
+        yield
+    except RunFailure as failure:
+        if shards_dir is None:
+            raise
+        try:
+            check_shards(shards_dir, cfg, hashed=True)
+        except (ConfigError, DataError) as damaged:
+            raise DataError(f"a rank failed reading the shards: {damaged}; {_keep_logs(logs)}") from failure
+        raise
+
+
+def _keep_logs(logs: Path) -> str:
+    """Copy the `*.log` files of `logs` (about to be removed) to a new temporary folder; say where they are."""
+    try:
+        kept = Path(tempfile.mkdtemp(prefix="ralp-pipe-rank-logs-"))
+        for log in sorted(logs.glob("*.log")):
+            shutil.copyfile(log, kept / log.name)
+    except OSError as exc:
+        return f"the ranks' logs could not be kept: {os_problem(exc)}"
+    return f"the ranks' logs are kept in {kept}"
+
+
+def rebuild_advice(shards_dir: Path, cfg: Config) -> str:
+    """What to do about a damaged shard of `shards_dir`: the `prepare-shards` command of `cfg` (which rebuilds only
+    the damaged shards) where it writes that folder, else deleting the folder and preparing it anew."""
+    command = prepare_command(cfg)
+    if shards_dir.resolve() == output_dir(cfg).resolve():
+        return f"rebuild it with `{command}` (it keeps the intact shards) or delete {shards_dir} and prepare it anew"
+    return f"delete {shards_dir} and prepare the shards anew (`{command}` writes them to {output_dir(cfg)})"
+
+
+def prepare_command(cfg: Config) -> str:
+    """The `ralp-pipe prepare-shards` command preparing `cfg`'s shards: its dataset, the dataset keys that differ
+    from that dataset's own settings and the results folder where it is not the default."""
+    name = cfg.dataset.name
+    overrides = [f"dataset={name}"]
+    try:
+        default = load([f"dataset={name}"])
+    except ConfigError:  # not a dataset of config/dataset: every key of it
+        default = None
+    overrides += _changed("dataset", to_dict(cfg)["dataset"], None if default is None else to_dict(default)["dataset"])
+    if default is None or cfg.paths.results != default.paths.results:
+        overrides.append(f"paths.results={cfg.paths.results}")
+    return shlex.join(["ralp-pipe", "prepare-shards", *overrides])
+
+
+def _changed(prefix: str, values: dict[str, Any], default: dict[str, Any] | None) -> list[str]:
+    """Overrides `prefix.key=value` of every key of `values` whose value differs from `default`'s (nested keys too)."""
+    overrides = []
+    for key, value in values.items():
+        was = None if default is None else default.get(key)
+        if isinstance(value, dict):
+            overrides += _changed(f"{prefix}.{key}", value, was if isinstance(was, dict) else None)
+        elif default is None or value != was:
+            text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            overrides.append(f"{prefix}.{key}={text}")
+    return overrides
 
 
 def prepare(cfg: Config, progress: bool = True, lock_wait_s: float = LOCK_WAIT_S) -> Path:
@@ -286,13 +397,11 @@ def _finished_record(out: Path, shard: PlannedShard, record_path: Path) -> dict[
     tar, idx = out / f"{shard.name}.tar", out / f"{shard.name}.idx"
     if not record["images"]:
         return None if tar.exists() or idx.exists() else record
-    try:
-        if tar.stat().st_size != record["bytes"]:
-            return None
-        intact = _sha256(tar.read_bytes()) == record["sha256"] and _sha256(idx.read_bytes()) == record["index_sha256"]
-    except OSError:
+    problem = shard_problem(tar, idx, record)
+    if problem is not None:
+        print(f"ralp-pipe prepare-shards: {tar} is damaged ({problem}): rebuilding it", file=sys.stderr, flush=True)
         return None
-    return record if intact else None
+    return record
 
 
 def _build_all(
@@ -417,6 +526,12 @@ def _json(data: Any) -> str:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in chunks."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -42,7 +42,7 @@ from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
 from ralp_pipe.contract.topology import PS, WORKER, Topology, links_of, of_strategy
 from ralp_pipe.data.loaders import reads_shards, shard_files
-from ralp_pipe.data.shards import output_dir, read_manifest
+from ralp_pipe.data.shards import check_shards, damage_named, output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
 from ralp_pipe.engine.metrics import link_rate, summarize, target_equivalent
 from ralp_pipe.engine.rank import BACKEND_ENV, DEVICE_ENV, RankResult, rank_command, run_rank
@@ -757,6 +757,7 @@ def run(
                 f"shards {shards} were prepared for dataset {prepared!r} but this run has "
                 f"dataset.name={cfg.dataset.name!r}: give it that dataset's shards (--shards)"
             )
+        check_shards(shards, cfg)  # a damaged shard is named before any rank starts
     else:
         shards = None
     units = meta_units(cfg)
@@ -778,8 +779,9 @@ def run(
         staging = make_staging(out, record_bytes(cfg, topo))
         try:
             set_aside_previous(out)
-            cfg, ranks, calibration = resolve_auto(cfg, topo, staging, ranks, link_check)
-            result = _launch(cfg, topo, staging, ranks, marks=marks)
+            with damage_named(shards, cfg, staging):  # a rank failed on a shard damaged meanwhile: named
+                cfg, ranks, calibration = resolve_auto(cfg, topo, staging, ranks, link_check)
+                result = _launch(cfg, topo, staging, ranks, marks=marks)
             metrics = _finish(cfg, topo, out, Measured(split, analytic, result, calibration, marks))
             shutil.rmtree(out / PREVIOUS_FOLDER, ignore_errors=True)
             return metrics

@@ -1,7 +1,11 @@
 """`ralp-pipe compare A B`: the change in images/sec of every configuration from A to B, told apart from noise.
 
 A and B are bundles (``.tar.gz`` written by `ralp-pipe bundle`), results folders (holding
-``tables/runs.parquet``) or tables folders (holding ``runs.parquet``). Configurations are joined
+``tables/runs.parquet``) or tables folders (holding ``runs.parquet``). A bundle is checked as
+`ralp-pipe verify` checks it (member names and kinds, sizes, checksums, contents, and its tables
+recomputed from its raw records) and one that verify refuses is not compared; only its plots, which
+compare does not read, are not redrawn. A folder carries no checksums: the output says so for each
+side. Configurations are joined
 on model, dataset, N, network and strategy row (a ``-sequential`` row is its own configuration).
 Images/sec are the tables' first figure, the target's: target-equivalent where a configuration was
 time-dilated (the emulator's wall clock x D, which may differ between A and B), measured where not; a
@@ -19,9 +23,7 @@ both splits: its change includes the other placement.
 from __future__ import annotations
 
 import argparse
-import io
 import math
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,13 +31,13 @@ from typing import Any
 import pandas as pd
 
 from ralp_pipe.contract.layout import PATHS, RUNS_TABLE
-from ralp_pipe.errors import ConfigError, DataError
+from ralp_pipe.errors import BundleRefused, ConfigError, DataError
 from ralp_pipe.results.intervals import Estimate, ratio_interval
 from ralp_pipe.results.tables import CONFIGURATION
+from ralp_pipe.results.verify import verify_bundle
 
 NEEDED = ("repeats", "images_per_sec", "images_per_sec_std", "images_per_sec_ci_low", "images_per_sec_ci_high")
 PLACEMENT = ("split", "split_unit")  # RALP's split point and its unit's name (null for ps and allreduce)
-MAX_TABLE_BYTES = 256 << 20  # a runs table larger than this in a bundle is refused unread
 REGRESSED, IMPROVED, WITHIN, NO_INTERVAL, ONLY_A, ONLY_B = (
     "REGRESSION",
     "improvement",
@@ -55,20 +57,20 @@ class Comparison:
 
 
 def _from_bundle(path: Path) -> pd.DataFrame:
-    """The runs table of a bundle, read from its one member ``<top>/tables/runs.parquet`` without unpacking."""
-    suffix = f"/{PATHS['tables']}/{RUNS_TABLE}"
+    """The runs table of a bundle that holds as `ralp-pipe verify` checks it (but for its plots, unread here)."""
     try:
-        with tarfile.open(path, "r:gz") as tar:
-            members = [m for m in tar if m.isfile() and m.name.count("/") == 2 and m.name.endswith(suffix)]
-            if len(members) != 1:
-                raise DataError(f"bundle {path} holds no single <top>{suffix}: is it a bundle of `ralp-pipe bundle`?")
-            if members[0].size > MAX_TABLE_BYTES:
-                raise DataError(f"bundle {path}: {members[0].name} declares {members[0].size} bytes, over the limit")
-            handle = tar.extractfile(members[0])
-            data = handle.read() if handle is not None else b""
-    except (OSError, EOFError, tarfile.TarError) as exc:
-        raise DataError(f"cannot read bundle {path}: {exc}") from exc
-    return _parquet(io.BytesIO(data), f"{path}:{members[0].name}")
+        return verify_bundle(path, redraw=False).tables.runs
+    except BundleRefused as exc:
+        raise DataError(
+            f"bundle {path} is refused, as `ralp-pipe verify` refuses it: {exc}; nothing was compared"
+        ) from None
+
+
+def provenance(path: Path) -> str:
+    """What was checked of input `path`: a bundle all but its plots, a folder nothing (it has no checksums)."""
+    if path.is_file():
+        return "bundle: checked as `ralp-pipe verify` does, but for its plots"
+    return "folder: NOT checksum-verified, a folder has no checksums; `ralp-pipe verify` checks a bundle of it"
 
 
 def _parquet(source: Any, name: str) -> pd.DataFrame:
@@ -266,5 +268,5 @@ def main(args: argparse.Namespace) -> int:
     if args.overrides:
         raise ConfigError(f"compare takes two paths, not overrides: {' '.join(args.overrides)}")
     comparison = compare(read_runs(args.a), read_runs(args.b))
-    print(render(comparison, str(args.a), str(args.b)))
+    print(render(comparison, f"{args.a} ({provenance(args.a)})", f"{args.b} ({provenance(args.b)})"))
     return 1 if comparison.regressions else 0
