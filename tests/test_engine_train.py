@@ -81,6 +81,12 @@ def test_train_writes_metrics_and_steps_with_measured_equal_to_analytic_volume(t
     assert metrics["config"]["strategy"]["name"] == "ralp_h" and len(metrics["config_hash"]) == 12
     # every rank's own high-water mark: at least the interpreter with torch and the model it built
     assert len(metrics["peak_rss_mb"]) == 3 and all(100 < mb < 4096 for mb in metrics["peak_rss_mb"])
+    # when each phase ended, the driver's and rank 0's, in the order they happen (no emulated hosts: no hosts_up)
+    phases = ["started", "imported", "configured", "rank_started", "joined", "set_up", "window_start", "window_end"]
+    phases += ["gathered", "ranks_done", "recorded"]
+    timeline = metrics["timeline"]
+    assert sorted(timeline, key=timeline.__getitem__) == phases
+    assert timeline["window_end"] - timeline["window_start"] == pytest.approx(metrics["window_s"], abs=0.05)
     steps = pd.read_parquet(out / "steps.parquet")
     assert len(steps) == 3 * 3  # 3 ranks x (1 warm-up + 2 measured) steps
     assert set(steps["role"]) == {"worker", "ps_device"} and set(steps["phase"]) == {"warmup", "measure"}

@@ -130,6 +130,9 @@ class RunMetrics(Record):
     roles: list[str] | None = None
     hosts: list[str] | None = None  # host name of every rank (the SLURM node it ran on)
     peak_rss_mb: list[float] | None = None  # peak resident memory of every rank's process, MiB
+    # when each phase of the run ended, in seconds since the epoch: the driver's (started, imported, configured,
+    # hosts_up, ranks_done, recorded) and rank 0's (engine/rank.py RankResult.timeline); None in older records
+    timeline: dict[str, float] | None = None
     device: str | None = field(default=None, metadata=_COLUMN)  # torch device of the ranks (cpu, cuda:0)
     backend: str | None = field(default=None, metadata=_COLUMN)  # gloo or nccl
     loader: str | None = field(default=None, metadata=_COLUMN)  # train.loader

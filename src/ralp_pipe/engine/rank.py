@@ -66,6 +66,9 @@ class RankResult(TypedDict):
     peak_rss_mb: list[float]  # peak resident memory of every rank's process
     needed_factor: list[float]  # dilated: the smallest factor every rank's units would have fitted (0: undilated)
     tail_steps: list[int]  # every rank's unmeasured steps after its window while its workload's other jobs measured
+    # when rank 0 was running (forked, in its host's namespaces), had joined the group, had built its model and
+    # strategy, reached the measured window's edges and had gathered every rank's records (seconds since the epoch)
+    timeline: dict[str, float]
 
 
 def rank_command(
@@ -196,6 +199,7 @@ def run_rank(
     """Train with the driver's `split` on batches from `shards` (None: no shard loader), padded to `targets`
     where dilated (`calibrate`: only measured against them); rank 0 returns every rank's records and the window,
     the others None."""
+    timeline = {"rank_started": time.time()}
     keeps_freed = hardware.keep_freed_memory()
     sharing = cfg.train.cpu_share or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     torch.set_num_threads(hardware.threads_per_rank(sharing))
@@ -204,6 +208,7 @@ def run_rank(
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     init_group(env, backend, cfg.cluster.init_timeout_s, cfg.cluster.timeout_s)
+    timeline["joined"] = time.time()
     try:
         topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
         topo = topo if hosts is None else placed(topo, hosts)
@@ -247,6 +252,7 @@ def run_rank(
         total = t.warmup_steps + t.measure_steps
         progress = Progress(total, topo.num_workers * t.batch_size, _print_now) if env.rank == 0 else None
         gate = open_gate(t.gate, t.gate_jobs, cfg.cluster.timeout_s, env.rank)
+        timeline["set_up"] = time.time()
         rows, start, wire_start = [], window_edge(device), None
         _collect_between_steps()
         for step in range(total):
@@ -254,6 +260,7 @@ def run_rank(
                 if gate is not None:
                     gate.meet()  # the workload's windows start together
                 start, wire_start = _measured_edge(device)
+                timeline["window_start"] = time.time()
                 if pacer is not None:
                     pacer.needed = 0.0  # the window's units only: the first steps allocate and rebuild buckets
             _maybe_fail(env.rank, step)
@@ -277,6 +284,7 @@ def run_rank(
                 progress.step(step, phase, step_time_s)
             gc.collect()
         end, wire_end = _measured_edge(device)
+        timeline["window_end"] = time.time()
         tail_steps = 0
         if gate is not None:
             gate.check_out()
@@ -300,6 +308,7 @@ def run_rank(
             "tail_steps": tail_steps,
         }
         dist.gather_object(mine, gathered, dst=0)
+        timeline["gathered"] = time.time()
     finally:
         gc.enable()
         dist.destroy_process_group()
@@ -317,6 +326,7 @@ def run_rank(
         keeps_freed=[g["keeps_freed"] for g in gathered],
         needed_factor=[g["needed_factor"] for g in gathered],
         tail_steps=[g["tail_steps"] for g in gathered],
+        timeline=timeline,
     )
 
 
