@@ -223,9 +223,10 @@ def predict(setting: Setting, out: Path, python: str = sys.executable) -> dict[s
     """The planner's images/sec of `dtf` and `allreduce` on `setting`, from a CPU profile measured here."""
     out.mkdir(parents=True, exist_ok=True)
     profile, plan = out / "profile.json", out / "plan.json"
+    overrides = [*ralp_overrides(setting), "experiment.strategies=[dtf,allreduce]", "experiment.sequential=[]"]
     for argv in (
-        ["profile", "--out", str(profile), *ralp_overrides(setting)],
-        ["plan", "--profile", str(profile), "--out", str(plan), *ralp_overrides(setting)],
+        ["profile", "--out", str(profile), *overrides],
+        ["plan", "--profile", str(profile), "--out", str(plan), *overrides],
     ):
         if not (out / argv[2]).exists() or argv[0] == "plan":
             done = subprocess.run([python, "-m", "ralp_pipe.cli", *argv], capture_output=True, text=True)

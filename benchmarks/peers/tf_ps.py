@@ -64,6 +64,15 @@ def _link_counters() -> list[int] | None:
     return None
 
 
+def _initializer(name: str) -> tf.keras.initializers.Initializer:
+    """torch's defaults: weights uniform in +-1/sqrt(fan_in), biases and BN shifts 0, BN scales 1."""
+    if name.endswith("gamma"):
+        return tf.ones_initializer()
+    if name.endswith(("biases", "beta")):
+        return tf.zeros_initializer()
+    return tf.variance_scaling_initializer(scale=1.0 / 3.0, mode="fan_in", distribution="uniform", seed=0)
+
+
 class Barriers:
     """Barriers among the workers, each a set of FIFO queues shared by name on a PS task (round robin)."""
 
@@ -89,7 +98,6 @@ def _graph(args: argparse.Namespace, cluster: tf.train.ClusterSpec) -> dict[str,
     worker = f"/job:worker/task:{args.task}/cpu:0"
     barrier = Barriers(args.task, workers, ps_tasks)
     rng = np.random.default_rng(args.task)
-    initializer = tf.variance_scaling_initializer(scale=2.0, seed=0)
     with tf.device(worker):
         images = tf.constant(rng.standard_normal((args.batch, args.size, args.size, 3), dtype=np.float32))
         labels = tf.constant(rng.integers(0, args.classes, args.batch))
@@ -100,7 +108,7 @@ def _graph(args: argparse.Namespace, cluster: tf.train.ClusterSpec) -> dict[str,
     if args.update == "parameter_server":
 
         def variable(name: str, shape: list[int]) -> tf.Tensor:
-            v = tf.get_variable(name, shape, initializer=initializer, use_resource=False)
+            v = tf.get_variable(name, shape, initializer=_initializer(name), use_resource=False)
             pairs.append((v, v))
             return v
 
@@ -108,7 +116,7 @@ def _graph(args: argparse.Namespace, cluster: tf.train.ClusterSpec) -> dict[str,
 
         def variable(name: str, shape: list[int]) -> tf.Tensor:
             with tf.device(setter):  # the PS copy, placed round robin as replica_device_setter places it
-                shared = tf.get_variable(f"ps/{name}", shape, initializer=initializer, use_resource=False)
+                shared = tf.get_variable(f"ps/{name}", shape, initializer=_initializer(name), use_resource=False)
             with tf.device(worker):
                 local = tf.get_variable(
                     f"local/{name}",
