@@ -82,7 +82,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage = next((a for a in argv if a in STAGES), None)
     with _interrupts_raised():  # before the stage module's (seconds long) import, so no signal finds a traceback
         try:
-            _start_rank_server(stage, argv)
             parser, stage_parsers = _parser(stage)
             if stage is None or argv.index(stage) > 0:
                 parser.parse_args(argv)  # no stage, or options before it: argparse answers (help/usage) and exits
@@ -92,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _parse_stage(stage_parsers[stage], argv[1:])
             args.stage = stage
             module = importlib.import_module(STAGES[args.stage][0])
+            _start_rank_server(stage, argv)
             if not getattr(module, "CONFIG_ENTRIES", False):
                 from ralp_pipe.config import refuse_repeated  # here, not at the top: `--help` stays fast
 
@@ -145,7 +145,8 @@ def _values_of(token: str, arity: dict[str, int]) -> int:
 
 
 def _start_rank_server(stage: str | None, argv: list[str]) -> None:
-    """For a stage that may start ranks here, let the server they fork from import them while the stage imports.
+    """For a stage that may start ranks here, start the server they fork from, now that the stage's module (which
+    imports theirs) is imported: a fork of this process, so torch and torchvision are imported once per command.
 
     Not inside a SLURM job, whose ranks srun starts, nor for ``--help``.
     """

@@ -30,7 +30,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
-import pandas as pd
 import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
@@ -389,6 +388,8 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
 
 def write_run(out: Path, metrics: RunMetrics, rows: list[dict[str, Any]]) -> None:
     """Write steps.parquet, then metrics.json (the completion marker), each atomically; all or nothing."""
+    import pandas as pd  # here: the ranks fork from the command before (cli.py), and they need no pandas
+
     frame = pd.DataFrame(rows).sort_values(["rank", "step"], kind="stable")
     created = not out.exists()
     writing = out / STEPS_FILE

@@ -5,8 +5,10 @@ SIGKILL when the process that started it dies (``PR_SET_PDEATHSIG``), so a kille
 leaves ranks, probes or shard workers running. A child is either a command (:func:`start`) or a
 Python function forked from a server that imported the modules it needs once
 (:func:`start_forked`; the ranks of a run: importing torch and torchvision costs each
-interpreter seconds of CPU, paid once instead of once per rank). A forked child dies with the
-server, which exits when the process that started it does. :func:`stop` ends a child's whole group
+interpreter seconds of CPU, paid once instead of once per rank). Where the starting process runs
+no other Python thread, the server is a fork of it, so a command that imported the ranks' modules
+itself imports them once, not again in a server. A forked child dies with the server, which exits
+when the process that started it does. :func:`stop` ends a child's whole group
 (SIGTERM, then SIGKILL after a grace period); :func:`supervise` waits for a set of children and
 stops all of them at the first failure or at the deadline, naming the child that failed first.
 Only processes started here are ever signalled, by PID.
@@ -17,8 +19,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import signal
 import socket
@@ -111,16 +115,59 @@ Child = Process | Forked
 
 
 def start_fork_server(preload: Sequence[str]) -> None:
-    """Start the server :func:`start_forked` forks from, importing `preload`, now: beside this process's own imports.
+    """Start the server :func:`start_forked` forks from, importing `preload`, now (a no-op once it runs).
 
-    It starts with SIGINT and SIGTERM blocked (:func:`stops_blocked`), so a Ctrl-C reaching the whole
-    process group while it imports `preload` stops the driver alone instead of printing the server's
-    KeyboardInterrupt; :func:`_forked_child` unblocks them in each child.
+    Where this process runs no other Python thread the server is a fork of it (:func:`_fork_server_here`): what
+    this process imported, `preload` among them, it has already. Otherwise (a fork would copy a lock another
+    thread may hold) it is a fresh interpreter importing `preload` beside this process. It starts with SIGINT
+    and SIGTERM blocked (:func:`stops_blocked`), so a Ctrl-C reaching the whole process group while it imports
+    `preload` stops the driver alone instead of printing the server's KeyboardInterrupt; :func:`_forked_child`
+    unblocks them in each child.
     """
     _FORKSERVER.set_forkserver_preload(list(preload))
     multiprocessing.resource_tracker.ensure_running()  # first: it unblocks both signals once its own process runs
+    server: Any = multiprocessing.forkserver._forkserver  # private: its address, alive pipe and PID
     with stops_blocked():
-        multiprocessing.forkserver.ensure_running()
+        if server._forkserver_pid is None and threading.active_count() == 1:
+            _fork_server_here(server, list(preload))
+        else:
+            multiprocessing.forkserver.ensure_running()
+
+
+def _fork_server_here(server: Any, preload: list[str]) -> None:
+    """Start multiprocessing's fork server `server` as a fork of this process: as its ``ensure_running`` starts
+    one, with ``os.fork`` in place of a fresh interpreter."""
+    address = multiprocessing.connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        if not multiprocessing.util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # every client holds its write end: at EOF the server exits
+        sys.stdout.flush()  # else the server's children would write this process's pending output again
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _serve(listener.fileno(), alive_r, alive_w, preload)
+        os.close(alive_r)
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+
+
+def _serve(listener: int, alive_r: int, alive_w: int, preload: list[str]) -> NoReturn:
+    """The forked server: the stops and hooks a fresh interpreter has (its children inherit them), then
+    multiprocessing's server loop, which ends when the last client is gone."""
+    status = 1
+    try:
+        os.close(alive_w)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sys.unraisablehook = sys.__unraisablehook__
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # a child's output goes to its log's descriptors
+        multiprocessing.forkserver.main(listener, alive_r, preload)
+    except SystemExit:  # its clients are gone
+        status = 0
+    finally:
+        os._exit(status)
 
 
 def start_forked(target: Callable[..., None], args: tuple[Any, ...], log: Path, preload: Sequence[str]) -> Forked:
