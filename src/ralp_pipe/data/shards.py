@@ -162,28 +162,28 @@ def rebuild_advice(shards_dir: Path, cfg: Config) -> str:
 
 
 def prepare_command(cfg: Config) -> str:
-    """The `ralp-pipe prepare-shards` command preparing `cfg`'s shards: its dataset, the dataset keys that differ
-    from that dataset's own settings and the results folder where it is not the default."""
-    name = cfg.dataset.name
-    overrides = [f"dataset={name}"]
+    """The `ralp-pipe prepare-shards` command preparing `cfg`'s shards: its dataset (and source), the dataset keys
+    that differ from that dataset's own settings and the results folder where it is not the default."""
+    given = [f"dataset={cfg.dataset.name}"]
+    if cfg.dataset.source is not None:
+        given.append(f"dataset.source={cfg.dataset.source}")
     try:
-        default = load([f"dataset={name}"])
-    except ConfigError:  # not a dataset of config/dataset: every key of it
-        default = None
-    overrides += _changed("dataset", to_dict(cfg)["dataset"], None if default is None else to_dict(default)["dataset"])
-    if default is None or cfg.paths.results != default.paths.results:
+        default = load(given)
+    except ConfigError:  # not a dataset of config/, or its source is gone: prepare-shards will say which
+        return shlex.join(["ralp-pipe", "prepare-shards", *given, f"paths.results={cfg.paths.results}"])
+    overrides = given + _changed("dataset", to_dict(cfg)["dataset"], to_dict(default)["dataset"])
+    if cfg.paths.results != default.paths.results:
         overrides.append(f"paths.results={cfg.paths.results}")
     return shlex.join(["ralp-pipe", "prepare-shards", *overrides])
 
 
-def _changed(prefix: str, values: dict[str, Any], default: dict[str, Any] | None) -> list[str]:
+def _changed(prefix: str, values: dict[str, Any], default: dict[str, Any]) -> list[str]:
     """Overrides `prefix.key=value` of every key of `values` whose value differs from `default`'s (nested keys too)."""
     overrides = []
     for key, value in values.items():
-        was = None if default is None else default.get(key)
         if isinstance(value, dict):
-            overrides += _changed(f"{prefix}.{key}", value, was if isinstance(was, dict) else None)
-        elif default is None or value != was:
+            overrides += _changed(f"{prefix}.{key}", value, default.get(key) or {})
+        elif value != default.get(key):
             text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
             overrides.append(f"{prefix}.{key}={text}")
     return overrides
