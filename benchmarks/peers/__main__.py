@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: `peers` as a package
 
@@ -48,6 +51,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
             estimate = mean_interval(values) if values else None
             row[column] = estimate.mean if estimate else math.nan
             row[column.replace("images_per_sec", "half_width")] = estimate.half_width if estimate else math.nan
+        row["paired_ours_over_peer"] = [round(v, 3) for v in group.ours_over_peer]  # run beside run, per repeat
         row["predicted_images_per_sec"] = group.predicted_images_per_sec.iloc[0]
         row["ours_over_peer"] = row["ours_images_per_sec"] / row["peer_images_per_sec"]
         row["predicted_over_peer"] = row["predicted_images_per_sec"] / row["peer_images_per_sec"]
@@ -65,8 +69,12 @@ def markdown(table: pd.DataFrame) -> str:
             return "-"
         return f"{mean:.3g} ± {half:.2g}" if not math.isnan(half) else f"{mean:.3g}"
 
+    def _span(values: list[float]) -> str:
+        finite = [v for v in values if math.isfinite(v)]
+        return f"{min(finite):.2f}-{max(finite):.2f}" if finite else "-"
+
     lines = [
-        "| model | N | rate | peer | ralp-pipe | peer img/s | ralp-pipe img/s | predicted img/s | ours / peer "
+        "| model | N | rate | peer | ralp-pipe | peer img/s | ralp-pipe img/s | predicted img/s | ours / peer (runs) "
         "| predicted / peer | busiest link MB/step up, down: peer | ralp-pipe |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -74,10 +82,35 @@ def markdown(table: pd.DataFrame) -> str:
         lines.append(
             f"| {r.model} {r.image_size} px b{r.batch} | {r.hosts} | {r.rate} | {r.peer} | {r.strategy} "
             f"| {figure(r.peer_images_per_sec, r.peer_half_width)} | {figure(r.ours_images_per_sec, r.ours_half_width)} "
-            f"| {r.predicted_images_per_sec:.3g} | {r.ours_over_peer:.2f} | {r.predicted_over_peer:.2f} "
+            f"| {r.predicted_images_per_sec:.3g} | {r.ours_over_peer:.2f} ({_span(r.paired_ours_over_peer)}) "
+            f"| {r.predicted_over_peer:.2f} "
             f"| {r.peer_busiest_tx_mb:.0f}, {r.peer_busiest_rx_mb:.0f} | {r.ours_busiest_tx_mb:.0f}, {r.ours_busiest_rx_mb:.0f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _record(command: str, figures: dict[str, Any], note: str) -> dict[str, Any]:
+    """A record as docs/records holds them: command, revision, date, machine, note and the figures."""
+    machine = f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    return {
+        "command": command,
+        "revision": _revision(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "machine": machine,
+        "note": note,
+        "figures": figures,
+    }
+
+
+def write(frame: pd.DataFrame, command: str, out: Path) -> pd.DataFrame:
+    """peers.parquet (the runs), peers.md (the summary) and peers.json (a record of both) into `out`."""
+    frame.to_parquet(out / "peers.parquet", index=False)
+    table = summary(frame)
+    (out / "peers.md").write_text(f"`{command}` at {_revision()}\n\n" + markdown(table))
+    figures = {"runs": frame.to_dict(orient="records"), "summary": table.to_dict(orient="records")}
+    note = "One row per peer run with the ralp-pipe run beside it (runs) and means with 95% t half-widths (summary)."
+    (out / "peers.json").write_text(json.dumps(_record(command, figures, note), indent=1, default=str) + "\n")
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/peers " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.transport:
         found = transport.measure(args.transport, args.transport_mb, 3, args.out)
-        document = {"command": command, "revision": _revision(), "rows": found}
-        (args.out / "transport.json").write_text(json.dumps(document, indent=1) + "\n")
+        note = "TF gRPC copies of one tensor between two emulated hosts against one TCP stream on the same link."
+        (args.out / "transport.json").write_text(json.dumps(_record(command, {"rates": found}, note), indent=1) + "\n")
         return 0
     rows = []
     for model in args.models:
@@ -130,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                         frame = pd.DataFrame(rows)
                         frame.to_parquet(args.out / "peers.parquet", index=False)
     frame = pd.DataFrame(rows)
-    table = summary(frame)
-    (args.out / "peers.md").write_text(f"`{command}` at {_revision()}\n\n" + markdown(table))
-    document = {"command": command, "revision": _revision(), "rows": frame.to_dict(orient="records")}
-    (args.out / "peers.json").write_text(json.dumps(document, indent=1, default=str) + "\n")
+    table = write(frame, command, args.out)
     print(markdown(table))
     finite = all(math.isfinite(v) for v in frame.peer_loss_last)
     if not finite:
