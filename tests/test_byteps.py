@@ -53,7 +53,7 @@ def test_each_strategy_with_a_server_per_host_takes_its_own_placement() -> None:
 
 def _vgg11() -> tuple[Pricing, list[models.Unit]]:
     """VGG-11/1K at 32 px, batch 8, on a fast analytic device and a 10 Gbit/s link, and its placement units."""
-    units = models.placement_units(models.build("vgg11", 1000))
+    units = models.model_units("vgg11", 1000, 0.5, "meta")  # sizes only: nothing initialised
     profile = analytic_profile("vgg11", 1000, 32, [8, 56, 64], 5e12, None, 5e11)
     variables = whole_variables(units, load(["strategy=dtf"]).strategy)
     return Pricing(compute_costs(profile), 8, Link(10 * GBIT), variables=variables), units

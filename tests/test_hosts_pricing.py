@@ -31,7 +31,7 @@ STRATEGIES = ("ps", "allreduce", "dtf", "ralp_h", "ralp_n")
 @lru_cache(maxsize=None)
 def _vgg16() -> tuple[Pricing, list[models.Unit]]:
     """VGG-16/1K at 32 px, batch 8, on a fast analytic device, and its placement units."""
-    units = models.placement_units(models.build("vgg16", 1000))
+    units = models.model_units("vgg16", 1000, 0.5, "meta")  # sizes only: nothing initialised
     profile = analytic_profile("vgg16", 1000, 32, [8, 56, 64], 5e12, None, 5e11)
     variables = whole_variables(units, StrategyConfig(name="dtf"))
     return Pricing(compute_costs(profile), 8, Link(10 * GBIT), variables=variables), units

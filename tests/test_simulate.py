@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pandas as pd
 import pytest
+import yaml
 from PIL import Image
 
 from ralp_pipe import cli
-from ralp_pipe.config import STRATEGIES, StrategyConfig
+from ralp_pipe.config import STRATEGIES, ConfigError, StrategyConfig
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.planning.costmodel import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, compute_costs
 from ralp_pipe.planning.planner import whole_variables
-from ralp_pipe.planning.simulate import Grid, Servers, simulate
+from ralp_pipe.planning.simulate import MAX_GPUS, Grid, Servers, simulate
 from support.prediction import plan_predictions, prediction_error
 from support.profiles import analytic_profile
 
@@ -24,7 +26,7 @@ from support.profiles import analytic_profile
 @pytest.fixture(scope="module")
 def vgg11() -> tuple[dict, list[models.Unit]]:
     profile = analytic_profile("vgg11", 1000, 32, [4, 8, 4096], 5e12, None, 5e11)
-    return profile, models.placement_units(models.build("vgg11", 1000))
+    return profile, models.model_units("vgg11", 1000, 0.5, "meta")  # sizes only: nothing initialised
 
 
 @pytest.mark.slow  # simulates every strategy over N up to 1024 with exact VGG-11 bytes (4-8 s)
@@ -171,3 +173,41 @@ def test_a_link_probe_latency_is_paid_per_ring_message(vgg11) -> None:
     param_bytes = compute_costs(profile).param_bytes
     buckets = 1 + math.ceil((param_bytes - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
     assert rows[1].step_time_s["allreduce"] - rows[0].step_time_s["allreduce"] == pytest.approx(buckets * 0.3)
+
+
+def test_simulate_by_hand_prices_the_papers_recipe_and_says_so(tmp_path, capsys) -> None:
+    """Batch 32 at 224 px unless told otherwise, stated in the summary and in every row of the table."""
+    out = tmp_path / "sim"
+    argv = ["simulate", "--target", "v100", "--gpus", "8", "--link-gbit", "10", "--out", str(out), "model=vgg11"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "batch 32 per GPU at 224 px" in printed and "device v100 (modelled profile" in printed
+    frame = pd.read_parquet(out / "simulation.parquet")
+    assert (frame.batch_size == 32).all() and (frame.image_size == 224).all()
+    assert {"device", "device_source", "gpus_per_node", "hosts", "interconnect", "pipelined"} <= set(frame.columns)
+
+
+def test_simulate_answers_a_million_gpus_quickly_and_refuses_beyond_its_range(tmp_path, capsys) -> None:
+    started = time.process_time()
+    argv = ["simulate", "--target", "v100", "--gpus", "1000000", "--link-gbit", "10", "--out", str(tmp_path / "a")]
+    assert cli.main([*argv, "model=resnet50"]) == 0
+    assert time.process_time() - started < 30
+    assert "dtf left out at N=1000000" in capsys.readouterr().out
+    too_many = ["simulate", "--target", "v100", "--gpus", str(MAX_GPUS + 1), "--out", str(tmp_path / "b")]
+    assert cli.main(too_many) == ConfigError.exit_code
+    assert capsys.readouterr().err.strip().endswith(f"beyond the {MAX_GPUS} GPUs simulate prices: give fewer")
+    assert not (tmp_path / "b" / "simulation.parquet").exists()
+
+
+def test_cfg_prints_the_composed_configuration_and_runs_nothing(tmp_path, capsys) -> None:
+    assert (
+        cli.main(
+            ["simulate", "--cfg", "--target", "a100", "model=vgg16", "cluster.gpus_per_node=4", "interconnect=nvlink3"]
+        )
+        == 0
+    )
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["batch_size"] == 32 and printed["train"]["image_size"] == 224
+    assert printed["device"]["name"] == "a100" and printed["cluster"]["gpus_per_node"] == 4
+    assert cli.main(["plan", "--cfg", "model=alexnet"]) == 0  # any stage: its --profile and --out then optional
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["name"] == "alexnet"

@@ -45,12 +45,15 @@ def analytic_profile(
 
     Forward time is the unit's multiply-accumulates / `macs_per_s` (backward twice that);
     gradient aggregation and the SGD update stream parameters at `memory_bytes_per_s`
-    (aggregation reads and writes once, the update with momentum three times).
+    (aggregation reads and writes once, the update with momentum three times). The model is built and run
+    on the meta device: shapes and counts only, none of its weights initialised or computed.
     """
-    units = models.placement_units(models.build(name, num_classes))
-    shapes = models.activation_shapes(units, image_size)
+    units = models.model_units(name, num_classes, 0.5, "meta")  # models.build's default dropout
+    with torch.device("meta"):
+        shapes = models.activation_shapes(units, image_size)
+        counts = unit_macs(units, image_size)
     rows = models.unit_rows(units, shapes)
-    for row, macs in zip(rows, unit_macs(units, image_size)):
+    for row, macs in zip(rows, counts):
         row["macs_per_sample"] = macs
         row["by_batch"] = {
             str(b): {"fwd_s": macs * b / macs_per_s, "bwd_s": 2 * macs * b / macs_per_s} for b in batches
