@@ -49,7 +49,7 @@ def predicted(config: dict[str, Any], gpus: list[int]) -> dict[int, float]:
         overrides.append(f"strategy.variable_update={config['variable_update']}")
     cfg = load(devicemodel.target_overrides(config["device"], overrides))
     profile = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, gpus), max(gpus))
-    units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    units = models.model_units(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout, "meta")
     variables = whole_variables(units, dtf_options(cfg))
     out: dict[int, float] = {}
     for n, num_ps in config["num_ps"].items():

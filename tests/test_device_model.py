@@ -194,3 +194,19 @@ def test_inception_v3_at_299_px_is_priced_with_its_published_multiply_adds() -> 
     first, *rest = traces  # the input needs no gradient: the first unit's backward computes the weights' only
     assert first.bwd.total_flops == pytest.approx(first.fwd.total_flops)
     assert all(t.bwd.total_flops == pytest.approx(2 * t.fwd.total_flops) for t in rest if t.fwd.total_flops)
+
+
+@pytest.mark.parametrize(("model", "image_size"), [("vgg11", 64), ("resnet18", 64), ("inception_v3", 75)])
+def test_traces_at_any_batch_are_the_direct_traces(model: str, image_size: int) -> None:
+    """Two traces (batch 1 and 2) give every batch's kernels and memory exactly, as tracing that batch does."""
+    units, traced = devicemodel.trace_batches(model, 10, image_size, [3, 32])
+    assert len(units) == len(traced[32])
+    for batch in (3, 32):
+        _, direct = devicemodel.trace_model(model, 10, image_size, batch)
+        for derived, exact in zip(traced[batch], direct):
+            for name in ("fwd", "bwd"):
+                ours, theirs = getattr(derived, name), getattr(exact, name)
+                assert (ours.kind == theirs.kind).all()
+                assert (ours.flops == theirs.flops).all() and (ours.bytes == theirs.bytes).all()
+            assert derived.output_shape == exact.output_shape
+            assert (derived.saved_bytes, derived.peak_memory_bytes) == (exact.saved_bytes, exact.peak_memory_bytes)

@@ -58,7 +58,9 @@ def _stages_text() -> str:
     return "\n".join(lines)
 
 
-def _parser(stage: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def _parser(
+    stage: str | None = None, cfg_only: bool = False
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="ralp-pipe", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ralp-pipe {__version__}")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
@@ -67,6 +69,7 @@ def _parser(stage: str | None = None) -> tuple[argparse.ArgumentParser, dict[str
         stage_parser = sub.add_parser(name, help=text, description=text)
         if name == stage:
             importlib.import_module(module).add_arguments(stage_parser)
+            _add_cfg(stage_parser, module, cfg_only)
         if "overrides" not in {action.dest for action in stage_parser._actions}:  # noqa: SLF001 (a stage's own)
             stage_parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=vgg11 cluster.gpus=4")
         stage_parsers[name] = stage_parser
@@ -82,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage = next((a for a in argv if a in STAGES), None)
     with _interrupts_raised():  # before the stage module's (seconds long) import, so no signal finds a traceback
         try:
-            parser, stage_parsers = _parser(stage)
+            parser, stage_parsers = _parser(stage, "--cfg" in argv[: argv.index("--") if "--" in argv else None])
             if stage is None or argv.index(stage) > 0:
                 parser.parse_args(argv)  # no stage, or options before it: argparse answers (help/usage) and exits
             assert stage is not None
@@ -97,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 refuse_repeated(args.overrides)
             _raise_if_swallowed()
+            if getattr(args, "cfg", False):
+                return _print_config(module, args)
             return int(module.main(args) or 0)
         except KeyboardInterrupt:
             return _report(stage, Interrupted(signal.SIGINT))
@@ -109,6 +114,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             if full is None:
                 raise
             return _report(stage, full)
+
+
+def _add_cfg(parser: argparse.ArgumentParser, module: str, cfg_only: bool) -> None:
+    """``--cfg``: print the configuration the stage composes and exit; where it is given (`cfg_only`), the stage's
+    other options are optional."""
+    if getattr(importlib.import_module(module), "CONFIG_ENTRIES", False):
+        return  # the stage takes the workflow's entries, not Hydra overrides
+    parser.add_argument(
+        "--cfg", action="store_true", help="print the configuration this command composes (YAML) and exit"
+    )
+    if cfg_only:
+        for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's options)
+            action.required = False
+        for group in parser._mutually_exclusive_groups:  # noqa: SLF001 (nor of its groups)
+            group.required = False
+
+
+def _print_config(module: Any, args: argparse.Namespace) -> int:
+    """Print the configuration `args` compose for the stage of `module` (its own ``composed(args)`` where it adds
+    overrides of its own, else :func:`ralp_pipe.config.load` of the overrides) as YAML."""
+    from omegaconf import OmegaConf
+
+    from ralp_pipe.config import load, to_dict
+
+    cfg = module.composed(args) if hasattr(module, "composed") else load(args.overrides)
+    print(OmegaConf.to_yaml(to_dict(cfg)), end="")
+    return 0
 
 
 def _parse_stage(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -206,6 +206,40 @@ def trace_model(
     return units, traces
 
 
+TRACED_BATCHES = (2, 3)  # two consecutive batches traced (batch norm in training needs two values per channel)
+
+
+def _at_batch(first: UnitTrace, second: UnitTrace, batch: int) -> UnitTrace:
+    """The trace of a unit at `batch` from its traces at :data:`TRACED_BATCHES`: every kernel's FLOPs and bytes,
+    and the memory, are affine in the batch (a tensor's size is the batch times its per-image size, or
+    independent of the batch), the kernels themselves the same at every batch."""
+    step = batch - TRACED_BATCHES[0]
+
+    def affine(a: Any, b: Any) -> Any:
+        return a + step * (b - a)
+
+    def kernels(a: Kernels, b: Kernels) -> Kernels:
+        return Kernels(a.kind, affine(a.flops, b.flops), affine(a.bytes, b.bytes))
+
+    return UnitTrace(
+        kernels(first.fwd, second.fwd),
+        kernels(first.bwd, second.bwd),
+        (batch, *first.output_shape[1:]),
+        affine(first.saved_bytes, second.saved_bytes),
+        affine(first.peak_memory_bytes, second.peak_memory_bytes),
+    )
+
+
+def trace_batches(
+    name: str, num_classes: int, image_size: int, batches: Sequence[int], dropout: float = 0.5
+) -> tuple[list[models.Unit], dict[int, list[UnitTrace]]]:
+    """:func:`trace_model` at every batch of `batches`, from two traces (:func:`_at_batch`), so a thousand
+    batches cost what two do."""
+    units, first = trace_model(name, num_classes, image_size, TRACED_BATCHES[0], dropout)
+    _, second = trace_model(name, num_classes, image_size, TRACED_BATCHES[1], dropout)
+    return units, {b: [_at_batch(a, c, b) for a, c in zip(first, second)] for b in sorted(set(batches))}
+
+
 def trace_update(param_bytes_by_tensor: Sequence[int], optim: Optim) -> tuple[Kernels, Kernels]:
     """Kernels of the servers' gradient aggregation (two sets summed) and of one SGD step, on FlatSgd."""
     tensors = [torch.empty(n // 4, device="meta") for n in param_bytes_by_tensor]
@@ -250,12 +284,9 @@ def modelled_profile(cfg: Config, batches: dict[str, int], gpus: int) -> dict[st
     """
     started = time.perf_counter()
     device, t = cfg.device, cfg.train
-    by_batch: dict[int, list[UnitTrace]] = {}
-    units: list[models.Unit] = []
-    for batch in sorted(set(batches.values())):
-        units, by_batch[batch] = trace_model(
-            cfg.model.name, cfg.dataset.num_classes, t.image_size, batch, cfg.model.dropout
-        )
+    units, by_batch = trace_batches(
+        cfg.model.name, cfg.dataset.num_classes, t.image_size, list(batches.values()), cfg.model.dropout
+    )
     worker = by_batch[batches["worker"]]
     param_tensors = [p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad]
     param_bytes = sum(param_tensors)

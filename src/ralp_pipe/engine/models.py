@@ -162,7 +162,8 @@ def parameter_count(module: nn.Module) -> int:
 def activation_shapes(units: list[Unit], image_size: int, batch: int = 1) -> list[tuple[int, ...]]:
     """Output shape of every unit for a `batch` of `image_size` x `image_size` RGB images."""
     shapes: list[tuple[int, ...]] = []
-    x = torch.zeros(batch, 3, image_size, image_size)
+    device = next((p.device for u in units for p in u.module.parameters()), None)  # meta units: shapes only
+    x = torch.zeros(batch, 3, image_size, image_size, device=device)
     with torch.no_grad():
         for unit in units:
             training = unit.module.training

@@ -24,6 +24,7 @@ below the split, A activation elements per image at the split and batch b per wo
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping, Sequence
 
@@ -57,8 +58,13 @@ def ring_send_elements(numel: int, world: int, rank: int) -> int:
 def split_activation_elements(units: list[Unit], split: int, image_size: int) -> int:
     """Elements of the activation one image produces at the split (output of units[split-1])."""
     check_split(split, len(units))
-    shape = activation_shapes(units[:split], image_size, batch=1)[-1]
-    return math.prod(shape[1:])
+    return math.prod(_shapes(tuple(units), image_size)[split - 1][1:])
+
+
+@functools.lru_cache(maxsize=2)
+def _shapes(units: tuple[Unit, ...], image_size: int) -> list[tuple[int, ...]]:
+    """Every unit's output shape for one image, computed once for all the splits a planner prices."""
+    return activation_shapes(list(units), image_size, batch=1)
 
 
 def step_bytes(

@@ -133,7 +133,8 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
     Where a strategy's bytes are workers x per-worker bytes (``per_worker_volume`` in the strategy
     table: `ps` and RALP), they are its figures at its fewest devices scaled to the workers (the
     split's activation shape, the costly part, is then computed once per split rather than once
-    per split and N); the planner's tests compare every figure with a direct call.
+    per split and N); the planner's tests compare every figure with a direct call. Units built on the meta
+    device (:func:`ralp_pipe.engine.models.model_units`) give the same figures without computing anything.
     """
     cache: dict[tuple[str, int, int | None], dict[str, int]] = {}
 
@@ -148,7 +149,7 @@ def volume_function(units: list[models.Unit], batch_size: int, image_size: int, 
         if not kind.per_worker_volume:
             return exact(strategy, gpus, split)
         fewest, few = exact(strategy, kind.min_gpus, split), kind.workers(kind.min_gpus)
-        workers = topology(strategy, gpus, num_ps).num_workers
+        workers = kind.workers(gpus)
         return {k: v // few * workers for k, v in fewest.items()}
 
     return volume
@@ -164,10 +165,11 @@ def transfers_overlap(cfg: Config) -> bool:
     return not (kind.shares_host_cpus and not kind.shapes_links)
 
 
-def pipelining_of(cfg: Config) -> Pipelining | None:
+def pipelining_of(cfg: Config, own_links: bool = False) -> Pipelining | None:
     """How `cfg`'s parameter-server and RALP steps are priced: pipelined (``strategy.overlap``) or sequential
-    (None, also where transfers cannot overlap computation: :func:`transfers_overlap`)."""
-    if not cfg.strategy.overlap or not transfers_overlap(cfg):
+    (None, also where transfers cannot overlap computation: :func:`transfers_overlap`, unless `own_links`: hosts
+    of their own, as simulate prices them, whatever ``cluster.kind`` this machine runs)."""
+    if not cfg.strategy.overlap or not (own_links or transfers_overlap(cfg)):
         return None
     return Pipelining(cfg.strategy.bucket_mb * 1e6)
 
@@ -212,8 +214,8 @@ def best_prediction(
 ) -> tuple[Prediction, list[Prediction]]:
     """The fastest configuration of `strategy` at `gpus` and every configuration it was chosen from: every split
     of a layer-placing strategy, and where hosts hold several GPUs both places of its PS device."""
-    workers = topology(strategy, gpus, pricing.num_ps).num_workers
     kind = strategy_kind(strategy)
+    workers = kind.workers(gpus)
     splits: Sequence[int | None] = range(1, len(pricing.costs.units)) if kind.places_layers else [None]
     places = (
         [False, True] if kind.places_layers and pricing.hosts.gpus_per_node > 1 else [pricing.ps_device_shares_host]
@@ -324,7 +326,7 @@ def build_plan(
     check_profile_matches(profile, cfg, profile_path)
     if probe is not None:
         check_link_matches(probe, cfg, probe_path or "?")
-    units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+    units = models.model_units(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout, "meta")
     names = [u.name for u in units]
     if names != [u["name"] for u in profile.units]:
         raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")

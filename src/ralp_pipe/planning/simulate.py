@@ -25,7 +25,15 @@ from typing import Any, Mapping, Sequence, cast
 import pandas as pd
 
 from ralp_pipe.atomic import atomic_path, check_writable
-from ralp_pipe.config import STRATEGY_KINDS, ConfigError, baselines, load, reference_baseline, strategy_kind
+from ralp_pipe.config import (
+    STRATEGY_KINDS,
+    Config,
+    ConfigError,
+    baselines,
+    load,
+    reference_baseline,
+    strategy_kind,
+)
 from ralp_pipe.config.units import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.contract.records import LinkProbe, Profile, check_profile_matches
 from ralp_pipe.contract.topology import Hosts, hosts_of
@@ -39,8 +47,11 @@ from ralp_pipe.planning.planner import (
     whole_variables,
 )
 from ralp_pipe.planning.profiling import profile_batches
+from ralp_pipe.planning.timeline import MAX_HOSTS
 
 GPUS = tuple(2**i for i in range(1, 11))
+MAX_GPUS = 2**20  # the most GPUs simulate prices: its topologies list every rank
+BY_HAND = ("experiment=paper",)  # what a simulation composes unless told otherwise: the paper's recipe
 LINK_GBIT = (1, 10, 25, 40, 100, 200, 400)
 PAPER_GPUS = (2, 16)  # the paper's evaluation: 2..16 GPUs (config/experiment/paper.yaml) ...
 PAPER_LINK_GBIT = (1, 10, 25)  # ... on 1, 10 and 25 Gbit/s links
@@ -101,7 +112,7 @@ def simulate(
             for strategy, kind in STRATEGY_KINDS.items():
                 if n < kind.min_gpus:  # RALP at N=1: no PS device beside a worker (the planner leaves it out too)
                     continue
-                if kind.whole_variables and variables is None:
+                if kind.whole_variables and (variables is None or not dtf_priced(n, hosts, ps.pipelining)):
                     continue
                 servers, beside = ps.of(strategy, n, hosts)
                 pricing = Pricing(
@@ -120,6 +131,7 @@ def simulate(
                         "split": best.split,
                         "split_after_unit": names[cast(int, best.split) - 1] if kind.places_layers else None,
                         "gpus_per_node": hosts.gpus_per_node,
+                        "hosts": hosts.count(n),
                         "ps_device_host": best.ps_device_host,
                         "images_per_sec": best.images_per_sec,
                         "step_time_s": best.step_time_s,
@@ -136,6 +148,12 @@ def simulate(
                 for row in point
             ]
     return pd.DataFrame(rows)
+
+
+def dtf_priced(gpus: int, hosts: Hosts, pipelining: Pipelining | None) -> bool:
+    """Whether `dtf` is priced at `gpus` on `hosts`: sequential always, pipelined up to
+    :data:`~ralp_pipe.planning.timeline.MAX_HOSTS` hosts (its timeline's cost grows as the hosts squared)."""
+    return pipelining is None or hosts.count(gpus) <= MAX_HOSTS
 
 
 def priced_by(profile: Mapping[str, Any]) -> str:
@@ -180,7 +198,7 @@ def plot(
     axes[0][-1].legend(fontsize=7)
     model = frame.model.iloc[0]
     fig.suptitle(f"{model}, {frame.num_classes.iloc[0]} classes on {device}: predicted")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.08 / len(strategies) ** 0.5, right=0.98, bottom=0.13, top=0.85, wspace=0.08)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
@@ -246,38 +264,102 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def composed(args: argparse.Namespace) -> Config:
+    """The configuration a simulation prices: the paper's recipe (:data:`BY_HAND`) unless an ``experiment=``
+    override names another, then the user's overrides; with ``--target`` that GPU's entry adjusted by them."""
+    named = any(o.split("=", 1)[0].lstrip("+") == "experiment" for o in args.overrides)
+    overrides = [*([] if named else BY_HAND), *args.overrides]
+    return load(devicemodel.target_overrides(args.target, overrides) if args.target else overrides)
+
+
+def assumptions(cfg: Config, profile: Profile, source: str, hosts: Hosts, servers: Servers) -> dict[str, Any]:
+    """What every row of a simulation assumes beyond its own columns (its `simulation.parquet` columns too)."""
+    target = profile.target or {}
+    return {
+        "device": target.get("name", profile.device),
+        "profile_kind": profile.kind,
+        "device_source": source,
+        "batch_size": cfg.train.batch_size,
+        "image_size": profile.image_size,
+        "interconnect": cfg.interconnect.name,
+        "interconnect_gbytes_per_s": hosts.interconnect_bytes_per_s / 1e9,
+        "pipelined": servers.pipelining is not None,
+    }
+
+
+def describe(facts: Mapping[str, Any], hosts: Hosts, servers: Servers, gpus: Sequence[int]) -> list[str]:
+    """The assumptions of a simulation as the lines its summary starts with."""
+    per_host = "one PS task beside every worker host"
+    deployed = {
+        strategy: per_host
+        if (kind.ps_per_host if servers.per_host is None else servers.per_host)
+        else f"{servers.num_ps} PS {'colocated with workers' if servers.colocated else 'on hosts of their own'}"
+        for strategy, kind in STRATEGY_KINDS.items()
+        if kind.has_ps
+    }
+    inside = (
+        f", {facts['interconnect']} ({facts['interconnect_gbytes_per_s']:g} GB/s per GPU) inside a host"
+        if hosts.gpus_per_node > 1
+        else ""
+    )
+    lines = [
+        f"device {facts['device']} ({facts['profile_kind']} profile, {facts['device_source']}); "
+        f"batch {facts['batch_size']} per GPU at {facts['image_size']} px",
+        f"hosts of {hosts.gpus_per_node} GPU{'s' if hosts.gpus_per_node > 1 else ''} (N / {hosts.gpus_per_node} "
+        f"hosts){inside}; each host one link at its row's rate (TCP payload: {TCP_PAYLOAD_PER_WIRE_BYTE:.3g} of it)",
+        "PS: "
+        + "; ".join(f"{s} {d}" for s, d in deployed.items())
+        + ("; transfers pipelined with backward" if facts["pipelined"] else "; transfers after backward"),
+    ]
+    left_out = [n for n in gpus if not dtf_priced(n, hosts, servers.pipelining)]
+    if left_out:
+        lines.append(
+            f"dtf left out at N={', '.join(map(str, left_out))}: its timeline is priced up to {MAX_HOSTS} hosts"
+        )
+    return lines
+
+
 def main(args: argparse.Namespace) -> int:
     """Simulate every strategy over N and link speed and write the table and plots."""
     if min(args.gpus) < 1 or min(args.link_gbit) <= 0:
         raise ConfigError(f"--gpus {args.gpus} must all be >= 1 and --link-gbit {args.link_gbit} all positive")
+    if max(args.gpus) > MAX_GPUS:
+        raise ConfigError(f"--gpus {max(args.gpus)} is beyond the {MAX_GPUS} GPUs simulate prices: give fewer")
     check_writable(args.out, f"--out {args.out}")
+    cfg = composed(args)
     if args.target:
-        cfg = load(devicemodel.target_overrides(args.target, args.overrides))
         batches = profile_batches(cfg.train.batch_size, args.gpus)
         profile = Profile.from_dict(
             devicemodel.modelled_profile(cfg, batches, max(args.gpus)), f"--target {args.target}"
         )
+        source = f"config/device/{args.target}.yaml" + "".join(
+            f" {o}" for o in args.overrides if o.split("=", 1)[0].startswith("device.")
+        )
     else:
-        cfg = load(args.overrides)
         profile = Profile.read(args.profile)
         check_profile_matches(profile, cfg, args.profile)
-    units = models.placement_units(models.build(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout))
+        source = str(args.profile)
+    units = models.model_units(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout, "meta")
     latency_s = float((LinkProbe.read(args.link).measured or {}).get("latency_s", 0.0)) if args.link else None
     servers = Servers(
-        cfg.strategy.num_ps, cfg.strategy.ps_placement == "colocated", args.ps_per_host, pipelining_of(cfg)
+        cfg.strategy.num_ps,
+        cfg.strategy.ps_placement == "colocated",
+        args.ps_per_host,
+        pipelining_of(cfg, own_links=True),
     )
+    hosts = hosts_of(cfg)
     frame = simulate(
         profile.to_dict(),
         units,
         cfg.train.batch_size,
         Grid(args.gpus, args.link_gbit, latency_s),
         servers,
-        hosts_of(cfg),
+        hosts,
         whole_variables(units, dtf_options(cfg)),
     )
-    frame["profile_kind"] = profile.kind
-    frame["device"] = (profile.target or {}).get("name", profile.device)
+    facts = assumptions(cfg, profile, source, hosts, servers)
+    frame = frame.assign(**facts)
     paths = write_outputs(frame, args.out, priced_by(profile.to_dict()))
-    print(summary(frame))
+    print("\n".join([*describe(facts, hosts, servers, args.gpus), summary(frame)]))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

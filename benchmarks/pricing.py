@@ -1,0 +1,105 @@
+"""Configurations priced per second by `ralp-pipe simulate`, this checkout beside a git revision before it.
+
+    python benchmarks/pricing.py [--before REV] [--model vgg16]
+
+Each grid runs as ``ralp-pipe simulate --target v100`` in a fresh interpreter (in-process `cli.main`, timed
+after the imports, so start-up is left out): the modelled profile, every strategy's best configuration at every
+point, the table and the plots. A configuration is one row of ``simulation.parquet`` (one strategy at one N and
+link, the best RALP split and PS-device place included). ``--before REV`` runs the same grids on that revision
+(checked out in a temporary git worktree); a grid it does not finish within ``--limit`` seconds is shown as such.
+Times are CPU seconds of the process (steadier than wall seconds on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# (name, simulate options): one configuration's point, the paper's range, the whole default grid, hosts of 8
+GRIDS = {
+    "N=8, 10 Gbit/s": ["--gpus", "8", "--link-gbit", "10"],
+    "N=2..16, 7 links": ["--gpus", "2", "4", "8", "16"],
+    "default grid": [],
+    "default grid, hosts of 8": ["cluster.gpus_per_node=8", "interconnect=nvlink2"],
+}
+RECIPE = ["train.batch_size=32", "train.image_size=224"]  # the same work on either side, whatever its default
+
+
+def measure(model: str, options: list[str], out: Path) -> dict[str, float]:
+    """CPU and wall seconds of one simulate command in this interpreter, and the configurations it priced."""
+    import time
+
+    import pandas as pd
+
+    from ralp_pipe import cli
+    from ralp_pipe.planning import simulate  # noqa: F401 (imported before the clock starts)
+
+    argv = ["simulate", "--target", "v100", "--out", str(out), f"model={model}", *RECIPE, *options]
+    cpu, wall = time.process_time(), time.perf_counter()
+    with open(os.devnull, "w") as sink:
+        stdout, sys.stdout = sys.stdout, sink
+        try:
+            status = cli.main(argv)
+        finally:
+            sys.stdout = stdout
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if status:
+        raise SystemExit(f"simulate {' '.join(options)} exited {status}")
+    return {"cpu_s": cpu, "wall_s": wall, "rows": len(pd.read_parquet(out / "simulation.parquet"))}
+
+
+def run_grid(src: Path, model: str, options: list[str], limit: float) -> dict[str, float] | None:
+    """:func:`measure` in a fresh interpreter importing ralp_pipe from `src`; None past `limit` seconds."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, __file__, "--measure", model, out, *options]
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=limit, check=True)
+        except subprocess.TimeoutExpired:
+            return None
+        return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def cell(result: dict[str, float] | None, limit: float) -> str:
+    if result is None:
+        return f"not done in {limit:g} s"
+    rate = result["rows"] / result["cpu_s"]
+    return f"{int(result['rows'])} in {result['cpu_s']:.2f} s: {rate:,.0f}/s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="a git revision to compare with (run in a temporary worktree)")
+    parser.add_argument("--model", default="vgg16")
+    parser.add_argument("--limit", type=float, default=300.0, help="seconds a grid may take on either side")
+    parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)  # MODEL OUT [options]: one grid, as JSON
+    args, rest = parser.parse_known_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure[0], [*args.measure[2:], *rest], Path(args.measure[1]))))
+        return
+    sides = {"now": ROOT / "src"}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.before:
+            tree = Path(tmp) / "before"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True,
+                           capture_output=True)  # fmt: skip
+            sides = {f"at {args.before}": tree / "src", **sides}
+        try:
+            print(f"| {args.model}, batch 32, 224 px | " + " | ".join(sides) + " |")
+            print("|---|" + "---:|" * len(sides))
+            for name, options in GRIDS.items():
+                cells = [cell(run_grid(src, args.model, options, args.limit), args.limit) for src in sides.values()]
+                print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+        finally:
+            if args.before:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+
+
+if __name__ == "__main__":
+    main()
