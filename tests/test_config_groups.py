@@ -38,7 +38,6 @@ def test_each_option_composes_and_selects_itself(group: str, option: str, tmp_pa
     assert selected == option
 
 
-@pytest.mark.slow  # composes every dataset x model x network of the paper experiment (~6 s)
 @pytest.mark.parametrize("strategy", [o for g, o in OPTIONS if g == "strategy"])
 def test_every_strategy_takes_the_schemas_transfer_defaults_and_their_overrides(strategy: str) -> None:
     """bucket_mb and credit come from one shared file, equal to the schema's defaults (but dtf's credit: TensorFlow
@@ -50,6 +49,7 @@ def test_every_strategy_takes_the_schemas_transfer_defaults_and_their_overrides(
     assert (cfg.strategy.name, cfg.strategy.bucket_mb, cfg.strategy.credit) == (strategy, 4.0, 2)
 
 
+@pytest.mark.slow  # composes every dataset x model x network of the paper experiment (~6 s)
 def test_the_paper_experiment_composes_with_every_dataset_model_and_network(tmp_path: Path) -> None:
     base = load(["experiment=paper", "dataset=imagenet1k", f"dataset.source={tmp_path}"])
     e = base.experiment

@@ -156,6 +156,7 @@ def test_a_hosts_workers_sum_before_one_push_and_only_that_crosses_its_link(tmp_
             assert link[way] / 1e9 <= measured[way] <= 1.05 * link[way] / 1e9, (host, way, measured, link)
 
 
+@pytest.mark.slow  # composes the hosts experiment's 48-run matrix (~2 s)
 def test_the_hosts_experiment_runs_every_strategy_at_n_8_on_hosts_of_4() -> None:
     """experiment=hosts-dilated: each of its runs, the N = 1 references aside, on 2 hosts of 4 behind PCIe 3.0
     and one 10 Gbit/s link each, every baseline and RALP at N = 8, each configuration twice."""

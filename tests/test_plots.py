@@ -60,6 +60,7 @@ def config(tables: Tables, model: str, strategy: str) -> pd.DataFrame:
     return runs[(runs["model"] == model) & (runs["strategy"] == strategy)].sort_values("gpus")
 
 
+@pytest.mark.slow  # renders every plot to PNG (~3 s); test_aggregate's CLI test writes every plot of fewer runs
 def test_every_plot_is_written_as_a_png(tables: Tables, tmp_path: Path) -> None:
     paths = plots.write_plots(tables, tmp_path)
     assert [p.name for p in paths] == [f"{name}.png" for name in PLOT_NAMES]

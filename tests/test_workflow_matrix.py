@@ -73,6 +73,7 @@ def test_repeats_and_the_sequential_ablation_are_runs_of_their_own_with_their_ow
         Matrix(parse_settings({"experiment": "smoke", "overrides": ["experiment.repeats=0"]}))
 
 
+@pytest.mark.slow  # composes four smoke matrices (~3 s)
 def test_the_reference_is_one_single_device_run_per_dataset_model_and_repeat_with_a_rank_share_of_threads() -> None:
     """experiment.reference adds allreduce at N=1 on the first network; its rank computes with the CPU share of
     one rank of the largest run (ps at N=2: 2 workers + 1 PS), so the ideal line is N x what one such rank does."""
@@ -325,6 +326,7 @@ def test_changing_experiment_gpus_keeps_every_other_n_s_profile_plan_and_runs() 
     assert alone[two.path("plan", reference)] != more[two.path("plan", reference)]
 
 
+@pytest.mark.slow  # composes two smoke matrices of four pairs (~3 s)
 def test_pairs_run_only_their_datasets_and_models_and_none_is_every_combination() -> None:
     cross = ["experiment.datasets=[synthetic1k,synthetic22k]", "experiment.models=[resnet18,vgg11]"]
     every = Matrix(parse_settings({"experiment": "smoke", "overrides": cross}))
@@ -337,6 +339,7 @@ def test_pairs_run_only_their_datasets_and_models_and_none_is_every_combination(
     assert len(paired.runs) == len(every.runs) // 2
 
 
+@pytest.mark.slow  # composes six smoke matrices (~3 s)
 def test_gpus_by_model_narrows_a_model_to_its_own_n_and_refuses_a_model_left_with_none() -> None:
     base = ["experiment.models=[resnet18,alexnet]", "experiment.gpus=[2,4]", "experiment.reference=true"]
     base.append("train.image_size=64")  # AlexNet's smallest
@@ -391,6 +394,7 @@ def test_rules_hand_stages_the_exact_paths_of_their_inputs_and_name_logs_from_th
     assert sum(rule == "train" for rule, *_ in jobs) == len(matrix.runs)
 
 
+@pytest.mark.slow  # composes two paper-dilated matrices (~2 s)
 def test_a_modelled_auto_experiment_checks_its_links_once_per_hosts_pattern_and_network() -> None:
     """Every run with the same hosts, pattern and network shares a check_links job (ps at N=2 and RALP-H at N=4:
     3 hosts in a star), whatever its strategy, N, arm, repeat, model or class count; the single-device reference
@@ -418,6 +422,7 @@ def test_a_modelled_auto_experiment_checks_its_links_once_per_hosts_pattern_and_
     assert not any(fixed.checks_links(run) for run in fixed)
 
 
+@pytest.mark.slow  # composes three smoke matrices (~1.5 s)
 def test_a_target_device_models_the_profiles_and_its_entry_keys_their_reruns() -> None:
     def matrix(*extra: str) -> Matrix:
         return Matrix(parse_settings({"experiment": "smoke", "overrides": list(extra)}))
