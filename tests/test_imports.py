@@ -11,6 +11,8 @@ import ast
 from pathlib import Path
 from typing import Iterator, Mapping
 
+import pytest
+
 PACKAGE = "ralp_pipe"
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 # Lowest first; the parts of a layer (top-level modules or packages) may import each other.
@@ -122,23 +124,28 @@ def cycles(graph: Graph) -> list[list[str]]:
     return found
 
 
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    """The package's import graph, parsed once for the tests that read it."""
+    return import_graph()
+
+
 def test_every_part_of_the_package_has_a_layer() -> None:
     parts = {name.split(".")[1] for name in modules() if "." in name}
     assert parts == {part for names in LAYERS for part in names}
 
 
-def test_a_module_imports_only_its_own_layer_or_lower_ones() -> None:
-    found = upward(import_graph())
+def test_a_module_imports_only_its_own_layer_or_lower_ones(graph: Graph) -> None:
+    found = upward(graph)
     assert not found, "imports from a higher layer (see LAYERS):\n" + "\n".join(found)
 
 
-def test_no_modules_import_each_other() -> None:
-    found = cycles(import_graph())
+def test_no_modules_import_each_other(graph: Graph) -> None:
+    found = cycles(graph)
     assert not found, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
-def test_every_known_exception_is_still_an_import_of_the_package() -> None:
-    graph = import_graph()
+def test_every_known_exception_is_still_an_import_of_the_package(graph: Graph) -> None:
     assert [edge for edge in sorted(KNOWN) if edge[1] not in graph.get(edge[0], {})] == []
 
 

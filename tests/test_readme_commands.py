@@ -82,10 +82,13 @@ def _run(command: str, folder: Path) -> None:
 
 
 QUICK = [c for c in readme_commands(README.read_text()) if not c.startswith("snakemake")]
+# `ralp-pipe STAGE ...` is checked as `ralp-pipe STAGE --help`, a subprocess importing the stage's module (torch and
+# torchvision for most: 3-4 s); the bare `ralp-pipe --help` and the make dry runs stay in the fast suite
+QUICK_PARAMS = [pytest.param(c, marks=pytest.mark.slow) if re.match(r"ralp-pipe \w", c) else c for c in QUICK]
 WORKFLOW = [c for c in readme_commands(README.read_text()) if c.startswith("snakemake")]
 
 
-@pytest.mark.parametrize("command", QUICK)
+@pytest.mark.parametrize("command", QUICK_PARAMS)
 def test_quick_readme_command_runs(command: str, tmp_path: Path) -> None:
     _run(command, tmp_path)
 
