@@ -71,6 +71,7 @@ class Measured:
     busiest_rx_mb: float  # ... and received (download)
     parameters: int
     wall_s: float
+    load: float = math.nan  # the machine's 1-minute load average as the run ended (other work on the same cores)
 
 
 def _busiest(per_host: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -109,6 +110,7 @@ def _measured(system: str, setting: Setting, reports: Sequence[dict[str, Any]], 
         busiest_rx_mb=rx,
         parameters=int(reports[0]["parameters"]),
         wall_s=wall,
+        load=os.getloadavg()[0],
     )
 
 
@@ -216,6 +218,7 @@ def run_ours(strategy: str, setting: Setting, out: Path, python: str = sys.execu
         busiest_rx_mb=rx,
         parameters=int(metrics.get("parameters", 0) or 0),
         wall_s=time.perf_counter() - began,
+        load=os.getloadavg()[0],
     )
 
 
@@ -256,6 +259,8 @@ def record(setting: Setting, repeat: int, peer: Measured, ours: Measured | None,
         predicted_images_per_sec=math.nan if predicted is None else predicted,
         peer_wall_s=peer.wall_s,
         ours_wall_s=ours.wall_s if ours else math.nan,
+        peer_load=peer.load,
+        ours_load=ours.load if ours else math.nan,
     )
     row["ours_over_peer"] = row["ours_images_per_sec"] / row["peer_images_per_sec"]
     row["predicted_over_peer"] = row["predicted_images_per_sec"] / row["peer_images_per_sec"]
