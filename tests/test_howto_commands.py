@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_readme_commands import readme_commands
 
 from ralp_pipe import cli
+from test_readme_commands import readme_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs" / "howto").glob("*.md"))
