@@ -228,3 +228,17 @@ def test_the_single_device_reference_is_priced_at_the_threads_its_rank_gets() ->
     own_share = _reference_images_per_sec([])
     all_cores = _reference_images_per_sec(["train.cpu_share=1"])  # the whole host: 4 threads
     assert all_cores / own_share == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("model", ["vgg11", "resnet18"])
+def test_units_on_the_meta_device_give_the_bytes_of_built_ones(model: str) -> None:
+    """The planner and simulate build units on the meta device (shapes only): every strategy's and split's bytes
+    are those of the model built with its weights."""
+    built = models.placement_units(models.build(model, 10))
+    meta = models.model_units(model, 10, 0.5, "meta")
+    for strategy in STRATEGIES:
+        gpus = max(4, strategy_kind(strategy).min_gpus)
+        splits = range(1, len(built)) if strategy_kind(strategy).places_layers else [None]
+        for split in splits:
+            topo = topology(strategy, gpus)
+            assert step_bytes(strategy, meta, split, topo, 4, 64) == step_bytes(strategy, built, split, topo, 4, 64)
