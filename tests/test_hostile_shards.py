@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -32,12 +33,18 @@ DATASET = [
 CUT = "shard-000001.tar"
 
 
-@pytest.fixture
-def results(tmp_path: Path) -> Path:
-    """A results folder with the shards of :data:`DATASET`, prepared through the CLI."""
-    root = tmp_path / "results"
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results folder with the shards of :data:`DATASET`, prepared through the CLI once (do not change it)."""
+    root = tmp_path_factory.mktemp("prepared") / "results"
     assert cli(["prepare-shards", "--no-progress", *DATASET, f"paths.results={root}"]) == 0
     return root
+
+
+@pytest.fixture
+def results(prepared: Path, tmp_path: Path) -> Path:
+    """This test's own copy of :func:`prepared` (its tests damage the shards)."""
+    return Path(shutil.copytree(prepared, tmp_path / "results"))
 
 
 def shards_of(results: Path) -> Path:
