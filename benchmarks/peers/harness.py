@@ -178,6 +178,16 @@ def _start(cluster: EmulatedCluster, host: int, argv: list[str], log: Path) -> s
         return start([*cluster.prefix(host), *argv], env, stdout=handle, stderr=subprocess.STDOUT)
 
 
+def _ralp_pipe(argv: list[str], log: Path, python: str = sys.executable) -> None:
+    """`ralp-pipe ARGV` as a child that dies with this process; its output in `log`, its tail in the error."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as handle:
+        child = start([python, "-m", "ralp_pipe.cli", *argv], None, stdout=handle, stderr=subprocess.STDOUT)
+    if wait_all([child], RUN_TIMEOUT_S) != [0]:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed:\n{tail}")
+
+
 def ralp_overrides(setting: Setting) -> list[str]:
     """The `ralp-pipe` overrides of `setting`: emulated hosts at its rate, synthetic in-memory batches."""
     rate = [] if setting.rate == "unlimited" else [f"network.rate={setting.rate}"]
@@ -202,10 +212,9 @@ def run_ours(strategy: str, setting: Setting, out: Path, python: str = sys.execu
     if setting.rate == "unlimited":
         raise ValueError("ralp-pipe's emulated runs need a link rate; give the peers one too")
     began = time.perf_counter()
-    argv = [python, "-m", "ralp_pipe.cli", "train", "--out", str(out), *ralp_overrides(setting), f"strategy={strategy}"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"`{' '.join(argv[2:])}` failed:\n{done.stderr[-3000:]}")
+    _ralp_pipe(
+        ["train", "--out", str(out), *ralp_overrides(setting), f"strategy={strategy}"], out.with_suffix(".log"), python
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     per_host = metrics["wire_per_host"].values()
     tx, rx = _busiest([(link["tx"] * 1e9, link["rx"] * 1e9) for link in per_host])
@@ -232,9 +241,7 @@ def predict(setting: Setting, out: Path, python: str = sys.executable) -> dict[s
         ["plan", "--profile", str(profile), "--out", str(plan), *overrides],
     ):
         if not (out / argv[2]).exists() or argv[0] == "plan":
-            done = subprocess.run([python, "-m", "ralp_pipe.cli", *argv], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"`ralp-pipe {' '.join(argv)}` failed:\n{done.stderr[-3000:]}")
+            _ralp_pipe(argv, out / f"{argv[0]}.log", python)
     entries = json.loads(plan.read_text())["by_gpus"][str(setting.hosts)]
     return {name: float(entry["predicted_images_per_sec"]) for name, entry in entries.items()}
 
