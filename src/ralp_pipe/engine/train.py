@@ -388,14 +388,18 @@ def build_metrics(cfg: Config, topo: Topology, measured: Measured) -> RunMetrics
 
 def write_run(out: Path, metrics: RunMetrics, rows: list[dict[str, Any]]) -> None:
     """Write steps.parquet, then metrics.json (the completion marker), each atomically; all or nothing."""
-    import pandas as pd  # here: the ranks fork from the command before (cli.py), and they need no pandas
+    # pyarrow alone, not pandas (which imports it and much more), imported here: the ranks fork from the command
+    # before, and need neither; pandas reads the table back as it read the frame it wrote
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    frame = pd.DataFrame(rows).sort_values(["rank", "step"], kind="stable")
+    steps = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(sorted(rows, key=lambda row: (row["rank"], row["step"]))), steps)
     created = not out.exists()
     writing = out / STEPS_FILE
     try:
         with atomic_path(writing) as tmp:
-            tmp.write_bytes(frame.to_parquet(index=False))  # Python's I/O gives the errno if it fails
+            tmp.write_bytes(steps.getvalue().to_pybytes())  # Python's I/O gives the errno if it fails
         writing = out / METRICS_FILE
         metrics.write(writing)
     except OSError as exc:
