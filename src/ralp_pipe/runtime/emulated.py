@@ -60,9 +60,8 @@ class EmulationUnavailable(ConfigError):
 
     def __str__(self) -> str:
         return (
-            f"{super().__str__()} (in the workflow: --config "
-            f'\'overrides=["cluster=local", "experiment.networks=[loopback]"]\' runs unshaped on loopback, '
-            f"which a dilated run's factor does not slow: its transfers then count D times too fast)"
+            f"{super().__str__()} (in the workflow: --config experiment=smoke runs every stage on the unshaped "
+            f"loopback; an emulated experiment's figures need its shaped links, which a dilated run's factor slows)"
         )
 
 
