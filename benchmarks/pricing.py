@@ -54,6 +54,32 @@ def measure(model: str, options: list[str], out: Path) -> dict[str, float]:
     return {"cpu_s": cpu, "wall_s": wall, "rows": len(pd.read_parquet(out / "simulation.parquet"))}
 
 
+def pricing_alone(model: str) -> None:
+    """Milliseconds per configuration of this checkout's `simulate` function alone over the default grid, the
+    profile built: without and with `dtf`'s pipelined timeline (the one part whose cost grows with N)."""
+    import time
+
+    from ralp_pipe.config import load
+    from ralp_pipe.contract.topology import hosts_of
+    from ralp_pipe.engine import devicemodel, models
+    from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
+    from ralp_pipe.planning.profiling import profile_batches
+    from ralp_pipe.planning.simulate import GPUS, Grid, Servers, simulate
+
+    cfg = load(devicemodel.target_overrides("v100", ["experiment=paper", f"model={model}"]))
+    profile = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, GPUS), max(GPUS))
+    units = models.model_units(model, cfg.dataset.num_classes, cfg.model.dropout, "meta")
+    variables = whole_variables(units, dtf_options(cfg))
+    for name, servers in (
+        ("sequential transfers", Servers()),
+        ("pipelined, dtf's timeline", Servers(pipelining=pipelining_of(cfg, own_links=True))),
+    ):
+        cpu = time.process_time()
+        frame = simulate(profile, units, cfg.train.batch_size, Grid(latency_s=0.0), servers, hosts_of(cfg), variables)
+        cpu = time.process_time() - cpu
+        print(f"{model}, default grid, {name}: {len(frame)} configurations, {1e3 * cpu / len(frame):.2f} ms each")
+
+
 def run_grid(src: Path, model: str, options: list[str], limit: float) -> dict[str, float] | None:
     """:func:`measure` in a fresh interpreter importing ralp_pipe from `src`; None past `limit` seconds."""
     with tempfile.TemporaryDirectory() as out:
@@ -99,6 +125,7 @@ def main() -> None:
         finally:
             if args.before:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+    pricing_alone(args.model)
 
 
 if __name__ == "__main__":
