@@ -1,6 +1,6 @@
 """Published clusters of several GPUs per host, predicted: images/sec and scaling efficiency beside the figures.
 
-    python benchmarks/published.py [--data benchmarks/published_clusters.csv]
+    python benchmarks/published.py [--data benchmarks/published_clusters.csv] [--record docs/records/published.json]
 
 For every cluster, model and batch of the data file (TensorFlow's benchmark page of May 2017: one DGX-1 of
 8 P100, hosts of 8 K80 dies, 1-8 such hosts with Distributed TensorFlow) it models the model on the row's
@@ -8,7 +8,8 @@ device (``ralp-pipe simulate --target``'s profile), prices the row's strategy on
 its interconnect and link (the simulator's cost model, `dtf` with the shipped config/strategy/dtf.yaml but
 the row's variable_update and PS tasks, colocated one per host), and prints per row the predicted and
 published images/sec and scaling efficiency: throughput / (N x the same side's one-GPU figure). Then the
-median and worst |error| of the efficiency, in points. A row whose device or model the checkout does not
+median and worst |error| of the efficiency, in points, overall and per cluster and strategy, each beside the
+error of predicting perfect scaling (100%) for every row: the model has skill only where it beats that. A row whose device or model the checkout does not
 have is left out with the reason printed.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,9 @@ from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
 from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write_record  # noqa: E402
 
 DATA = Path(__file__).with_name("published_clusters.csv")
 IMAGE_SIZE = {"inception_v3": 299}  # the rest: 224 px, as tf_cnn_benchmarks ran them
@@ -62,17 +67,18 @@ def predicted(config: dict[str, Any], gpus: list[int]) -> dict[int, float]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA, help="published figures (CSV; see its header)")
-    args = parser.parse_args()
-    data = pd.read_csv(args.data, comment="#")
+GROUPS = {  # the published clusters as the summary groups them
+    "dgx1-p100": "DGX-1, 8 P100",
+    "gce-k80x8": "one host of 8 K80 dies (GCE, EC2 p2.8xlarge)",
+    "ec2-p2.8xlarge": "one host of 8 K80 dies (GCE, EC2 p2.8xlarge)",
+    "ec2-p2.8xlarge-distributed": "1-8 p2.8xlarge hosts, Distributed TensorFlow",
+}
+
+
+def rows_of(data: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per published multi-GPU figure: predicted and published images/sec and scaling efficiency."""
     keys = ["cluster", "model", "batch", "device", "gpus_per_node", "interconnect", "link_gbit", "strategy"]
-    errors: list[float] = []
-    print(
-        "| cluster | model | batch | strategy | N | predicted img/s | published img/s | predicted eff. | published eff. |"
-    )
-    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    rows: list[dict[str, Any]] = []
     for key, group in data.groupby(keys, dropna=False, sort=False):
         config = dict(zip(keys, key))
         config["variable_update"] = group.variable_update.iloc[0]
@@ -86,18 +92,71 @@ def main() -> None:
         for n in sorted(published):
             if n == 1:
                 continue
-            eff_pred = prediction[n] / (n * prediction[1])
-            eff_pub = published[n] / (n * published[1])
-            errors.append(100 * abs(eff_pred - eff_pub))
-            print(
-                f"| {config['cluster']} | {config['model']} | {config['batch']} | {config['strategy']} | {n} | "
-                f"{prediction[n]:,.0f} | {published[n]:,.0f} | {100 * eff_pred:.1f}% | {100 * eff_pub:.1f}% |"
+            rows.append(
+                {
+                    "cluster": config["cluster"],
+                    "model": config["model"],
+                    "batch": int(config["batch"]),
+                    "strategy": config["strategy"],
+                    "gpus": int(n),
+                    "predicted_images_per_sec": prediction[n],
+                    "published_images_per_sec": float(published[n]),
+                    "predicted_efficiency_pct": 100 * prediction[n] / (n * prediction[1]),
+                    "published_efficiency_pct": 100 * published[n] / (n * published[1]),
+                }
             )
-    if errors:
+    return rows
+
+
+def misses(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Median and worst |error| of the scaling efficiency, in points: the model's, and predicting 100% for every
+    row (perfect scaling, the skill baseline)."""
+    model = [abs(r["predicted_efficiency_pct"] - r["published_efficiency_pct"]) for r in rows]
+    perfect = [abs(100 - r["published_efficiency_pct"]) for r in rows]
+    return {
+        "rows": len(rows),
+        "model_median": statistics.median(model),
+        "model_worst": max(model),
+        "perfect_median": statistics.median(perfect),
+        "perfect_worst": max(perfect),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="published figures (CSV; see its header)")
+    parser.add_argument("--record", type=Path, help="also write the rows and their misses as a docs record (JSON)")
+    args = parser.parse_args()
+    print(
+        "| cluster | model | batch | strategy | N | predicted img/s | published img/s | predicted eff. | published eff. |"
+    )
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    rows = rows_of(pd.read_csv(args.data, comment="#"))
+    for r in rows:
         print(
-            f"\nscaling efficiency, |predicted - published| over {len(errors)} rows: median {statistics.median(errors):.1f} "
-            f"points, worst {max(errors):.1f} points"
+            f"| {r['cluster']} | {r['model']} | {r['batch']} | {r['strategy']} | {r['gpus']} | "
+            f"{r['predicted_images_per_sec']:,.0f} | {r['published_images_per_sec']:,.0f} | "
+            f"{r['predicted_efficiency_pct']:.1f}% | {r['published_efficiency_pct']:.1f}% |"
         )
+    if not rows:
+        return
+    overall = misses(rows)
+    print(
+        f"\nscaling efficiency, |predicted - published| over {overall['rows']} rows: median "
+        f"{overall['model_median']:.1f} points, worst {overall['model_worst']:.1f}; predicting perfect scaling "
+        f"(100%) for every row: median {overall['perfect_median']:.1f}, worst {overall['perfect_worst']:.1f}"
+    )
+    groups = []
+    frame = pd.DataFrame(rows).assign(group=lambda f: f.cluster.map(lambda c: GROUPS.get(c, c)))
+    for (group, strategy), part in frame.groupby(["group", "strategy"], sort=False):
+        g = {"cluster": group, "strategy": strategy, **misses(part.to_dict("records"))}
+        groups.append(g)
+        print(
+            f"  {group}, {strategy}: {g['rows']} rows, model {g['model_median']:.1f} / {g['model_worst']:.1f}, "
+            f"perfect scaling {g['perfect_median']:.1f} / {g['perfect_worst']:.1f} (median / worst points)"
+        )
+    if args.record:
+        write_record(args.record, {"overall": overall, "groups": groups, "rows": rows})
 
 
 if __name__ == "__main__":

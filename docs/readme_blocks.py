@@ -100,3 +100,23 @@ def default_figures() -> str:
         {r.fig(d, "concurrent_slowdown.ralp_n_beside_ps")}x.""")
         + "\n"
     )
+
+
+def published() -> str:
+    """The published-cluster check: the model's scaling-efficiency misses beside predicting perfect scaling."""
+    p = "published"
+    overall = r.value(p, "overall")
+    skill = "beats" if overall["model_median"] < overall["perfect_median"] else "does not beat"
+    text = r.wrap(f"""Beside TensorFlow's published multi-GPU figures (`python benchmarks/published.py`,
+        {overall["rows"]} rows, 2-64 GPUs, revision {r.value_of(p, "revision")}), predicted scaling efficiency is within
+        {overall["model_median"]:.1f} points median and {overall["model_worst"]:.1f} at worst. Predicting perfect
+        scaling (100%) for every row misses by {overall["perfect_median"]:.1f} and {overall["perfect_worst"]:.1f}:
+        overall the model {skill} that, so it has no skill on these rows yet; it is too high on K80 hosts and most at
+        32-64 GPUs ([why](docs/results.md#against-published-clusters)):""")
+    rows = [
+        [g["cluster"], f"`{g['strategy']}`", g["rows"], f"{g['model_median']:.1f} / {g['model_worst']:.1f}",
+         f"{g['perfect_median']:.1f} / {g['perfect_worst']:.1f}"]
+        for g in r.value(p, "groups")
+    ]  # fmt: skip
+    header = ["published cluster", "strategy", "rows", "model's miss, median / worst (points)", "perfect scaling's"]
+    return text + "\n\n" + r.table(header, rows) + "\n"
