@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         found = transport.measure(args.transport, args.transport_mb, 3, args.out)
         note = "TF gRPC copies of one tensor between two emulated hosts against one TCP stream on the same link."
         (args.out / "transport.json").write_text(json.dumps(_record(command, {"rates": found}, note), indent=1) + "\n")
+        print(transport.markdown(found))
         return 0
     rows = []
     for model in args.models:

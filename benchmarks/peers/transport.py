@@ -183,3 +183,22 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The transport rows as a Markdown table: each rate's TCP stream and gRPC copies, their ratios."""
+
+    def span(values: Sequence[float] | None, spec: str) -> str:
+        return "-" if not values else f"{min(values):{spec}}-{max(values):{spec}}"
+
+    lines = [
+        "| rate | TCP stream Gbit/s | TF gRPC copy Gbit/s (copies) | gRPC / TCP | gRPC / tc rate |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        grpc = [b / 1e9 for b in r["grpc_bits_per_s"]]
+        lines.append(
+            f"| {r['rate']} | {r['tcp_payload_bits_per_s'] / 1e9:.3f} | {span(grpc, '.2f')} "
+            f"| {span(r['grpc_over_tcp'], '.2f')} | {span(r['grpc_over_link'], '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
