@@ -43,12 +43,18 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {memory:.0f} GiB, " + (f"{gpus} GPU(s)" if gpus else "no GPU")
 
 
-def write_record(path: Path, figures: dict[str, Any], note: str | None = None) -> None:
-    """Write `figures` to `path` as a record of the command running now (its argv), at this revision, today."""
-    command = "python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+def record_of(figures: dict[str, Any], note: str | None = None, command: str | None = None) -> dict[str, Any]:
+    """A record of `figures` made by `command` (default: the command running now, from its argv) at this
+    revision, today, on this machine."""
+    command = command or "python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
     data: dict[str, Any] = {"command": command, "revision": revision(), "date": date.today().isoformat()}
     data["machine"] = machine()
     if note:
         data["note"] = note
-    write_json_atomic(path, {**data, "figures": figures})
+    return {**data, "figures": figures}
+
+
+def write_record(path: Path, figures: dict[str, Any], note: str | None = None, command: str | None = None) -> None:
+    """Write :func:`record_of` `figures` to `path` (atomically)."""
+    write_json_atomic(path, record_of(figures, note, command))
     print(f"record written: {path} (run `make docs` to regenerate the pages quoting it)")

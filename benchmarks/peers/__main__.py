@@ -17,13 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: `peers` as a package
 
@@ -32,11 +28,7 @@ import pandas as pd  # noqa: E402
 from peers import transport  # noqa: E402
 from peers.harness import PEERS, Setting, predict, record, run_ours, run_peer  # noqa: E402
 from ralp_pipe.results.intervals import mean_interval  # noqa: E402
-
-
-def _revision() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    return done.stdout.strip() or "unknown"
+from record import record_of, revision, write_record  # noqa: E402
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -89,27 +81,14 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _record(command: str, figures: dict[str, Any], note: str) -> dict[str, Any]:
-    """A record as docs/records holds them: command, revision, date, machine, note and the figures."""
-    machine = f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
-    return {
-        "command": command,
-        "revision": _revision(),
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": machine,
-        "note": note,
-        "figures": figures,
-    }
-
-
 def write(frame: pd.DataFrame, command: str, out: Path) -> pd.DataFrame:
     """peers.parquet (the runs), peers.md (the summary) and peers.json (a record of both) into `out`."""
     frame.to_parquet(out / "peers.parquet", index=False)
     table = summary(frame)
-    (out / "peers.md").write_text(f"`{command}` at {_revision()}\n\n" + markdown(table))
+    (out / "peers.md").write_text(f"`{command}` at {revision()}\n\n" + markdown(table))
     figures = {"runs": frame.to_dict(orient="records"), "summary": table.to_dict(orient="records")}
     note = "One row per peer run with the ralp-pipe run beside it (runs) and means with 95% t half-widths (summary)."
-    (out / "peers.json").write_text(json.dumps(_record(command, figures, note), indent=1, default=str) + "\n")
+    (out / "peers.json").write_text(json.dumps(record_of(figures, note, command), indent=1, default=str) + "\n")
     return table
 
 
@@ -142,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.transport:
         found = transport.measure(args.transport, args.transport_mb, 3, args.out)
         note = "TF gRPC copies of one tensor between two emulated hosts against one TCP stream on the same link."
-        (args.out / "transport.json").write_text(json.dumps(_record(command, {"rates": found}, note), indent=1) + "\n")
+        write_record(args.out / "transport.json", {"rates": found}, note, command)
         print(transport.markdown(found))
         return 0
     rows = []
