@@ -4,11 +4,28 @@ a step's period with the servers' share of it."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from ralp_pipe.planning.costmodel import ComputeCosts, Link, Pipelining, Pricing, UnitCost, WholeVariables, predict
+from ralp_pipe.engine import models
+from ralp_pipe.engine.volume import variable_owners
+from ralp_pipe.planning.costmodel import (
+    ComputeCosts,
+    Link,
+    Pipelining,
+    Pricing,
+    UnitCost,
+    WholeVariables,
+    compute_costs,
+    predict,
+)
 from ralp_pipe.planning.timeline import DtfStep, Process, _Signal, _Timeline, dtf_period
+from support.profiles import analytic_profile
 
 
 def _landing_times(timeline: _Timeline, transfers: dict[str, _Signal]) -> dict[str, float]:
@@ -95,3 +112,99 @@ def test_a_dedicated_task_takes_every_hosts_copy_through_its_own_link() -> None:
     assert predict("dtf", 2, 2, {"total": 0}, pricing).step_time_s == pytest.approx(200.0)
     dedicated = dataclasses.replace(pricing, colocated=False)
     assert predict("dtf", 2, 2, {"total": 0}, dedicated).step_time_s == pytest.approx(400.0)
+
+
+# The timeline's results pinned: a grid of dtf steps priced by the timeline as it was first written (the revision in
+# the fixture), each reproduced to float noise whatever the implementation's speed-ups.
+REFERENCE = Path(__file__).parent / "data" / "dtf_timeline_reference.json"
+GBIT = 1e9 / 8
+
+
+@lru_cache(maxsize=None)
+def _model(name: str) -> tuple[ComputeCosts, tuple[int, ...], tuple[int, ...]]:
+    """A model's analytic costs at 224 px and its whole variables' sizes and units (creation order)."""
+    profile = analytic_profile(name, 1000, 224, [32], 1.5e13, None, 9e11)
+    units = models.model_units(name, 1000, 0.5, "meta")
+    variables = [(i, p.numel() * p.element_size()) for i, u in enumerate(units) for p in u.module.parameters()]
+    return compute_costs(profile), tuple(s for _, s in variables), tuple(u for u, _ in variables)
+
+
+def _reference_step(
+    model: str, hosts: int, g: int, summed: bool, colocated: bool, gbit: float, greedy: bool
+) -> DtfStep:
+    """A pipelined dtf step as the cost model builds one: `hosts` hosts of `g` GPUs (all full), one PS task per host
+    beside its workers or on a host of its own, summed in the host before the push or each GPU pushing."""
+    costs, sizes, units = _model(model)
+    interconnect = 25e9
+    pushers = [1 if summed else g] * hosts
+    push_total = sum(pushers)
+    server = ((push_total if push_total > 1 else 0) * costs.aggregate_s_per_byte + costs.update_s_per_byte) * 1.1
+    return DtfStep(
+        fwd_s=[u.fwd(32) for u in costs.units],
+        bwd_s=[u.bwd(32) for u in costs.units],
+        begin_s=costs.param_bytes * costs.aggregate_s_per_byte,
+        sizes=sizes,
+        units=units,
+        owners=variable_owners(sizes, hosts, greedy),
+        group_hosts=range(hosts),
+        group_pushers=pushers,
+        task_hosts=[p if colocated else hosts + p for p in range(hosts)],
+        sum_s_per_byte=[(g - 1) / g / interconnect if summed and g > 1 else 0.0] * hosts,
+        server_s_per_byte=server,
+        link_bytes_per_s=gbit * GBIT * 0.9,
+        latency_s=50e-6 if gbit < 10 else 0.0,
+        port_bytes_per_s=interconnect if g > 1 else math.inf,
+    )
+
+
+def _reference_grid() -> dict[str, tuple[str, int, int, bool, bool, float, bool]]:
+    """Each reference step's key and :func:`_reference_step`'s arguments: three models, 2..8 hosts of 1, 4 or 8 GPUs,
+    summed in the host or not, colocated or dedicated tasks, 1, 10 and 100 Gbit/s, round-robin and greedy."""
+    grid = {}
+    for model in ("vgg16", "resnet50", "alexnet"):
+        for hosts in range(2, 9):
+            for g in (1, 4, 8):
+                for summed in (True, False):
+                    if g == 1 and not summed:
+                        continue  # the same step as summed at one GPU per host
+                    for colocated in (True, False):
+                        for gbit in (1.0, 10.0, 100.0):
+                            greedy = (hosts + g) % 3 == 0
+                            key = f"{model} hosts={hosts} g={g} summed={summed} colocated={colocated} gbit={gbit:g}"
+                            grid[key] = (model, hosts, g, summed, colocated, gbit, greedy)
+    return grid
+
+
+def _check_reference(keep: Callable[[str, int, int, float], bool]) -> int:
+    """Assert the steps `keep` picks (by model, hosts, GPUs per host, Gbit/s) price as the fixture says; how many."""
+    reference = json.loads(REFERENCE.read_text())["periods"]
+    grid = _reference_grid()
+    assert grid.keys() == reference.keys()
+    checked = 0
+    for key, args in grid.items():
+        if not keep(args[0], args[1], args[2], args[5]):
+            continue
+        period, server = dtf_period(_reference_step(*args))
+        assert period == pytest.approx(reference[key][0], rel=1e-9, abs=0.0), key
+        # the servers' share is the difference of two periods: its float noise is theirs
+        assert server == pytest.approx(reference[key][1], rel=1e-9, abs=1e-9 * reference[key][0]), key
+        checked += 1
+    return checked
+
+
+def _quick(model: str, hosts: int, g: int, gbit: float) -> bool:
+    """A few seconds' part of the grid: two hosts at 10 Gbit/s (ResNet-50 at one GPU per host only), and AlexNet on
+    eight hosts of eight GPUs at 1 Gbit/s."""
+    two_hosts = hosts == 2 and gbit == 10 and (model != "resnet50" or g == 1)
+    return two_hosts or (model, hosts, g, gbit) == ("alexnet", 8, 8, 1)
+
+
+def test_the_timeline_reproduces_its_reference_periods_on_a_quick_part_of_the_grid() -> None:
+    """Those steps priced as the fixture's revision priced them, to float noise (1e-9 relative)."""
+    assert _check_reference(_quick) == 26
+
+
+@pytest.mark.slow
+def test_the_timeline_reproduces_every_reference_period() -> None:
+    """The whole reference grid (630 steps, minutes at the fixture's revision)."""
+    assert _check_reference(lambda *_: True) == 630
