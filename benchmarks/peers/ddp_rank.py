@@ -18,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from workload_args import add_workload_arguments  # the script's own folder is on sys.path
 
 from ralp_pipe.engine import models
 from ralp_pipe.runtime.wire import host_counters
@@ -29,14 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--master", required=True, help="ADDR:PORT of rank 0's rendezvous")
-    parser.add_argument("--model", default="alexnet")
-    parser.add_argument("--classes", type=int, default=1000)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--threads", type=int, default=1)
+    add_workload_arguments(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

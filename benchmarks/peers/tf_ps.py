@@ -39,6 +39,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tf_models import builder  # noqa: E402
+from workload_args import add_workload_arguments  # noqa: E402
 
 UPDATES = ("parameter_server", "distributed_replicated")
 
@@ -209,14 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ps", required=True, help="HOST:PORT of each PS task, comma separated")
     parser.add_argument("--workers", required=True, help="HOST:PORT of each worker task, comma separated")
     parser.add_argument("--update", choices=UPDATES, default="parameter_server")
-    parser.add_argument("--model", default="alexnet")
-    parser.add_argument("--classes", type=int, default=1000)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--threads", type=int, default=1)
+    add_workload_arguments(parser)
     args = parser.parse_args(argv)
     tf.disable_eager_execution()
     cluster = tf.train.ClusterSpec({"ps": args.ps.split(","), "worker": args.workers.split(",")})
