@@ -62,7 +62,7 @@ def predicted(config: dict[str, Any], gpus: list[int]) -> dict[int, float]:
         frame = simulate(
             profile, units, cfg.train.batch_size, Grid([n], [link], 0.0), servers, hosts_of(cfg), variables
         )
-        strategy = "allreduce" if n == 1 else config["strategy"]  # N = 1: the one-GPU reference, no communication
+        strategy = config["strategy"]  # N = 1: the one-GPU reference, no communication
         out[n] = float(frame[frame.strategy == strategy].images_per_sec.iloc[0])
     return out
 

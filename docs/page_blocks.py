@@ -91,7 +91,7 @@ METRICS = {
     "target_images_per_sec": "a dilated run's images/sec x D, the figure for the emulated target; null undilated",
     "dilation": "a dilated run's factor, mode, target, link rates, compute batch and crop, overruns, late_s, "
     "needed_factor and how `auto` chose D; null undilated",
-    "transport": "`strategy.transport_efficiency` below 1 (`dtf`'s gRPC): how the run applied it; else null",
+    "transport": "`strategy.transport_cap` set (`dtf`'s gRPC): the share of the link it leaves, how the run applied it; else null",
     "intra_host": "emulated hosts of several GPUs: their count, each rank's host, the interconnect, the route",
     "gate": "one job of a concurrent workload: the workload's jobs, whose windows started together",
     "images_per_step": "workers x batch",

@@ -19,7 +19,7 @@ from matplotlib.container import BarContainer
 from torch import nn
 
 from ralp_pipe.config import ConfigError, load
-from ralp_pipe.config.dilation import shaped_rate
+from ralp_pipe.config.dilation import emulated_rate, shaped_rate, transport_efficiency
 from ralp_pipe.contract.topology import of_strategy, topology
 from ralp_pipe.engine import dilation, models
 from ralp_pipe.engine.comm import Comm
@@ -180,6 +180,28 @@ def test_shaped_rate_divides_the_link_by_the_factor() -> None:
     assert shaped_rate("1gbit", 0.125) == "8000000000bit"  # time compressed: faster than the target
     assert shaped_rate("1gbit", None) == "1gbit"
     assert shaped_rate("unlimited", 4.0) == "unlimited"
+
+
+def test_a_capped_transport_costs_each_byte_the_link_and_itself_in_series() -> None:
+    """gRPC's cap: near the line rate on slow links, the cap's share on fast ones; the emulated link is shaped to it."""
+    payload = 1448 / 1514  # TCP payload per wire byte
+    assert transport_efficiency("10gbit", None) == 1.0
+    assert transport_efficiency("unlimited", "19.3gbit") == 1.0  # nothing to shape
+    assert transport_efficiency("10gbit", f"{10 * payload}gbit") == pytest.approx(0.5)  # cap = payload rate: half
+    slow, fast = transport_efficiency("200mbit", "2.8gbit"), transport_efficiency("5gbit", "2.8gbit")
+    assert slow == pytest.approx(1 / (1 + 0.2 * payload / 2.8))
+    assert slow > 0.93 and fast < 0.4  # a factor fixed over rates could not give both
+    cfg = load(["cluster=emulated", "strategy=dtf", "network.rate=1gbit", "strategy.transport_cap=1gbit"])
+    efficiency = 1 / (1 + payload)
+    assert emulated_rate(cfg) == f"{1e9 * efficiency:.0f}bit"
+    dilated = load(
+        ["cluster=emulated", "strategy=dtf", "network.rate=1gbit", "strategy.transport_cap=1gbit", "dilation.factor=4"]
+    )
+    assert emulated_rate(dilated) == f"{1e9 * efficiency / 4:.0f}bit"
+    with pytest.raises(ConfigError, match="strategy.transport_cap"):
+        load(["strategy=dtf", "strategy.transport_cap=fast"])
+    with pytest.raises(ConfigError, match="strategy.transport_cap"):
+        load(["strategy=dtf", "strategy.transport_cap=0gbit"])
 
 
 def test_dilation_settings_are_checked() -> None:

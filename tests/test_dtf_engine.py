@@ -177,5 +177,7 @@ def test_pipelined_dtf_pulls_a_variable_only_after_all_of_it_was_pushed() -> Non
     pricing = Pricing(costs, 1, Link(1e6), num_ps=2, colocated=True, pipelining=Pipelining(10), variables=variables)
     each_way = 900 + 100  # a host pushes to the other host's task and serves the other worker from its own
     assert predict("dtf", 2, 2, {"total": 0}, pricing).comm_s == pytest.approx((each_way + 600 + 100) / 1e6)
-    slower = dataclasses.replace(pricing, variables=dataclasses.replace(variables, transport_efficiency=0.5))
+    slower = dataclasses.replace(
+        pricing, variables=dataclasses.replace(variables, transport_cap=1e6)
+    )  # cap = rate: half of it
     assert predict("dtf", 2, 2, {"total": 0}, slower).comm_s == pytest.approx((each_way + 600 + 100) / 0.5e6)

@@ -89,7 +89,9 @@ def test_dtf_with_vgg16_fc6_whole_on_one_ps_is_bound_by_that_ps_link() -> None:
     assert dtf.images_per_sec < ps.images_per_sec / 3  # partitioned tensors spread that load over every link
     greedy = dataclasses.replace(variables, greedy=True)
     assert max(greedy.loads(hosts)) >= fc6  # greedy cannot split fc6 either
-    slower = dataclasses.replace(pricing, variables=dataclasses.replace(variables, transport_efficiency=0.5))
+    slower = dataclasses.replace(
+        pricing, variables=dataclasses.replace(variables, transport_cap=base.link.bytes_per_s)
+    )  # cap = rate: half of it
     assert predict("dtf", hosts, hosts, volume, slower).comm_s == pytest.approx(2 * dtf.comm_s)
 
 

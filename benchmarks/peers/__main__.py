@@ -30,6 +30,20 @@ from peers.harness import PEERS, Setting, predict, record, run_ours, run_peer  #
 from ralp_pipe.results.intervals import mean_interval  # noqa: E402
 from record import record_of, revision, write_record  # noqa: E402
 
+TRANSPORT_RECORD = Path(__file__).resolve().parents[2] / "docs" / "records" / "peers-transport.json"
+
+
+def transport_cap(given: str) -> str | None:
+    """The cap `dtf` runs with (``--transport-cap``): a rate as given, None for the shipped one, else a record's."""
+    if given == "shipped":
+        return None
+    path = Path(given)
+    if not path.exists():
+        return given  # a rate; ralp-pipe refuses a bad one naming strategy.transport_cap
+    cap = transport.cap_of_record(path)
+    print(f"dtf runs with strategy.transport_cap={cap}, gRPC's median cap in {path}", flush=True)
+    return cap
+
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per setting and peer: means and 95% half-widths over the repeats, ratios of the means."""
@@ -114,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: TensorFlow's gRPC transfer rate between two hosts at each RATE (or unlimited), into transport.json",
     )
     parser.add_argument("--transport-mb", type=float, default=100.0, help="the tensor the transport benchmark copies")
+    parser.add_argument(
+        "--transport-cap",
+        default=str(TRANSPORT_RECORD),
+        help="`dtf`'s strategy.transport_cap: a tc rate, `shipped` (config/strategy/dtf.yaml's), or a --transport "
+        "record whose median cap is taken (default: this machine's, docs/records/peers-transport.json)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -124,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         write_record(args.out / "transport.json", {"rates": found}, note, command)
         print(transport.markdown(found))
         return 0
+    cap = transport_cap(args.transport_cap)
     rows = []
     for model in args.models:
         for hosts in args.hosts:
             for rate in args.rates:
-                setting = Setting(model, hosts, rate, args.batch, args.size, args.classes, args.warmup, args.steps)
+                setting = Setting(model, hosts, rate, args.batch, args.size, args.classes, args.warmup, args.steps, cap)
                 folder = args.out / setting.label
                 predicted = {} if args.no_prediction else predict(setting, folder / "plan")
                 for repeat in range(args.repeats):

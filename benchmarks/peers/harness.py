@@ -53,6 +53,7 @@ class Setting:
     classes: int = 1000
     warmup: int = 1
     steps: int = 3
+    transport_cap: str | None = None  # `dtf`'s strategy.transport_cap: gRPC's own rate measured here (transport.py)
 
     @property
     def label(self) -> str:
@@ -207,13 +208,21 @@ def ralp_overrides(setting: Setting) -> list[str]:
     ]
 
 
+def strategy_overrides(strategy: str, setting: Setting) -> list[str]:
+    """`strategy=<strategy>`, and for `dtf` the transport cap measured here where the setting has one."""
+    cap = setting.transport_cap if strategy == "dtf" else None
+    return [f"strategy={strategy}", *([] if cap is None else [f"strategy.transport_cap={cap}"])]
+
+
 def run_ours(strategy: str, setting: Setting, out: Path, python: str = sys.executable) -> Measured:
     """`ralp-pipe train strategy=<strategy>` once on `setting` (undilated, real computation), into `out`."""
     if setting.rate == "unlimited":
         raise ValueError("ralp-pipe's emulated runs need a link rate; give the peers one too")
     began = time.perf_counter()
     _ralp_pipe(
-        ["train", "--out", str(out), *ralp_overrides(setting), f"strategy={strategy}"], out.with_suffix(".log"), python
+        ["train", "--out", str(out), *ralp_overrides(setting), *strategy_overrides(strategy, setting)],
+        out.with_suffix(".log"),
+        python,
     )
     metrics = json.loads((out / "metrics.json").read_text())
     per_host = metrics["wire_per_host"].values()
@@ -235,7 +244,12 @@ def predict(setting: Setting, out: Path, python: str = sys.executable) -> dict[s
     """The planner's images/sec of `dtf` and `allreduce` on `setting`, from a CPU profile measured here."""
     out.mkdir(parents=True, exist_ok=True)
     profile, plan = out / "profile.json", out / "plan.json"
-    overrides = [*ralp_overrides(setting), "experiment.strategies=[dtf,allreduce]", "experiment.sequential=[]"]
+    overrides = [
+        *ralp_overrides(setting),
+        *strategy_overrides("dtf", setting),  # allreduce's options: its shipped config
+        "experiment.strategies=[dtf,allreduce]",
+        "experiment.sequential=[]",
+    ]
     for argv in (
         ["profile", "--out", str(profile), *overrides],
         ["plan", "--profile", str(profile), "--out", str(plan), *overrides],

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -185,6 +186,26 @@ if __name__ == "__main__":
     main(sys.argv[1:])
 
 
+def caps(row: dict[str, Any]) -> list[float]:
+    """gRPC's own rate (bits/s) in each copy of `row`: each byte costs the link's time (the TCP stream's) plus the
+    transport's, so 1/gRPC = 1/TCP + 1/cap (``strategy.transport_cap``); a copy as fast as the stream gives none."""
+    tcp = row["tcp_payload_bits_per_s"]
+    return [1 / (1 / g - 1 / tcp) for g in row["grpc_bits_per_s"] if g < tcp]
+
+
+def cap_of(rows: Sequence[dict[str, Any]]) -> float:
+    """The cap `dtf` runs with on this machine: the median over every copy at every rate (:func:`caps`)."""
+    every = [c for row in rows for c in caps(row)]
+    if not every:
+        raise ValueError("no gRPC copy was slower than the TCP stream: no cap to measure")
+    return statistics.median(every)
+
+
+def cap_of_record(path: Path) -> str:
+    """:func:`cap_of` of a transport record (``--transport``'s transport.json) as a tc rate."""
+    return f"{cap_of(json.loads(path.read_text())['figures']['rates']) / 1e9:.2f}gbit"
+
+
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The transport rows as a Markdown table: each rate's TCP stream and gRPC copies, their ratios."""
 
@@ -192,13 +213,15 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         return "-" if not values else f"{min(values):{spec}}-{max(values):{spec}}"
 
     lines = [
-        "| rate | TCP stream Gbit/s | TF gRPC copy Gbit/s (copies) | gRPC / TCP | gRPC / tc rate |",
-        "|---|---|---|---|---|",
+        "| rate | TCP stream Gbit/s | TF gRPC copy Gbit/s (copies) | gRPC / TCP | gRPC / tc rate | cap Gbit/s |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         grpc = [b / 1e9 for b in r["grpc_bits_per_s"]]
         lines.append(
             f"| {r['rate']} | {r['tcp_payload_bits_per_s'] / 1e9:.3f} | {span(grpc, '.2f')} "
-            f"| {span(r['grpc_over_tcp'], '.2f')} | {span(r['grpc_over_link'], '.2f')} |"
+            f"| {span(r['grpc_over_tcp'], '.2f')} | {span(r['grpc_over_link'], '.2f')} "
+            f"| {span([c / 1e9 for c in caps(r)], '.1f')} |"
         )
+    lines.append(f"\ngRPC's cap, the median of every copy: {cap_of(rows) / 1e9:.2f} Gbit/s (1/gRPC = 1/TCP + 1/cap).")
     return "\n".join(lines) + "\n"

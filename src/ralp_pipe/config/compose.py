@@ -358,7 +358,8 @@ def _validate_strategy(s: StrategyConfig) -> None:
     _choice("strategy.ps_placement", s.ps_placement, PS_PLACEMENTS)
     _choice("strategy.variable_placement", s.variable_placement, VARIABLE_PLACEMENTS)
     _choice("strategy.variable_update", s.variable_update, VARIABLE_UPDATES)
-    _in_range("strategy.transport_efficiency", s.transport_efficiency, 0.0, 1.0, "(0, 1]", low_open=True)
+    if s.transport_cap is not None and not rate_bits_per_s(s.transport_cap, "strategy.transport_cap"):
+        raise ConfigError(f"strategy.transport_cap={s.transport_cap!r}: give a positive rate (e.g. 19gbit) or null")
 
 
 def _validate_hosts(cfg: Config) -> None:

@@ -1,10 +1,10 @@
 """The dilation arithmetic every layer needs (engine/dilation.py owns the rest): the factor as a number, whether ranks
-compute, and the rate emulated links run at (slowed to the strategy's transport's achieved throughput, ``strategy.transport_efficiency``)."""
+compute, and the rate emulated links run at (slowed to what the strategy's transport achieves over them, ``strategy.transport_cap``)."""
 
 from __future__ import annotations
 
 from ralp_pipe.config.schema import AUTO_FACTOR, REAL, Config
-from ralp_pipe.config.units import rate_bits_per_s
+from ralp_pipe.config.units import in_series, payload_bytes_per_s, rate_bits_per_s, rate_bytes_per_s
 
 
 def fixed_factor(cfg: Config) -> float | None:
@@ -26,15 +26,28 @@ def shaped_rate(rate: str, factor: float | None) -> str:
     return f"{bits / factor:.0f}bit"
 
 
-def transport_rate(rate: str, efficiency: float) -> str:
-    """The rate a transport achieving `efficiency` of a link of `rate` moves data at (unlimited stays unlimited)."""
+def transport_efficiency(rate: str, cap: str | None) -> float:
+    """The share of a link of `rate`'s TCP payload rate a transport moving `cap` on its own achieves over it, each
+    byte costing the link's time and the transport's in series (:func:`~ralp_pipe.config.units.in_series`); 1
+    without a cap or on an unlimited link."""
+    payload = payload_bytes_per_s(rate)
+    capped = None if cap is None else rate_bytes_per_s(cap, "strategy.transport_cap")
+    if payload is None or capped is None:
+        return 1.0
+    return (in_series(payload, capped) or payload) / payload
+
+
+def transport_rate(rate: str, cap: str | None) -> str:
+    """The rate a link of `rate` carrying a transport capped at `cap` is shaped to (unlimited stays unlimited)."""
     bits = rate_bits_per_s(rate)
+    efficiency = transport_efficiency(rate, cap)
     if bits is None or efficiency == 1.0:
         return rate
     return f"{bits * efficiency:.0f}bit"
 
 
 def emulated_rate(cfg: Config) -> str:
-    """The tc rate a run's emulated links are shaped to: ``network.rate`` x ``strategy.transport_efficiency`` / D,
-    so a transfer of `dtf` over gRPC takes bytes / (efficiency x rate), as the cost model prices it."""
-    return shaped_rate(transport_rate(cfg.network.rate, cfg.strategy.transport_efficiency), fixed_factor(cfg))
+    """The tc rate a run's emulated links are shaped to: ``network.rate`` x the transport's efficiency over it
+    (``strategy.transport_cap``, :func:`transport_efficiency`) / D, so a transfer of `dtf` over gRPC takes as
+    long as the cost model prices it."""
+    return shaped_rate(transport_rate(cfg.network.rate, cfg.strategy.transport_cap), fixed_factor(cfg))

@@ -115,7 +115,9 @@ class StrategyConfig:
     ps_placement: str = "dedicated"  # ps only: PS ranks on hosts of their own, or colocated with workers
     variable_placement: str = "round_robin"  # dtf only: one of VARIABLE_PLACEMENTS
     variable_update: str = "distributed_replicated"  # dtf only: one of VARIABLE_UPDATES
-    transport_efficiency: float = 1.0  # dtf only: achieved / line rate (gRPC: config/strategy/dtf.yaml)
+    # dtf only: what the transport moves alone (a tc rate; gRPC's: config/strategy/dtf.yaml); a byte costs the link's
+    # time plus 1/cap; None: the link's rate
+    transport_cap: str | None = None
 
 
 @dataclass

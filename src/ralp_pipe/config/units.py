@@ -40,6 +40,15 @@ def payload_bytes_per_s(rate: str, key: str = "network.rate") -> float | None:
     return None if wire is None else wire * TCP_PAYLOAD_PER_WIRE_BYTE
 
 
+def in_series(rate: float | None, cap: float | None) -> float | None:
+    """What a transport moves per second over a link of `rate` when each byte also costs the transport's own
+    time, `cap` being what it moves alone (a CPU-bound transport such as gRPC): 1 / (1/rate + 1/cap), in the
+    units both are given in; None (unlimited) on either side drops out, both None is None."""
+    if rate is None or cap is None:
+        return cap if rate is None else rate
+    return 1.0 / (1.0 / rate + 1.0 / cap)
+
+
 def size_bytes(size: str, key: str = "network.burst") -> float:
     """Bytes of a tc size such as ``1mb`` (tc's burst); a bad size raises naming `key`."""
     match = _SIZE.match(size)

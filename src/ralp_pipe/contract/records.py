@@ -111,7 +111,7 @@ class RunMetrics(Record):
     # factor, mode, target_device, target_link_rate, shaped_link_rate, compute_batch_size, compute_image_size,
     # overruns and late_s (measured steps), needed_factor, auto (how auto chose the factor); None: undilated
     dilation: dict[str, Any] | None = None
-    # strategy.transport_efficiency below 1 (dtf's gRPC): the efficiency, whether and how the run applied it
+    # strategy.transport_cap set (dtf's gRPC): the cap, the share of the link it leaves, whether and how the run applied it
     transport: dict[str, Any] | None = None
     # emulated hosts of several GPUs: their count, each rank's host, the interconnect and how ranks of one host
     # exchanged data (route), where RALP's PS device was; None at one GPU per host

@@ -34,7 +34,7 @@ import torch
 
 from ralp_pipe.atomic import atomic_path, write_json_atomic
 from ralp_pipe.config import AUTO_FACTOR, Config, cluster_kind, digest, load, made_for, strategy_kind, to_dict
-from ralp_pipe.config.dilation import computes_for_real, emulated_rate, fixed_factor
+from ralp_pipe.config.dilation import computes_for_real, emulated_rate, fixed_factor, transport_efficiency
 from ralp_pipe.config.schema import MODELLED, REAL
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
@@ -300,15 +300,17 @@ def resolve_auto(
 
 
 def transport_record(cfg: Config) -> dict[str, Any] | None:
-    """metrics.json's ``transport``: where ``strategy.transport_efficiency`` is below 1, the efficiency and how the
-    run applied it (emulated links shaped to that share of ``network.rate`` / D; elsewhere nothing slows the
-    transfers, so they ran at the link's rate); None at 1."""
-    efficiency = cfg.strategy.transport_efficiency
-    if efficiency == 1.0:
+    """metrics.json's ``transport``: where the strategy's transport has a cap (``strategy.transport_cap``), the
+    cap, the share of the link's rate it leaves (:func:`transport_efficiency`) and how the run applied it
+    (emulated links shaped to that share of ``network.rate`` / D; elsewhere nothing slows the transfers, so they
+    ran at the link's rate); None without a cap."""
+    cap = cfg.strategy.transport_cap
+    if cap is None:
         return None
     shaped = cluster_kind(cfg.cluster.kind).shapes_links and rate_bits_per_s(cfg.network.rate) is not None
     return {
-        "efficiency": efficiency,
+        "cap": cap,
+        "efficiency": transport_efficiency(cfg.network.rate, cap),
         "applied": shaped,
         "how": f"emulated links shaped to {emulated_rate(cfg)}: network.rate x efficiency / D"
         if shaped

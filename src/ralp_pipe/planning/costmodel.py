@@ -65,8 +65,8 @@ through each host's one link, which its GPUs' flows share.
 - `dtf` (Distributed TensorFlow): each variable whole on one PS task (:class:`WholeVariables`: round-robin
   in creation order as ``replica_device_setter`` placed them, or greedily onto the least-loaded task), so
   the busiest PS task holds more than 1/num_ps; a host's GPUs summed before the push
-  (``distributed_replicated``) or every GPU pushing (``parameter_server``); its transport achieving
-  ``transport_efficiency`` of the link's rate (gRPC). Pipelined, each variable travels whole and returns only
+  (``distributed_replicated``) or every GPU pushing (``parameter_server``); its transport (gRPC) costing each
+  byte the link's time plus its own (``transport_cap``: 1 / (1/rate + 1/cap)). Pipelined, each variable travels whole and returns only
   once every pusher's copy has arrived, so one large variable decides when the step ends; no bucket formula
   prices that, and the step is run as a timeline of every variable's push, reduce, update and pull over the
   shared host links (:mod:`ralp_pipe.planning.timeline`), as the engine runs it, at any G.
@@ -94,7 +94,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, cast
 
 from ralp_pipe.config import strategy_kind
-from ralp_pipe.config.units import payload_bytes_per_s
+from ralp_pipe.config.units import in_series, payload_bytes_per_s
 from ralp_pipe.contract.records import at_batch, unit_curve
 from ralp_pipe.contract.topology import (  # where RALP's PS device is, by Pricing.ps_device_shares_host
     PS_DEVICE_HOSTS,
@@ -252,7 +252,9 @@ class WholeVariables:
     units: tuple[int, ...] = ()  # each variable's placement unit (needed to price the pipelined step)
     greedy: bool = False  # onto the least-loaded task (GreedyLoadBalancingStrategy); False: round-robin
     sum_in_host: bool = True  # distributed_replicated: a host's GPUs summed before the push
-    transport_efficiency: float = 1.0  # achieved / line rate of the transport
+    transport_cap: float | None = (
+        None  # payload bytes/s the transport moves alone (in series with the link); None: none
+    )
     colocated: bool = True  # a PS task on every worker host (strategy.ps_placement); False: hosts of their own
 
     def loads(self, num_ps: int) -> list[int]:
@@ -389,7 +391,8 @@ def _dtf_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]
     variables = pricing.variables
     if variables is None:
         raise ValueError("pricing dtf needs its variables' sizes (Pricing.variables)")
-    link = dataclasses.replace(pricing.link, bytes_per_s=pricing.link.bytes_per_s * variables.transport_efficiency)
+    achieved = in_series(pricing.link.bytes_per_s, variables.transport_cap) or pricing.link.bytes_per_s
+    link = dataclasses.replace(pricing.link, bytes_per_s=achieved)
     pricing = dataclasses.replace(pricing, link=link)
     costs, hosts = pricing.costs, pricing.hosts
     if pricing.pipelining is not None:

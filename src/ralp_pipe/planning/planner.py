@@ -34,6 +34,7 @@ from ralp_pipe.config import (
     strategy_kind,
 )
 from ralp_pipe.config.schema import StrategyConfig
+from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.contract.records import LinkProbe, Plan, Profile, check_profile_matches
 from ralp_pipe.contract.topology import cpu_share, hosts_of, on_hosts, topology
 from ralp_pipe.engine import models
@@ -64,7 +65,7 @@ CONFIG_KEYS = (
     "strategy.name",  # where it is dtf or byteps, its own options price it (strategy_options) ...
     "strategy.variable_placement",
     "strategy.variable_update",
-    "strategy.transport_efficiency",  # ... else its shipped config/strategy/<name>.yaml's
+    "strategy.transport_cap",  # ... else its shipped config/strategy/<name>.yaml's
     "network",
     "interconnect",
     "cluster.gpus_per_node",
@@ -204,7 +205,7 @@ def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> Wh
         tuple(unit for unit, _ in variables),
         greedy=options.variable_placement == "greedy",
         sum_in_host=options.variable_update == "distributed_replicated",
-        transport_efficiency=options.transport_efficiency,
+        transport_cap=None if options.transport_cap is None else rate_bytes_per_s(options.transport_cap),
         colocated=options.ps_placement == "colocated",
     )
 
