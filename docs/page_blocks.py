@@ -139,13 +139,7 @@ def claims_speedups() -> str:
     """The paper-dilated matrix's measured speedups at N = 8 beside the predicted ones over `dtf`, with its source."""
     m = "paper-dilated"
     header = ["model / classes", "RALP-N over `ps`", "over `allreduce`", "over `dtf` (predicted, not measured)"]
-    rows = [
-        [
-            row["row"],
-            *(" / ".join(map(r.num, row[k])) + "x" for k in ("over_ps", "over_allreduce", "over_dtf_predicted")),
-        ]
-        for row in r.value(m, "speedups_n8")
-    ]
+    rows = r.speedup_rows()
     caption = r.wrap(f"""At N = 8, at 1 / 10 / 25 Gbit/s ({r.source(m)}: {r.fig(m, "runs")} runs in
         {r.minutes(r.value(m, "wall_s"))} on 2 cores; the planner's predictions within {r.fig(m, "median_miss_pct")}%
         median over {r.fig(m, "configurations")} configurations, the largest miss {r.fig(m, "largest_miss_pct")}%):""")

@@ -109,6 +109,20 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def speedup_rows() -> list[list[str]]:
+    """RALP-N's speedups at N = 8, one row per model / classes: measured over `ps` and `allreduce` (the
+    paper-dilated matrix) beside the predicted over `dtf` (``make_headline.py --record``), each at 1 / 10 / 25 Gbit/s."""
+    predicted = {row["row"]: row["ralp_n_over_dtf"] for row in value("headline-predicted", "speedups")}
+    return [
+        [
+            row["row"],
+            *(" / ".join(map(num, row[k])) + "x" for k in ("over_ps", "over_allreduce")),
+            " / ".join(f"{x:.1f}" if x < 10 else f"{x:.0f}" for x in predicted[row["row"]]) + "x",
+        ]
+        for row in value("paper-dilated", "speedups_n8")
+    ]
+
+
 def readme_for_site() -> str:
     """README.md as the site's home page: its links into ``docs/`` made relative to the site, its cog blocks'
     markers dropped (their generated text stays)."""

@@ -1,6 +1,6 @@
 """Draw the README's headline figure: the planner's predicted RALP speedups of the paper-dilated matrix.
 
-    python docs/figures/make_headline.py [--out docs/figures/headline_predicted.png] [--gpus 8]
+    python docs/figures/make_headline.py [--out docs/figures/headline_predicted.png] [--gpus 8] [--record R]
 
 For every (model, dataset) of ``experiment=paper-dilated`` it models the experiment's target GPU
 (``experiment.target``) at the experiment's batch and image size, prices every strategy at N = `--gpus` on
@@ -9,12 +9,15 @@ each of the experiment's link rates with the simulator's cost model (``ralp-pipe
 and ``strategy.ps_placement``; `dtf` as ``config/strategy/dtf.yaml`` deploys Distributed TensorFlow: one PS task
 per host, each variable whole on one task, over gRPC) and plots RALP-N's and RALP-H's speedup over `dtf`, over
 `ps` and over `allreduce` against the link rate, as ``results/plots.py``'s ``speedup_vs_link`` draws a measured matrix.
-These are predictions, not measurements.
+These are predictions, not measurements. ``--record`` also writes RALP-N's predicted speedups over each
+baseline per row and link rate as a docs record (``docs/records/headline-predicted.json``, the README's `dtf`
+column).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +31,12 @@ from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
 from ralp_pipe.results.plots import HEADLINE_STYLES
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from record import write_record  # noqa: E402
+
 EXPERIMENT = "paper-dilated"
+MODEL_NAMES = {"vgg11": "VGG-11", "vgg16": "VGG-16", "resnet50": "ResNet-50"}
+CLASSES = {"synthetic1k": "1K", "synthetic22k": "22K"}
 DEFAULT_OUT = Path(__file__).resolve().parent / "headline_predicted.png"
 SPEEDUP_TICKS = (0.2, 0.3, 0.5, 1, 2, 3, 5, 10, 20, 30, 50, 100, 200)  # labelled ticks of the logarithmic speedup axes
 
@@ -122,11 +130,25 @@ def draw(frame: pd.DataFrame, path: Path, caption: str) -> None:
     plt.close(fig)
 
 
+def ralp_n_speedups(frame: pd.DataFrame) -> list[dict[str, object]]:
+    """RALP-N's predicted speedup over each baseline, one row per (model, classes), a figure per link rate."""
+    rate = frame.pivot_table(index=["model", "dataset", "link_gbit"], columns="strategy", values="images_per_sec")
+    rows = []
+    for (model, dataset), part in rate.groupby(level=["model", "dataset"], sort=False):
+        row: dict[str, object] = {"row": f"{MODEL_NAMES.get(model, model)} / {CLASSES.get(dataset, dataset)}"}
+        row["links_gbit"] = [float(link) for link in part.index.get_level_values("link_gbit")]
+        for baseline in BASELINE_LABELS:
+            row[f"ralp_n_over_{baseline}"] = [round(float(v), 3) for v in part["ralp_n"] / part[baseline]]
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the PNG to write")
     parser.add_argument("--gpus", type=int, default=8, help="N, the cluster's GPUs (the matrix's largest: 8)")
     parser.add_argument("--revision", default="", help="the git revision named in the figure's caption")
+    parser.add_argument("--record", type=Path, help="also write RALP-N's speedups as a docs record (JSON)")
     args = parser.parse_args()
     frame = predictions(args.gpus)
     revision = f" at {args.revision}" if args.revision else ""
@@ -140,6 +162,9 @@ def main() -> None:
     )
     print(speedups.round(2).to_string())
     print(f"wrote {args.out}")
+    if args.record:
+        note = f"RALP-N's predicted speedups at N = {args.gpus} over each baseline, one figure per link rate."
+        write_record(args.record, {"gpus": args.gpus, "speedups": ralp_n_speedups(frame)}, note)
 
 
 if __name__ == "__main__":
