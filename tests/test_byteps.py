@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ralp_pipe.config import STRATEGY_KINDS, ConfigError, load, reference_baseline, strategy_kind
-from ralp_pipe.contract.topology import Hosts, of_strategy, on_hosts
+from ralp_pipe.contract.topology import Hosts, of_strategy, on_hosts, placement
 from ralp_pipe.engine import models
 from ralp_pipe.engine.strategies.base import bucket_elements, plan_buckets
 from ralp_pipe.engine.train import meta_units, run
@@ -23,7 +23,6 @@ from ralp_pipe.planning.planner import (
     whole_variables,
 )
 from ralp_pipe.results.aggregate import build_tables, load_records
-from ralp_pipe.runtime.emulated import emulated_topology
 from ralp_pipe.workflow.matrix import Matrix, parse_settings
 from support.profiles import analytic_profile
 from workflow_records import PAPER_FOUR, write_results
@@ -105,7 +104,7 @@ def test_byteps_on_hosts_of_two_pushes_once_per_host_to_a_server_on_each(tmp_pat
     cfg = load([*overrides, "train.loader=synthetic"])
     metrics = run(cfg, tmp_path / "run")
     assert metrics is not None and metrics.intra_host is not None and metrics.wire_per_host is not None
-    topo = emulated_topology(cfg, of_strategy(cfg.strategy, 4))
+    topo = placement(cfg)
     assert metrics.intra_host["host_of_rank"] == topo.hosts == [0, 0, 1, 1, 0, 1]
     assert metrics.world_size == 6 and metrics.num_ps == 2
     for category in ("total", "gradients", "parameters"):

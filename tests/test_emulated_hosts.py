@@ -12,11 +12,11 @@ import pytest
 
 from ralp_pipe.config import load
 from ralp_pipe.contract.layout import STEPS_FILE
-from ralp_pipe.contract.topology import PS_DEVICE_HOSTS, links_of, of_strategy, on_hosts, topology
+from ralp_pipe.contract.topology import PS_DEVICE_HOSTS, links_of, of_strategy, on_hosts, placement, topology
 from ralp_pipe.engine.train import meta_units, run
 from ralp_pipe.engine.volume import host_groups, push_pull_link_bytes, variable_owners
 from ralp_pipe.runtime import emulated
-from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites, emulated_topology, intra_host_record
+from ralp_pipe.runtime.emulated import EmulatedCluster, emulated_sites, intra_host_record
 from ralp_pipe.runtime.launch import PythonMain, launch_local
 from ralp_pipe.workflow.matrix import Matrix, parse_settings
 from support.emulated_hosts import qdisc_stats
@@ -63,9 +63,9 @@ def test_ps_ranks_stay_colocated_or_dedicated_on_hosts_of_several_gpus() -> None
 def test_the_emulated_layout_follows_the_plans_ps_device_choice() -> None:
     cfg = load([*HOSTS_OF_4, "strategy=ralp_n", "cluster.gpus=8"])
     topo = of_strategy(cfg.strategy, 8)
-    beside = emulated_topology(cfg, topo, PS_DEVICE_HOSTS[True])
-    alone = emulated_topology(cfg, topo, PS_DEVICE_HOSTS[False])
-    assert beside.num_hosts == 2 and alone.num_hosts == 3 and emulated_topology(cfg, topo).hosts == alone.hosts
+    beside = placement(cfg, PS_DEVICE_HOSTS[True])
+    alone = placement(cfg, PS_DEVICE_HOSTS[False])
+    assert beside.num_hosts == 2 and alone.num_hosts == 3 and placement(cfg).hosts == alone.hosts
     record = intra_host_record(cfg, beside)
     assert record is not None and record["ps_device_host"] == PS_DEVICE_HOSTS[True]
     assert record["host_of_rank"] == beside.hosts and record["route"] == "loopback"
@@ -82,10 +82,10 @@ def test_the_emulated_layout_follows_the_plans_ps_device_choice() -> None:
 
 def test_parameter_servers_on_hosts_of_several_gpus_push_once_per_host() -> None:
     cfg = load([*HOSTS_OF_4, "strategy=ps", "cluster.gpus=8"])
-    ps = emulated_topology(cfg, of_strategy(cfg.strategy, 8))
+    ps = placement(cfg)
     assert ps.hosts == [0, 0, 0, 0, 1, 1, 1, 1, 2] and host_groups(ps) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     cfg = load([*HOSTS_OF_4, "strategy=dtf", "cluster.gpus=8"])
-    dtf = emulated_topology(cfg, of_strategy(cfg.strategy, 8))
+    dtf = placement(cfg)
     assert dtf.ps == [8, 9] and dtf.hosts == [0, 0, 0, 0, 1, 1, 1, 1, 0, 1]  # a PS task per host, as priced
     assert links_of(cfg) == (2, "ring")  # a PS task on both hosts: every link at once
 
@@ -141,7 +141,7 @@ def test_a_hosts_workers_sum_before_one_push_and_only_that_crosses_its_link(tmp_
     cfg = load([*overrides, "train.loader=synthetic"])
     metrics = run(cfg, tmp_path / "run")
     assert metrics is not None and metrics.intra_host is not None and metrics.wire_per_host is not None
-    topo = emulated_topology(cfg, of_strategy(cfg.strategy, 4))
+    topo = placement(cfg)
     assert metrics.intra_host["host_of_rank"] == topo.hosts and metrics.world_size == topo.world_size
     for category in ("total", "gradients", "parameters"):  # every byte the ranks sent, the sums inside hosts too
         assert metrics.gb_per_step[category] == pytest.approx(metrics.analytic_gb_per_step[category], rel=1e-9)

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import pytest
 
-from ralp_pipe.config import ConfigError, StrategyConfig, load
+from ralp_pipe.config import ConfigError, StrategyConfig, from_dict, load, to_dict
 from ralp_pipe.contract.topology import Hosts, topology
 from ralp_pipe.engine import models
 from ralp_pipe.planning.costmodel import (
@@ -20,7 +20,7 @@ from ralp_pipe.planning.costmodel import (
     whole_variable_direction_bytes,
 )
 from ralp_pipe.planning.planner import best_prediction, plan_gpus, volume_function, whole_variables
-from ralp_pipe.workflow.slurm import check_hosts_agree
+from ralp_pipe.workflow.slurm import ranks_per_node
 from support.profiles import analytic_profile
 
 GBIT = 1e9 / 8
@@ -142,14 +142,14 @@ def test_round_robin_places_variables_in_creation_order() -> None:
     assert dataclasses.replace(variables, greedy=True).loads(2) == [5, 1 + 1 + 1 + 4]  # onto the least loaded
 
 
-def test_several_gpus_per_host_need_an_interconnect_and_slurm_nodes_that_agree() -> None:
+def test_several_gpus_per_host_need_an_interconnect_and_one_key_says_how_many() -> None:
     with pytest.raises(ConfigError, match=r"cluster.gpus_per_node=4 but interconnect='none' has no bandwidth"):
         load(["cluster.gpus_per_node=4"])
     cfg = load(["cluster=slurm", "network=fabric", "cluster.gpus_per_node=4", "interconnect=nvlink2"])
-    with pytest.raises(ConfigError, match=r"cluster.gpus_per_node=4 .* cluster.slurm.gpus_per_node=0"):
-        check_hosts_agree(cfg)
-    check_hosts_agree(load(["cluster=slurm", "network=fabric", "cluster.gpus_per_node=4", "interconnect=nvlink2",
-                            "cluster.slurm.gpus_per_node=4"]))  # fmt: skip
-    one_gpu_hosts = load(["cluster=slurm", "network=fabric", "cluster.slurm.gpus_per_node=4"])
-    with pytest.raises(ConfigError, match=r"cluster.gpus_per_node=1 .* cluster.slurm.gpus_per_node=4"):
-        check_hosts_agree(one_gpu_hosts)  # 4 ranks a node share its link, where the plan priced a link each
+    assert ranks_per_node(cfg) == [4, 1]  # SLURM's nodes are the hosts the plan prices: 4 workers, then the PS
+    # the key SLURM's nodes had of their own is gone: an old config setting it is told what to set instead
+    gone = r"^cluster.slurm.gpus_per_node is no longer a config key: set cluster.gpus_per_node .* cluster.device=cuda"
+    with pytest.raises(ConfigError, match=gone):
+        load(["cluster.slurm.gpus_per_node=4"])  # as an override
+    with pytest.raises(ConfigError, match=gone):  # in a saved or hand-written configuration
+        from_dict({**to_dict(cfg), "cluster": {**to_dict(cfg)["cluster"], "slurm": {"gpus_per_node": 4}}})

@@ -24,9 +24,8 @@ import pandas as pd
 import pytest
 
 from ralp_pipe.config.units import rate_bytes_per_s
-from ralp_pipe.contract.topology import topology
+from ralp_pipe.contract.topology import PS, gpu_slots, on_hosts, topology
 from ralp_pipe.engine.metrics import CONFIGURED
-from ralp_pipe.errors import ConfigError
 from ralp_pipe.results.verify import verify_bundle
 from ralp_pipe.runtime.emulated import EmulatedCluster
 from ralp_pipe.runtime.nodes import node_of_ranks
@@ -114,28 +113,25 @@ def slurm_installed() -> None:
 @pytest.mark.parametrize(
     ("strategy", "placement", "gpus_per_node", "nodes"),
     [
-        ("ps", "dedicated", 0, [0, 1, 2, 3, 4]),  # 3 workers, 2 PS: every rank a node of its own
-        ("ps", "colocated", 0, [0, 1, 2, 0, 1]),  # PS i beside worker i
+        ("ps", "dedicated", 1, [0, 1, 2, 3, 4]),  # 3 workers, 2 PS: every rank a node of its own
+        ("ps", "colocated", 1, [0, 1, 2, 0, 1]),  # PS i beside worker i
         ("ps", "dedicated", 2, [0, 0, 1, 2, 3]),  # workers 2 to a node, each PS a node of its own
-        ("ps", "colocated", 2, [0, 1, 2, 0, 1]),  # each rank holds a GPU: worker i and PS i fill a node
-        ("ps", "colocated", 4, [0, 0, 1, 0, 0]),  # two worker + PS pairs to a node, worker 2 on the next
-        ("ralp_h", "dedicated", 2, [0, 0, 1]),  # 2 workers (half of 3, rounded up) and the PS device
-        ("ralp_n", "dedicated", 2, [0, 0, 1]),  # 2 workers and the PS device: devices fill nodes in rank order
+        ("ps", "colocated", 2, [0, 0, 1, 0, 1]),  # PS i on worker host i mod 2, as the plan prices it
+        ("ps", "colocated", 4, [0, 0, 0, 0, 0]),  # one node: 3 workers and both PS ranks
+        ("ralp_h", "dedicated", 2, [0, 0, 1]),  # 2 workers (half of 3, rounded up), the PS device on a node of its own
+        ("ralp_n", "dedicated", 2, [0, 0, 1]),  # 2 workers and the PS device
         ("allreduce", "dedicated", 4, [0, 0, 0]),
     ],
 )
 def test_ranks_are_placed_on_nodes_by_gpus_per_node_and_ps_placement(
     strategy: str, placement: str, gpus_per_node: int, nodes: list[int]
 ) -> None:
-    placed = node_of_ranks(topology(strategy, 3, 2, placement), gpus_per_node)
-    assert placed == nodes
-    if gpus_per_node:  # no node holds more ranks than GPUs: srun gives every task one
-        assert max(placed.count(node) for node in placed) <= gpus_per_node
-
-
-def test_a_colocated_pair_that_no_node_holds_is_refused_with_the_numbers() -> None:
-    with pytest.raises(ConfigError, match=r"2 ranks .*gpus_per_node=1"):
-        node_of_ranks(topology("ps", 3, 2, "colocated"), 1)
+    topo = on_hosts(topology(strategy, 3, 2, placement), gpus_per_node)
+    assert node_of_ranks(topo) == nodes  # the nodes srun lays the ranks on are the placement's hosts
+    slots = gpu_slots(topo, gpus_per_node)  # which GPU of its node each rank computes on where the nodes have GPUs
+    for node in set(nodes):
+        gpu_ranks = [r for r in topo.ranks_on(node) if topo.roles[r] != PS]
+        assert sorted(slots[r] for r in gpu_ranks) == list(range(len(gpu_ranks)))  # a GPU of its own each
 
 
 @pytest.mark.netns

@@ -24,15 +24,15 @@ BASE = [
     "experiment.gpus=[2,8,16]",
     "experiment.networks=[fabric]",
     "cluster.device=cuda",
-    f"cluster.slurm.gpus_per_node={GPUS_PER_NODE}",
     f"cluster.gpus_per_node={GPUS_PER_NODE}",
     "interconnect=nvlink2",
     "cluster.slurm.mem_mb=3000",
     "cluster.slurm.cpus_per_task=2",
 ]
-# (strategy, N) -> (tasks, nodes, ranks on the fullest node), worked out by hand from the topologies
-# at 4 GPUs per node: one GPU per rank, device ranks fill nodes in rank order, a dedicated PS rank
-# gets a node of its own. ps: N workers + 1 PS; allreduce: N; ralp_h: N/2 + 1; ralp_n: N - 1 + 1.
+# (strategy, N) -> (tasks, nodes, ranks on the fullest node), worked out by hand from the placement the plan prices
+# at 4 GPUs per node (cluster.device=cuda: a GPU per rank): workers fill nodes in rank order, a dedicated PS rank
+# and RALP's PS device (sized before the plan chooses: on a node of its own, the most nodes) get a node of their own.
+# ps: N workers + 1 PS; allreduce: N; ralp_h: N/2 + 1; ralp_n: N - 1 + 1.
 EXPECTED = {
     ("ps", 2): (3, 2, 2),
     ("ps", 8): (9, 3, 4),
@@ -40,12 +40,12 @@ EXPECTED = {
     ("allreduce", 2): (2, 1, 2),
     ("allreduce", 8): (8, 2, 4),
     ("allreduce", 16): (16, 4, 4),
-    ("ralp_h", 2): (2, 1, 2),
+    ("ralp_h", 2): (2, 2, 1),
     ("ralp_h", 8): (5, 2, 4),
     ("ralp_h", 16): (9, 3, 4),
-    ("ralp_n", 2): (2, 1, 2),
-    ("ralp_n", 8): (8, 2, 4),
-    ("ralp_n", 16): (16, 4, 4),
+    ("ralp_n", 2): (2, 2, 1),
+    ("ralp_n", 8): (8, 3, 4),
+    ("ralp_n", 16): (16, 5, 4),
 }
 # the training limit: init_timeout_s 120 + timeout_s 1800 of config/cluster/slurm.yaml = 32 min, + margin_min 10
 TRAIN_MINUTES = 42
@@ -141,10 +141,10 @@ def test_colocated_parameter_servers_share_their_workers_nodes(tmp_path: Path) -
     )
     assert status == 0, log[-4000:]
     found = {j["wildcards"]["gpus"]: j["resources"] for j in jobs if j["rule"] == "train"}
-    # N=8: every rank holds a GPU; worker 0 and its PS rank share node 0 with workers 1 and 2, so the 9
-    # ranks fill nodes of 4 and the PS still shares worker 0's node and link (dedicated puts it on a node of its own)
-    assert (found[8]["tasks"], found[8]["nodes"], found[8]["gres"]) == (9, 3, "gpu:4")
-    assert found[8]["slurm_extra"] == "--ntasks-per-node=4"  # no --exclusive where it is switched off
+    # N=8: the plan's placement: 8 workers fill 2 nodes of 4 GPUs and the PS rank shares worker 0's node and link
+    # (5 ranks there: it shares a GPU, so the run talks over gloo); dedicated puts it on a node of its own
+    assert (found[8]["tasks"], found[8]["nodes"], found[8]["gres"]) == (9, 2, "gpu:4")
+    assert found[8]["slurm_extra"] == "--ntasks-per-node=5"  # no --exclusive where it is switched off
 
 
 def test_a_concurrent_workload_asks_one_node_for_all_its_ranks_at_once(tmp_path: Path) -> None:
@@ -220,9 +220,9 @@ def test_an_emulated_experiment_keeps_its_cluster_and_runs_each_job_on_one_node(
         (["cluster.slurm.max_nodes=4"], r"training ps at N=16 \(5 node\(s\), up to 4 rank\(s\) on one\) needs 5 nodes"),
         (["cluster.slurm.cpus_per_node=6"], r"asks one node for 4 x cluster.slurm.cpus_per_task=2 = 8 CPUs"),
         (["cluster.slurm.mem_mb_per_node=8000"], r"4 x cluster.slurm.mem_mb=3000 = 12000 MB"),
-        (["cluster.slurm.gpus_per_node=0"], r"cluster.device=cuda but cluster.slurm.gpus_per_node=0"),
+        (["cluster.slurm.gpus_per_node=4"], r"^cluster.slurm.gpus_per_node is no longer a config key: set cluster"),
     ],
-    ids=["max_nodes", "cpus_per_node", "mem_mb_per_node", "no_gpus"],
+    ids=["max_nodes", "cpus_per_node", "mem_mb_per_node", "old_gpus_key"],
 )
 def test_a_request_no_node_can_hold_is_refused_with_the_numbers(overrides: list, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -115,10 +115,20 @@ def _check_keys(overrides: Sequence[str], config_dir: Path) -> None:
             )
 
 
+# keys the schema no longer has, and what to set instead (an old config or override setting one is refused with it)
+REMOVED_KEYS = {
+    "cluster.slurm.gpus_per_node": "set cluster.gpus_per_node to the GPUs of one node (plan, emulation and SLURM "
+    "share it) and cluster.device=cuda to ask SLURM for them (cpu or auto: CPU nodes, no GPU asked for)",
+}
+
+
 def _schema_type(key: str) -> Any:
     """The schema's type of dotted config `key` (list indices ignored); refused naming what is there if none."""
     kind: Any = Config
-    parts = re.sub(r"\[\d+\]", "", key).split(".")
+    plain = re.sub(r"\[\d+\]", "", key)
+    if plain in REMOVED_KEYS:
+        raise ConfigError(f"{plain} is no longer a config key: {REMOVED_KEYS[plain]}")
+    parts = plain.split(".")
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth])
         if get_origin(kind) is dict:  # a mapping's entry (experiment.gpus_by_model.alexnet): its value type
@@ -392,7 +402,6 @@ def _validate_cluster(c: ClusterConfig, strategy: str) -> None:
     for key in ("partition", "account"):
         if getattr(c.slurm, key) is not None:
             _safe_name(f"cluster.slurm.{key}", getattr(c.slurm, key))
-    _at_least("cluster.slurm.gpus_per_node", c.slurm.gpus_per_node, 0)
     for key in ("cpus_per_task", "mem_mb", "time_min", "margin_min"):
         _at_least(f"cluster.slurm.{key}", getattr(c.slurm, key), 1)
     for key in ("max_nodes", "cpus_per_node", "mem_mb_per_node"):

@@ -126,7 +126,6 @@ class SlurmConfig:
 
     partition: str | None = None  # the partition jobs are submitted to (sbatch -p); None: the cluster's default
     account: str | None = None  # the account every job is charged to (sbatch -A); None: the plugin guesses one
-    gpus_per_node: int = 0  # GPUs of one node: ranks take one each, this many per node; 0: CPU nodes
     cpus_per_task: int = 1  # CPUs of one rank (and of a profile job, which times one rank's compute)
     mem_mb: int = 4000  # memory of one rank; a training job asks for this x its ranks on a node
     time_min: int = 30  # time limit of jobs without an internal timeout (shards, profile, plan)
@@ -144,8 +143,10 @@ class ClusterConfig:
     # where ranks run: local (processes here), emulated (one network namespace per host, links shaped by tc), slurm (srun)
     kind: str = "local"
     gpus: int = 4
-    gpus_per_node: int = 1  # GPUs of one host behind its one network link (planned and simulated; 1: a host each)
-    device: str = "auto"
+    # GPUs of one host (a SLURM node) behind its one network link: plan, simulate, the emulator and SLURM place ranks
+    # on hosts of this many (1: a host each)
+    gpus_per_node: int = 1
+    device: str = "auto"  # auto | cpu | cuda; under SLURM jobs ask for GPUs only with cuda (cpu, auto: CPU nodes)
     backend: str = "auto"
     timeout_s: int = 900
     init_timeout_s: int = 60  # seconds the ranks may take to join the process group

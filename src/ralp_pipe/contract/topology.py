@@ -32,6 +32,12 @@ which hold no GPU, are colocated on worker host i mod H or get hosts of their ow
 one PS per worker host (``ps_per_host``: `dtf`, `byteps`) keeps one per worker host, as the planner prices it:
 its PS ranks beyond the H worker hosts are dropped (the strategy table gives it one per GPU, one per host at
 G = 1).
+
+One placement (:func:`placement`): :func:`on_hosts` is the only function that decides which rank goes on which
+host, and :func:`gpu_slots` which GPU of its host each rank computes on. The planner prices it, simulate prices
+it, the emulator makes its hosts, and under SLURM its hosts are the job's nodes (:mod:`ralp_pipe.runtime.nodes`
+reads them for ``srun``'s host file and the job's resources), RALP's PS device where the plan put it
+(``ps_device_host``) on every launcher.
 """
 
 from __future__ import annotations
@@ -145,6 +151,33 @@ def on_hosts(topo: Topology, gpus_per_node: int, ps_device_shares_host: bool = F
     return replace(topo, hosts=hosts)
 
 
+def placement(cfg: Config, ps_device_host: str | None = None) -> Topology:
+    """The ranks of the run configured as `cfg` on hosts of ``cluster.gpus_per_node`` GPUs (:func:`on_hosts`), RALP's
+    PS device on a worker host where `ps_device_host` (the plan's ``ps_device_host``, :data:`PS_DEVICE_HOSTS`) says
+    so, else on a host of its own: where every launcher puts them (SLURM's nodes included) and what the plan priced."""
+    if ps_device_host is not None and ps_device_host not in PS_DEVICE_HOSTS.values():
+        raise ValueError(f"ps_device_host={ps_device_host!r}; one of: {', '.join(PS_DEVICE_HOSTS.values())}")
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    return on_hosts(topo, cfg.cluster.gpus_per_node, ps_device_host == PS_DEVICE_HOSTS[True])
+
+
+def gpu_slots(topo: Topology, gpus_per_node: int) -> list[int]:
+    """Which GPU (0..`gpus_per_node`-1) of its host every rank of `topo` (as :func:`on_hosts` placed it) computes on.
+
+    On each host RALP's PS device takes the first GPU, then the workers in rank order, then PS ranks the GPUs left
+    (a dedicated PS rank, alone on its host, takes GPU 0). PS ranks beyond a host's GPUs (beside a full set of
+    workers: the planner prices a PS as holding no GPU) share them in turn; a CUDA run whose ranks share a GPU
+    talks over gloo (:func:`ralp_pipe.runtime.devices.resolve_backend`), since NCCL refuses two ranks on one."""
+    order = sorted(range(topo.world_size), key=lambda r: (topo.roles[r] != PS_DEVICE, topo.roles[r] == PS, r))
+    used: dict[int, int] = {}
+    slots = [0] * topo.world_size
+    for rank in order:
+        host = topo.hosts[rank]
+        slots[rank] = used.get(host, 0) % gpus_per_node
+        used[host] = used.get(host, 0) + 1
+    return slots
+
+
 def placed(topo: Topology, hosts: Sequence[int]) -> Topology:
     """`topo` with rank r on ``hosts[r]``, as a driver laid its ranks out (:func:`on_hosts`) and tells them: the
     ranks beyond ``len(hosts)`` (PS tasks :func:`on_hosts` dropped) dropped."""
@@ -171,7 +204,7 @@ def link_pattern(topo: Topology) -> str | None:
 def links_of(cfg: Config) -> tuple[int, str | None]:
     """The hosts of the run configured as `cfg` and the pattern its links carry (what a link check is made for);
     on hosts of ``cluster.gpus_per_node`` GPUs, RALP's PS device on a host of its own (the most links)."""
-    topo = on_hosts(of_strategy(cfg.strategy, cfg.cluster.gpus), cfg.cluster.gpus_per_node)
+    topo = placement(cfg)
     return topo.num_hosts, link_pattern(topo)
 
 

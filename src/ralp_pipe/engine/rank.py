@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ralp_pipe.atomic import write_json_atomic
 from ralp_pipe.config import Config, from_dict, to_dict
-from ralp_pipe.contract.topology import Topology, of_strategy, placed
+from ralp_pipe.contract.topology import Topology, gpu_slots, of_strategy, placed
 from ralp_pipe.engine import models
 from ralp_pipe.engine.comm import Comm
 from ralp_pipe.engine.dilation import Pacer, Targets, compute_size, placeholder_batch, run_delay_s, stand_ins
@@ -185,6 +185,14 @@ def _collect_between_steps() -> None:
     gc.disable()
 
 
+def gpu_index(env: RankEnv, topo: Topology, gpus_per_node: int) -> int:
+    """The GPU this rank computes on: on a SLURM node (an srun task sees its node's GPUs) the one its placement gives
+    it (:func:`gpu_slots`); on this machine one per local rank."""
+    if env.node is None or env.rank >= topo.world_size:
+        return env.local_rank % torch.cuda.device_count()
+    return gpu_slots(topo, gpus_per_node)[env.rank]
+
+
 def run_rank(
     cfg: Config,
     env: RankEnv,
@@ -203,15 +211,15 @@ def run_rank(
     keeps_freed = hardware.keep_freed_memory()
     sharing = cfg.train.cpu_share or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     torch.set_num_threads(hardware.threads_per_rank(sharing))
+    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
+    topo = topo if hosts is None else placed(topo, hosts)
     device = torch.device("cpu")
     if device_type == "cuda":
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", gpu_index(env, topo, cfg.cluster.gpus_per_node))
         torch.cuda.set_device(device)
     init_group(env, backend, cfg.cluster.init_timeout_s, cfg.cluster.timeout_s)
     timeline["joined"] = time.time()
     try:
-        topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
-        topo = topo if hosts is None else placed(topo, hosts)
         if env.world_size != topo.world_size:
             raise RunFailure(
                 f"{env.world_size} ranks started but {topo.strategy} with {topo.gpus} GPUs needs {topo.world_size}"
@@ -245,6 +253,7 @@ def run_rank(
             message_image=t.image_size,
             variable_placement=cfg.strategy.variable_placement,
             variable_update=cfg.strategy.variable_update,
+            step_barrier=cfg.strategy.step_barrier,
         )
         strategy = build(setup)
         batches = _batches(cfg, topo, env.rank, device, shards, targets)

@@ -39,7 +39,7 @@ from ralp_pipe.config.schema import MODELLED, REAL
 from ralp_pipe.config.units import rate_bits_per_s
 from ralp_pipe.contract.layout import METRICS_FILE, STEPS_FILE
 from ralp_pipe.contract.records import Plan, RunMetrics
-from ralp_pipe.contract.topology import PS, WORKER, Topology, links_of, of_strategy
+from ralp_pipe.contract.topology import PS, WORKER, Topology, links_of, placement
 from ralp_pipe.data.loaders import reads_shards, shard_files
 from ralp_pipe.data.shards import check_shards, damage_named, output_dir, read_manifest
 from ralp_pipe.engine import dilation, models, volume
@@ -685,9 +685,8 @@ def _launch(
     try:
         if launcher == "srun":
             os.environ.update(env)
-            gpus_per_task = 1 if cfg.cluster.slurm.gpus_per_node > 0 else 0
-            nodes = node_of_ranks(topo, cfg.cluster.slurm.gpus_per_node)
-            launch_slurm(entry, nodes, timeout, staging, gpus_per_task, cfg.network.interface)
+            nodes = node_of_ranks(topo)
+            launch_slurm(entry, nodes, timeout, staging, cfg.network.interface)
         elif launcher == "emulated":
             from ralp_pipe.runtime.emulated import emulated_sites
 
@@ -727,18 +726,14 @@ def run(
     """
     marks = {} if marks is None else marks
     strategy_kind(cfg.strategy.name).check_trainable()
-    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
     kind = cluster_kind(cfg.cluster.kind)
-    if kind.launcher == "emulated":  # hosts of cluster.gpus_per_node ranks, the PS device where the plan put it
-        from ralp_pipe.runtime.emulated import emulated_topology
-
-        entry = plan_entry(cfg)
-        topo = emulated_topology(cfg, topo, None if entry is None else entry.get("ps_device_host"))
-        if shared is not None and cfg.cluster.gpus_per_node > 1:
-            raise ConfigError(
-                f"--shared-hosts lays out hosts of one rank each, but cluster.gpus_per_node="
-                f"{cfg.cluster.gpus_per_node} puts several on a host: run this job on its own"
-            )
+    entry = plan_entry(cfg)  # hosts of cluster.gpus_per_node ranks, the PS device where the plan put it
+    topo = placement(cfg, None if entry is None else entry.get("ps_device_host"))
+    if kind.launcher == "emulated" and shared is not None and cfg.cluster.gpus_per_node > 1:
+        raise ConfigError(
+            f"--shared-hosts lays out hosts of one rank each, but cluster.gpus_per_node="
+            f"{cfg.cluster.gpus_per_node} puts several on a host: run this job on its own"
+        )
     if shared is not None and kind.launcher != "emulated":
         raise ConfigError(
             f"--shared-hosts places ranks on an emulated cluster but this run has cluster.kind={cfg.cluster.kind}: "
@@ -769,7 +764,7 @@ def run(
         shards = None
     units = meta_units(cfg)
     split, analytic = split_and_bytes(cfg, topo, units)
-    device_type, backend = devices.resolve(cfg.cluster, topo.world_size)
+    device_type, backend = devices.resolve(cfg.cluster, topo.world_size, topo.hosts)
     ranks = Ranks(split, shards, (device_type, backend), shared, dilation.targets(cfg, topo))
     in_step = kind.launcher == "srun" and in_slurm_step(topo.world_size)
     if in_step:  # every task is a rank; rank 0 writes `out`

@@ -52,7 +52,6 @@ CONFIG_KEYS = (
     "experiment.strategies",  # ... of the experiment's strategies (dtf's PS task per host makes 2N ranks)
     "cluster.device",
     "cluster.backend",
-    "cluster.slurm.gpus_per_node",
     "train.batch_size",
     "train.image_size",
     "train.lr",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Sequence
+
 import torch
 
 from ralp_pipe.config import ClusterConfig, cluster_kind
 from ralp_pipe.errors import ConfigError
+from ralp_pipe.runtime.nodes import requests_gpus
 
 
 def resolve_device(requested: str) -> str:
@@ -17,10 +21,11 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def ranks_per_host(cluster: ClusterConfig, world_size: int) -> int:
-    """Ranks that share one host's GPUs: all of them on this host, one per GPU task under srun."""
-    if cluster_kind(cluster.kind).launcher == "srun" and cluster.slurm.gpus_per_node > 0:
-        return 1
+def ranks_per_host(cluster: ClusterConfig, world_size: int, hosts: Sequence[int] | None = None) -> int:
+    """Ranks that share one host's GPUs: all of them on this host; under srun on GPU nodes those of the fullest node
+    of the placement (`hosts`: each rank's node), which has as many GPUs as they use."""
+    if cluster_kind(cluster.kind).launcher == "srun" and requests_gpus(cluster):
+        return max(Counter(hosts).values()) if hosts else 1
     return world_size
 
 
@@ -33,7 +38,7 @@ def resolve_backend(requested: str, device: str, sharing: int) -> str:
     return requested
 
 
-def resolve(cluster: ClusterConfig, world_size: int) -> tuple[str, str]:
-    """(device type, backend) of every rank of a `world_size`-rank run on `cluster`."""
+def resolve(cluster: ClusterConfig, world_size: int, hosts: Sequence[int] | None = None) -> tuple[str, str]:
+    """(device type, backend) of every rank of a `world_size`-rank run on `cluster` (`hosts`: each rank's host)."""
     device = resolve_device(cluster.device)
-    return device, resolve_backend(cluster.backend, device, ranks_per_host(cluster, world_size))
+    return device, resolve_backend(cluster.backend, device, ranks_per_host(cluster, world_size, hosts))

@@ -18,7 +18,7 @@ Commands run inside host ``i`` through the argv prefix :meth:`EmulatedCluster.pr
 get the environment :meth:`EmulatedCluster.env` (``GLOO_SOCKET_IFNAME=eth0``, ``MASTER_ADDR`` = host 0,
 and the host's index for its link counters, :mod:`ralp_pipe.runtime.wire`).
 
-Hosts of G GPUs (``cluster.gpus_per_node`` G > 1, :func:`emulated_topology`): a host is one namespace
+Hosts of G GPUs (``cluster.gpus_per_node`` G > 1, :func:`ralp_pipe.contract.topology.placement`): a host is one namespace
 holding its G ranks, which share its one shaped link (network.rate / D), as a real host's GPUs share its
 NIC; ranks fill hosts as :func:`ralp_pipe.contract.topology.on_hosts` lays them out, RALP's PS device where
 the plan priced it faster. Traffic between ranks of one host takes the namespace's loopback
@@ -41,7 +41,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from ralp_pipe.config import Config, ConfigError
 from ralp_pipe.config.dilation import computes_for_real
 from ralp_pipe.config.units import rate_bits_per_s, size_bytes
-from ralp_pipe.contract.topology import PS_DEVICE, PS_DEVICE_HOSTS, Topology, on_hosts
+from ralp_pipe.contract.topology import PS_DEVICE, PS_DEVICE_HOSTS, Topology
 from ralp_pipe.runtime.sites import RankSite, Sites, nsenter_argv
 from ralp_pipe.runtime.wire import HOST_ENV, INTERFACE
 
@@ -294,12 +294,6 @@ def emulated_sites(
         yield lambda rank: RankSite(
             cluster.namespaces(hosts[rank]), cluster.env(hosts[rank]), cluster.address(hosts[0])
         )
-
-
-def emulated_topology(cfg: Config, topo: Topology, ps_device_host: str | None = None) -> Topology:
-    """`topo` on the emulated hosts of ``cluster.gpus_per_node`` ranks each; RALP's PS device on a worker host
-    where `ps_device_host` (the plan's ``ps_device_host``) says so. One GPU per host: `topo` unchanged."""
-    return on_hosts(topo, cfg.cluster.gpus_per_node, ps_device_host == PS_DEVICE_HOSTS[True])
 
 
 def intra_host_record(cfg: Config, topo: Topology) -> dict[str, Any] | None:

@@ -7,8 +7,9 @@
   master address, e.g. ``RankSite(("/proc/4242/ns/net",), {"GLOO_SOCKET_IFNAME": "eth0"}, "10.213.0.1")``
   to run rank 1 inside the network namespace held by process 4242.
 - :func:`launch_slurm` runs the ranks with ``srun`` inside an allocation, one task per rank on
-  the node :func:`ralp_pipe.runtime.nodes.node_of_ranks` chose (an srun host file,
-  ``--distribution=arbitrary``), one GPU per task where the job has GPUs; rank 0 meets the
+  its node of the run's placement (:func:`ralp_pipe.runtime.nodes.node_of_ranks`: an srun host file,
+  ``--distribution=arbitrary``); every task sees its node's GPUs and a rank computes on the one its placement
+  gives it (:func:`ralp_pipe.contract.topology.gpu_slots`); rank 0 meets the
   others on the first node of the job's node list (:mod:`ralp_pipe.runtime.nodes`).
   :func:`RankEnv.from_environ` reads a rank's identity from torchrun-style variables (RANK,
   WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or from SLURM_* variables. An srun task binds gloo and
@@ -184,7 +185,6 @@ def launch_slurm(
     node_of_rank: Sequence[int],
     timeout_s: float,
     log_dir: Path,
-    gpus_per_task: int = 0,
     interface: str | None = None,
 ) -> None:
     """Run `main` as one srun task per rank, rank r on node ``node_of_rank[r]`` of the allocation; supervise srun.
@@ -207,8 +207,6 @@ def launch_slurm(
     hostfile.write_text("".join(f"{nodes[node]}\n" for node in node_of_rank))
     srun = ["srun", f"--ntasks={len(node_of_rank)}", f"--nodes={needed}", "--distribution=arbitrary"]
     srun += ["--kill-on-bad-exit=1", "--overlap", "--label", "--unbuffered"]
-    if gpus_per_task:
-        srun.append(f"--gpus-per-task={gpus_per_task}")
     env = {
         **os.environ,
         "SLURM_HOSTFILE": str(hostfile),

@@ -5,17 +5,19 @@ the workflow parses when a node or the partition cannot hold it, naming the numb
 
 | stage | nodes | tasks | per node | limit |
 |---|---|---|---|---|
-| ``train`` | those :func:`~ralp_pipe.runtime.nodes.node_of_ranks` places ranks on | one per rank (``mpi``: the launcher runs ``srun``) | ``gres=gpu:G`` (G: ranks on the fullest node, at most ``gpus_per_node``), ``mem_mb`` x ranks | ``init_timeout_s + timeout_s`` + ``margin_min`` |
+| ``train`` | the hosts of the run's placement (:func:`~ralp_pipe.contract.topology.placement`, read by :func:`~ralp_pipe.runtime.nodes.node_of_ranks`) | one per rank (``mpi``: the launcher runs ``srun``) | ``gres=gpu:G`` where ``cluster.device=cuda`` (G: the GPUs the fullest node's ranks use, at most ``cluster.gpus_per_node``), ``mem_mb`` x ranks | ``init_timeout_s + timeout_s`` + ``margin_min`` |
 | ``probe`` (link) | 2 (1 where every training run fits on one) | 2 | ``mem_mb``, ``cpus_per_task`` | ``time_min`` |
-| ``profile`` | 1 | 1 | ``cpus_per_task`` CPUs and ``gres=gpu:1`` on GPU nodes: the compute of one rank | ``time_min`` |
+| ``profile`` | 1 | 1 | ``cpus_per_task`` CPUs and ``gres=gpu:1`` where ``cluster.device=cuda``: the compute of one rank | ``time_min`` |
 | ``concurrent`` | 1 | 1 | every rank of the workload's jobs at once: ``cpus_per_task`` and ``mem_mb`` x those ranks | experiment.repeats x (each job's bound alone, then the longest again for the run together), + ``margin_min`` |
 | ``train`` on emulated hosts (``cluster=emulated``) | 1 | 1 (the run starts its ranks in namespaces on the node) | every rank at once: ``cpus_per_task`` and ``mem_mb`` x ranks (CPUs at most ``cpus_per_node``) | as ``train`` |
 | ``check_links``; ``probe`` on emulated hosts | 1 | 1 | as an emulated ``train`` job, one rank per host checked (the probe: 2) | ``time_min`` |
 | ``prepare_shards``, ``plan`` | 1 | 1 | ``mem_mb`` (CPUs: the rule's threads, ``dataset.shards.workers`` or 1) | ``time_min`` |
 
-The plan prices hosts of ``cluster.gpus_per_node`` GPUs; the nodes hold ``cluster.slurm.gpus_per_node``. Where
-the ranks run on SLURM (``cluster.kind=slurm``) and the plan prices several GPUs per host, the two must agree
-(:func:`check_hosts_agree`), so the plan prices the links the job's ranks share.
+A node is a host of the plan's placement: ``cluster.gpus_per_node`` is the GPUs of one node, and the ranks the plan
+puts on a host share that node's link, as it priced them. The job is sized before its plan exists, so RALP's PS
+device counts as on a node of its own (the most nodes); where the plan puts it beside workers instead, the job
+leaves its last node idle. Jobs ask for GPUs where ``cluster.device=cuda`` (:func:`~ralp_pipe.runtime.nodes.requests_gpus`);
+``cpu`` and ``auto`` run on CPU nodes.
 
 Emulated hosts (``cluster.kind=emulated``: a training run, a link check, a concurrent workload) are network
 namespaces the job makes on its one node, as a local run makes them here (as root, or inside an unprivileged user
@@ -35,9 +37,9 @@ from collections import Counter
 from typing import Any, Sequence
 
 from ralp_pipe.config import Config, cluster_kind
-from ralp_pipe.contract.topology import links_of, of_strategy
+from ralp_pipe.contract.topology import links_of, of_strategy, placement
 from ralp_pipe.errors import ConfigError
-from ralp_pipe.runtime.nodes import node_of_ranks
+from ralp_pipe.runtime.nodes import gpus_per_node_used, node_of_ranks, requests_gpus
 
 MEASUREMENTS = ("train", "profile", "probe", "check_links", "concurrent")  # jobs whose timings must not share a node
 PROBE_NODES = 2  # the link probe's two ranks, one per node, so its bytes cross the fabric
@@ -54,9 +56,10 @@ def training_minutes(cfg: Config) -> int:
 
 
 def ranks_per_node(cfg: Config) -> list[int]:
-    """Ranks of the training run of `cfg` on each node of its allocation, in node order."""
-    topo = of_strategy(cfg.strategy, cfg.cluster.gpus)
-    counts = Counter(node_of_ranks(topo, cfg.cluster.slurm.gpus_per_node))
+    """Ranks of the training run of `cfg` on each node of its allocation, in node order (its :func:`placement`,
+    RALP's PS device on a node of its own)."""
+    topo = placement(cfg)
+    counts = Counter(node_of_ranks(topo))
     return [counts[node] for node in range(len(counts))]
 
 
@@ -71,12 +74,7 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
     """The resources a job of `stage` passes to the SLURM executor plugin (see the module docstring);
     a link probe spans `probe_nodes` nodes (at most two: one where every training run fits on one)."""
     s = cfg.cluster.slurm
-    if cfg.cluster.device == "cuda" and not s.gpus_per_node:
-        raise ConfigError(
-            f"cluster.device=cuda but cluster.slurm.gpus_per_node=0: {stage} jobs would ask SLURM for no GPU; "
-            f"set cluster.slurm.gpus_per_node to the GPUs of one node"
-        )
-    check_hosts_agree(cfg)
+    gpus = requests_gpus(cfg.cluster)
     resources: dict[str, Any] = {"mem_mb": s.mem_mb, "runtime": s.time_min, "cpus_per_task": s.cpus_per_task}
     resources.update(_placement(cfg))
     extra = ["--exclusive"] if s.exclusive and stage in MEASUREMENTS else []
@@ -101,11 +99,11 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
             mem_mb=fullest * s.mem_mb,  # --mem is per node
             runtime=training_minutes(cfg),
         )
-        if s.gpus_per_node:
-            resources["gres"] = f"gpu:{min(fullest, s.gpus_per_node)}"
+        if gpus:
+            resources["gres"] = f"gpu:{max(gpus_per_node_used(placement(cfg), cfg.cluster.gpus_per_node))}"
         extra.append(f"--ntasks-per-node={fullest}")
         check_fits(cfg, f"training {cfg.strategy.name} at N={cfg.cluster.gpus}", len(per_node), fullest)
-    elif stage == "profile" and s.gpus_per_node:
+    elif stage == "profile" and gpus:
         resources["gres"] = "gpu:1"  # the device one rank computes on
     elif stage == "probe":
         nodes = min(probe_nodes, PROBE_NODES)
@@ -118,18 +116,6 @@ def job_resources(cfg: Config, stage: str, probe_nodes: int = PROBE_NODES) -> di
     return resources
 
 
-def check_hosts_agree(cfg: Config) -> None:
-    """Refuse a SLURM run whose plan prices hosts of ``cluster.gpus_per_node`` GPUs while its nodes hold another
-    number (``cluster.slurm.gpus_per_node``; 0, CPU nodes, counts as one): its ranks would share other links than
-    the plan priced."""
-    planned, nodes = cfg.cluster.gpus_per_node, cfg.cluster.slurm.gpus_per_node
-    if cluster_kind(cfg.cluster.kind).launcher == "srun" and planned != max(nodes, 1):
-        raise ConfigError(
-            f"cluster.gpus_per_node={planned} (the GPUs per host plan and simulate price) but "
-            f"cluster.slurm.gpus_per_node={nodes} (the GPUs of a node the job's ranks fill): set them equal"
-        )
-
-
 def check_fits(cfg: Config, job: str, nodes: int, fullest: int, shares_cpus: bool = False) -> None:
     """Refuse `job` of `nodes` nodes with `fullest` ranks on one where the configured nodes cannot hold it
     (`shares_cpus`: its ranks share the node's CPUs, so only their memory must fit)."""
@@ -138,7 +124,7 @@ def check_fits(cfg: Config, job: str, nodes: int, fullest: int, shares_cpus: boo
     if s.max_nodes is not None and nodes > s.max_nodes:
         raise ConfigError(
             f"{what} needs {nodes} nodes but cluster.slurm.max_nodes={s.max_nodes}: lower experiment.gpus, "
-            f"raise cluster.slurm.gpus_per_node or use strategy.ps_placement=colocated"
+            f"raise cluster.gpus_per_node or use strategy.ps_placement=colocated"
         )
     limits = (
         ("cpus_per_task", s.cpus_per_task, "cpus_per_node", s.cpus_per_node, "CPUs"),
