@@ -33,13 +33,21 @@ class Case:
     overlap: bool = True
     placement: str = "round_robin"
     num_ps: int = 2  # `ps` only: dtf has one PS task per worker host
+    barrier: bool = False  # strategy.step_barrier: pulls only once every push of the step is applied
 
     @property
     def key(self) -> str:
-        return f"{self.strategy}-{'overlap' if self.overlap else 'sequential'}-{self.placement}"
+        barrier = "-barrier" if self.barrier else ""
+        return f"{self.strategy}-{'overlap' if self.overlap else 'sequential'}-{self.placement}{barrier}"
 
 
-CASES = [Case("dtf"), Case("dtf", overlap=False), Case("dtf", placement="greedy"), Case("ps")]
+CASES = [
+    Case("dtf"),
+    Case("dtf", overlap=False),
+    Case("dtf", placement="greedy"),
+    Case("dtf", barrier=True),
+    Case("ps"),
+]
 
 
 def _units() -> list[models.Unit]:
@@ -79,6 +87,7 @@ def _rank(rank: int, world: int) -> dict[str, tuple[list[Piece], dict[str, int]]
             SIZE,
             overlap=case.overlap,
             variable_placement=case.placement,
+            step_barrier=case.barrier,
         )
         engine = build(setup)
         images, labels = _batch()
@@ -181,3 +190,16 @@ def test_pipelined_dtf_pulls_a_variable_only_after_all_of_it_was_pushed() -> Non
         pricing, variables=dataclasses.replace(variables, transport_cap=1e6)
     )  # cap = rate: half of it
     assert predict("dtf", 2, 2, {"total": 0}, slower).comm_s == pytest.approx((each_way + 600 + 100) / 0.5e6)
+
+
+def test_a_step_end_barrier_holds_every_pull_until_the_task_has_updated_everything() -> None:
+    """Worked by hand (no compute, no server work, 1 MB/s links, one PS task on host 0): worker 1 pushes the
+    300 B then the 600 B variable (900 us). Per variable, the 300 B reply crosses back while the 600 B push
+    still goes the other way, so only the 600 B reply follows the pushes: 1500 us. With TensorFlow's step-end
+    barrier both replies wait for the last push: 900 + 900 us."""
+    costs = ComputeCosts(tuple(UnitCost(f"u{i}", 0, (1,), (0.0,), (0.0,)) for i in range(2)), 0.0, 0.0)
+    variables = WholeVariables((600, 300), units=(0, 1))
+    pricing = Pricing(costs, 1, Link(1e6), num_ps=1, colocated=True, pipelining=Pipelining(10), variables=variables)
+    assert predict("dtf", 2, 2, {"total": 0}, pricing).comm_s == pytest.approx(1500e-6)
+    barrier = dataclasses.replace(pricing, variables=dataclasses.replace(variables, step_barrier=True))
+    assert predict("dtf", 2, 2, {"total": 0}, barrier).comm_s == pytest.approx(1800e-6)

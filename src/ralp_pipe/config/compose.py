@@ -370,6 +370,8 @@ def _validate_strategy(s: StrategyConfig) -> None:
     _choice("strategy.variable_update", s.variable_update, VARIABLE_UPDATES)
     if s.transport_cap is not None and not rate_bits_per_s(s.transport_cap, "strategy.transport_cap"):
         raise ConfigError(f"strategy.transport_cap={s.transport_cap!r}: give a positive rate (e.g. 19gbit) or null")
+    if s.step_barrier and s.name != "dtf":
+        raise ConfigError(f"strategy.step_barrier=true applies to dtf only (strategy={s.name}): leave it false")
 
 
 def _validate_hosts(cfg: Config) -> None:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ralp_pipe.config.clusters import CLUSTER_KINDS
 from ralp_pipe.config.strategies import STRATEGY_KINDS, trainable_strategies
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
+# The Hydra tree (config/): package data of ralp_pipe (``ralp_pipe/conf``), found through importlib.resources, so an
+# installed wheel composes anywhere; in a source checkout ``src/ralp_pipe/conf`` links to the checkout's config/,
+# the tree users edit, and this resolves to it.
+CONFIG_DIR = Path(str(resources.files("ralp_pipe") / "conf")).resolve()
 
 MODELS = (
     "alexnet",
@@ -118,6 +122,9 @@ class StrategyConfig:
     # dtf only: what the transport moves alone (a tc rate; gRPC's: config/strategy/dtf.yaml); a byte costs the link's
     # time plus 1/cap; None: the link's rate
     transport_cap: str | None = None
+    # dtf only: a PS task sends its variables back only once every push of the step is applied (TensorFlow's step-end
+    # barrier; the workers read them during the next forward); false: each variable as soon as it is updated
+    step_barrier: bool = False
 
 
 @dataclass

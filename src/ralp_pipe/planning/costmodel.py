@@ -66,8 +66,9 @@ through each host's one link, which its GPUs' flows share.
   in creation order as ``replica_device_setter`` placed them, or greedily onto the least-loaded task), so
   the busiest PS task holds more than 1/num_ps; a host's GPUs summed before the push
   (``distributed_replicated``) or every GPU pushing (``parameter_server``); its transport (gRPC) costing each
-  byte the link's time plus its own (``transport_cap``: 1 / (1/rate + 1/cap)). Pipelined, each variable travels whole and returns only
-  once every pusher's copy has arrived, so one large variable decides when the step ends; no bucket formula
+  byte the link's time plus its own (``transport_cap``: 1 / (1/rate + 1/cap)). Pipelined, each variable travels
+  whole and returns only once every pusher's copy has arrived (with ``step_barrier``, TensorFlow's, only once
+  every variable of its task is updated), so one large variable decides when the step ends; no bucket formula
   prices that, and the step is run as a timeline of every variable's push, reduce, update and pull over the
   shared host links (:mod:`ralp_pipe.planning.timeline`), as the engine runs it, at any G.
 - RALP: the PS device is a GPU of a host of its own, or one GPU of a worker host whose other G-1 GPUs
@@ -252,9 +253,8 @@ class WholeVariables:
     units: tuple[int, ...] = ()  # each variable's placement unit (needed to price the pipelined step)
     greedy: bool = False  # onto the least-loaded task (GreedyLoadBalancingStrategy); False: round-robin
     sum_in_host: bool = True  # distributed_replicated: a host's GPUs summed before the push
-    transport_cap: float | None = (
-        None  # payload bytes/s the transport moves alone (in series with the link); None: none
-    )
+    transport_cap: float | None = None  # payload bytes/s the transport moves alone, in series with the link
+    step_barrier: bool = False  # pipelined: a PS task replies once all its variables are updated (TF's barrier)
     colocated: bool = True  # a PS task on every worker host (strategy.ps_placement); False: hosts of their own
 
     def loads(self, num_ps: int) -> list[int]:
@@ -442,6 +442,7 @@ def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVa
         link_bytes_per_s=pricing.link.bytes_per_s,
         latency_s=pricing.link.latency_s,
         port_bytes_per_s=hosts.interconnect_bytes_per_s if g > 1 else math.inf,
+        barrier=variables.step_barrier,
     )
 
 

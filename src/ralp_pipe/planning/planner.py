@@ -65,6 +65,7 @@ CONFIG_KEYS = (
     "strategy.name",  # where it is dtf or byteps, its own options price it (strategy_options) ...
     "strategy.variable_placement",
     "strategy.variable_update",
+    "strategy.step_barrier",
     "strategy.transport_cap",  # ... else its shipped config/strategy/<name>.yaml's
     "network",
     "interconnect",
@@ -206,6 +207,7 @@ def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> Wh
         greedy=options.variable_placement == "greedy",
         sum_in_host=options.variable_update == "distributed_replicated",
         transport_cap=None if options.transport_cap is None else rate_bytes_per_s(options.transport_cap),
+        step_barrier=options.step_barrier,
         colocated=options.ps_placement == "colocated",
     )
 

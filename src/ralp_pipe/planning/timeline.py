@@ -12,8 +12,9 @@ variables' pushes and its pull with the other task's replies. This module runs t
 - **Senders**: push each variable in backward order once it is ready, to its PS task; a host's leader first
   waits the interconnect's time for the host's sum (:meth:`Hosts.in_host_s`, as the engine's priced wait).
 - **PS tasks**: take their variables in that order; each once every pusher's copy has landed, then reduce and
-  update it (the profile's seconds per byte) and send it back to every pusher; a step ends, as the engine's
-  server loop does, once every reply has landed.
+  update it (the profile's seconds per byte) and send it back to every pusher, or, with a step-end barrier
+  (``strategy.step_barrier``, TensorFlow's), send all of the task's variables back once every one is updated;
+  a step ends, as the engine's server loop does, once every reply has landed.
 - **Relays**: a host's leader hands each pulled variable to its other GPUs after the interconnect's time again,
   one variable after another (a group without a sum has none: its GPUs use each variable as it lands).
 - **Links**: every host has one link, full duplex, at the transport's achieved rate; the transfers crossing a
@@ -58,6 +59,7 @@ class DtfStep:
     link_bytes_per_s: float
     port_bytes_per_s: float = math.inf  # a GPU's interconnect to its host (the PS task's memory or the NIC)
     latency_s: float = 0.0
+    barrier: bool = False  # a PS task replies only once all of its variables are updated (strategy.step_barrier)
 
 
 @dataclass
@@ -281,14 +283,22 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
     def server(task: int) -> Process:
         mine = [v for v in order if step.owners[v] == task]
         for k in range(STEPS):
-            replies = []
-            for v in mine:
-                yield arrived[k][v]
-                yield server_s_per_byte * step.sizes[v]
+            replies: list[_Signal] = []
+
+            def reply(v: int, k: int = k, replies: list[_Signal] = replies) -> None:
                 for g in range(groups):
                     landed = timeline.send((groups + task, g), *route(g, task, False, v))
                     replies.append(landed)
                     timeline.start(hand_on(landed, (pulled if relays[g] else usable)[k][g][v]))
+
+            for v in mine:
+                yield arrived[k][v]
+                yield server_s_per_byte * step.sizes[v]
+                if not step.barrier:
+                    reply(v)
+            if step.barrier:
+                for v in mine:
+                    reply(v)
             for landed in replies:
                 yield landed
 

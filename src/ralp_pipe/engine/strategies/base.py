@@ -52,6 +52,7 @@ class StepSetup:
     message_image: int | None = None
     variable_placement: str = StrategyConfig.variable_placement  # `dtf`: how its variables go to PS tasks
     variable_update: str = StrategyConfig.variable_update  # `dtf`: a host's GPUs summed before the push or not
+    step_barrier: bool = StrategyConfig.step_barrier  # `dtf`: pulls only once every push of the step is applied
 
     def pace(self, modules: list[nn.Module], first: int, role: str) -> None:
         """Pad the forward and backward of `modules`, units `first`.. at `role`'s batch, where the run is dilated."""
@@ -253,6 +254,10 @@ class PushPullServer:
     With `initial_from` (a rank), `named` may be meta tensors: the server allocates only its
     buckets on `device` and receives their initial values from that worker
     (:meth:`PushPullClient.send_initial`), so it never holds the whole model.
+
+    With `barrier` (overlap only; Distributed TensorFlow's step-end barrier), each bucket is still reduced and
+    updated as soon as every copy has arrived, but none is sent back before all of this server's buckets are
+    updated; the workers post their pulls after their last push (:class:`PushPullClient` with `barrier`).
     """
 
     def __init__(
@@ -268,8 +273,10 @@ class PushPullServer:
         device: torch.device | None = None,
         pacer: Pacer | None = None,
         credit: int = 0,
+        barrier: bool = False,
     ):
         self.comm, self.workers, self.overlap, self.pacer = comm, workers, overlap, pacer
+        self.barrier = barrier and overlap
         layout = FlatLayout(tuple(p.numel() for _, p in named))
         offsets = layout.offsets()
         self.mine = [b for b in buckets if b.server == comm.rank]
@@ -318,8 +325,11 @@ class PushPullServer:
                 self._receive(b)
                 self.comm.wait(self._pending.pop(b))
                 self._reduce_update(bucket)
-                sends += [self.comm.isend(bucket.flat.data, w, "parameters") for w in self.workers]
+                if not self.barrier:
+                    sends += [self.comm.isend(bucket.flat.data, w, "parameters") for w in self.workers]
                 self._receive(b + self.ahead)  # into the buffers this bucket has just freed, where they are shared
+            if self.barrier:  # every bucket updated: send them back, in order
+                sends = [self.comm.isend(b.flat.data, w, "parameters") for b in self.buckets for w in self.workers]
         else:
             self.comm.wait([h for b in range(len(self.buckets)) for h in self._pending.pop(b)])
             for bucket in self.buckets:
@@ -393,6 +403,11 @@ class PushPullClient:
     :meth:`end_backward` returns only once it has issued all and ended, so the training loop and the
     sender never post at once: each pair of ranks sees its operations in one order, as NCCL needs.
 
+    With `barrier` (overlap only; Distributed TensorFlow's step-end barrier), pulls are not posted behind the
+    pushes: :meth:`end_backward` posts every bucket's pull after the last push, and the servers answer once all
+    of the step's pushes are applied (:class:`PushPullServer` with `barrier`); the next forward waits for them
+    layer by layer as before.
+
     With `token` (a modelled run's local worker of a host, whose server is the host's leader), each bucket's push
     and pull is a one-element token standing for the bucket, counted as its bytes: the transfer inside the host is
     priced and waited for by the leader (:class:`ralp_pipe.engine.strategies.ps.HostLeaderClient`), not copied.
@@ -407,8 +422,9 @@ class PushPullClient:
         credit: int = 0,
         modelled: bool = False,
         token: bool = False,
+        barrier: bool = False,
     ):
-        self.comm, self.buckets, self.overlap = comm, buckets, overlap
+        self.comm, self.buckets, self.overlap, self.barrier = comm, buckets, overlap, barrier and overlap
         self.credit, self.modelled, self.token = credit, modelled, token
         layout = FlatLayout(tuple(p.numel() for p in params))
         offsets = layout.offsets()
@@ -522,13 +538,25 @@ class PushPullClient:
         return held
 
     def _issue(self, b: int) -> tuple[Handle, Handle | None]:
-        """Push bucket `b`; with overlap, post its pull right behind (gloo tells the server "ready" with the data)."""
+        """Push bucket `b`; with overlap (no barrier), post its pull right behind (gloo tells the server "ready" with
+        the data)."""
         bucket = self.buckets[b]
         push = self.comm.isend(
             self._wire(bucket, self.flat_grads), bucket.server, "gradients", self._stands_for(bucket)
         )
-        pull = self.comm.irecv(self._wire(bucket, self.flat_params), bucket.server) if self.overlap else None
+        behind = self.overlap and not self.barrier
+        pull = self.comm.irecv(self._wire(bucket, self.flat_params), bucket.server) if behind else None
         return push, pull
+
+    def _post_pulls(self) -> dict[int, Handle]:
+        """With `barrier`: post every bucket's pull, after the step's last push (the next forward waits for them)."""
+        pulls = {
+            b: self.comm.irecv(self._wire(bucket, self.flat_params), bucket.server)
+            for b, bucket in enumerate(self.buckets)
+        }
+        with self._state:
+            self._pulls.update(pulls)
+        return pulls
 
     def span(self, bucket: Bucket, flat: torch.Tensor) -> torch.Tensor:
         """`bucket`'s elements of `flat` (the parameters or their gradients); modelled: the shared buffer's first."""
@@ -558,6 +586,8 @@ class PushPullClient:
         self.comm.add_wait(time.perf_counter() - began)
         if self._failed is not None:
             raise self._failed
+        if self.barrier:
+            self._post_pulls()
 
     def wait_pulls(self, buckets: "range | list[int]") -> None:
         """Block until the pulls of `buckets` (those still pending) have landed."""

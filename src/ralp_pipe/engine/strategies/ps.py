@@ -81,13 +81,14 @@ class HostLeaderClient(PushPullClient):
         scale: float,
         modelled: bool = False,
         in_host_s: Callable[[int], float] | None = None,
+        barrier: bool = False,
     ):
         if comm.ordered_p2p:
             raise RunFailure(
                 f"summing a host's gradients runs its transfers from two threads, which {comm.backend} would have to "
                 f"see in one order: run hosts of several GPUs with gloo"
             )
-        super().__init__(comm, params, buckets, overlap, credit, modelled)
+        super().__init__(comm, params, buckets, overlap, credit, modelled, barrier=barrier)
         self.locals, self.scale, self.in_host_s = locals_, scale, in_host_s
         largest = 1 if in_host_s is not None else max((len(b) for b in buckets), default=0)
         self._inbox = [
@@ -112,6 +113,13 @@ class HostLeaderClient(PushPullClient):
         if pull is not None:
             self._relays.put((b, pull))
         return push, pull
+
+    def _post_pulls(self) -> dict[int, Handle]:
+        """As :meth:`PushPullClient._post_pulls`, each pull queued for the locals."""
+        pulls = super()._post_pulls()
+        for b, pull in pulls.items():
+            self._relays.put((b, pull))
+        return pulls
 
     def _relay(self) -> None:
         """The relay thread: for each queued bucket, once its pull has landed, send it to every local."""
@@ -183,6 +191,7 @@ class ParameterServerStrategy(Strategy):
                 device=setup.device,
                 pacer=setup.pacer,
                 credit=setup.credit,
+                barrier=setup.step_barrier,
             )
         else:
             self.net = setup.network()
@@ -192,15 +201,33 @@ class ParameterServerStrategy(Strategy):
             if setup.rank != group[0]:  # a local: its host's leader is the server of every bucket
                 local = [replace(bucket, server=group[0]) for bucket in buckets]
                 self.client = PushPullClient(
-                    setup.comm, params, local, setup.overlap, setup.credit, setup.modelled, token=priced is not None
+                    setup.comm,
+                    params,
+                    local,
+                    setup.overlap,
+                    setup.credit,
+                    setup.modelled,
+                    token=priced is not None,
+                    barrier=setup.step_barrier,
                 )
             elif len(group) > 1:
                 scale = len(pushers) / len(workers)
                 self.client = HostLeaderClient(
-                    setup.comm, params, buckets, setup.overlap, setup.credit, group[1:], scale, setup.modelled, priced
+                    setup.comm,
+                    params,
+                    buckets,
+                    setup.overlap,
+                    setup.credit,
+                    group[1:],
+                    scale,
+                    setup.modelled,
+                    priced,
+                    barrier=setup.step_barrier,
                 )
             else:
-                self.client = PushPullClient(setup.comm, params, buckets, setup.overlap, setup.credit, setup.modelled)
+                self.client = PushPullClient(
+                    setup.comm, params, buckets, setup.overlap, setup.credit, setup.modelled, barrier=setup.step_barrier
+                )
             if setup.rank == workers[0]:
                 self.client.send_initial()
             self.client.attach(list(self.net.modules()))
