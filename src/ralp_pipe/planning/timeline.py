@@ -29,6 +29,7 @@ The step's length is the period of the steady state (:data:`STEPS` steps, from a
 from __future__ import annotations
 
 import functools
+import gc
 import heapq
 import itertools
 import math
@@ -73,32 +74,42 @@ class _Signal:
 @dataclass(eq=False)
 class _Transfer:
     pair: tuple[int, int]
-    bytes_left: float
+    bytes_left: float  # at `since`
     links: tuple[int, ...]
     landed: _Signal
     weight: int  # the flows it stands for (identical ones, in lockstep): its share of a link is that many
     latency_s: float
     rate: float = 0.0
-    fixed: int = -1  # the last sharing round that gave it a rate
+    since: float = 0.0  # when `bytes_left` was last brought up to date (it has sent at `rate` since)
+    entry: int = -1  # its entry in the heap of ends (older entries are stale); -1 once landed
 
 
 Process = Generator["float | _Signal", None, None]
+_Kind = tuple[tuple[int, ...], int]  # a transfer's links and weight: all that its max-min fair rate depends on
 
 
 class _Timeline:
-    """Processes, timed events and the shared links of one simulated run."""
+    """Processes, timed events and the shared links of one simulated run.
 
-    def __init__(self, capacities: Sequence[float]):
+    The links' max-min fair rates depend only on how many transfers of each kind (links and weight) are active, so
+    they are shared again only when those counts changed, once time is about to move on (any number of transfers
+    starting or ending at one instant cost one sharing; one ending with the next of its connection, of its kind,
+    taking its place, none), and the rates of counts seen before are looked up. Each transfer's end at its rate
+    waits in a heap."""
+
+    def __init__(
+        self, capacities: Sequence[float], shares: dict[frozenset[tuple[_Kind, int]], dict[_Kind, float]] | None = None
+    ):
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._capacities = list(capacities)  # bytes/s of each link
         self._queues: dict[tuple[int, int], deque[_Transfer]] = {}
-        self._active: list[_Transfer] = []
-        self._shared_at = 0.0  # when the active transfers' bytes and rates were last brought up to date
-        self._rounds = itertools.count()
-        self._dirty = False  # transfers started or ended since the rates were shared
-        self._first: _Transfer | None = None  # the active transfer to end first at the shared rates
+        self._active: dict[_Transfer, None] = {}  # in the order they became active
+        self._kinds: dict[_Kind, int] = {}  # active transfers of each kind
+        self._dirty = False  # the kinds' counts changed since the rates were shared
+        self._ends: list[tuple[float, int, _Transfer]] = []  # (end at its rate, entry, transfer)
+        self._shares = {} if shares is None else shares  # rates by the kinds' counts (runs on the same links may share)
 
     def at(self, time: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (time, next(self._order), action))
@@ -134,80 +145,128 @@ class _Timeline:
         queue = self._queues.setdefault(pair, deque())
         queue.append(_Transfer(pair, float(size), links, landed, weight, latency_s))
         if len(queue) == 1:
-            self._progress()
-            self._active.append(queue[0])
-            self._dirty = True
+            self._activate(queue[0])
+            self._count((links, weight), 1)
         return landed
 
-    def _progress(self) -> None:
-        """Bring the active transfers' bytes left up to now at their current rates."""
-        elapsed = self.now - self._shared_at
-        if elapsed > 0:
-            for transfer in self._active:
-                transfer.bytes_left -= transfer.rate * elapsed
-        self._shared_at = self.now
+    def _activate(self, transfer: _Transfer) -> None:
+        self._active[transfer] = None
+        transfer.since = self.now
+
+    def _count(self, kind: _Kind, change: int) -> None:
+        count = self._kinds.get(kind, 0) + change
+        if count:
+            self._kinds[kind] = count
+        else:
+            del self._kinds[kind]
+        self._dirty = True
+
+    def _ends_at(self, transfer: _Transfer) -> None:
+        transfer.entry = next(self._order)
+        heapq.heappush(self._ends, (transfer.since + transfer.bytes_left / transfer.rate, transfer.entry, transfer))
 
     def _share(self) -> None:
-        """Max-min fair rates of the active transfers over the links (progressive filling: the link offering the
-        least per transfer fixes its transfers' rate; a share only grows as others are fixed, so stale heap
+        """Give each active transfer its kind's max-min fair rate; where that changed, its end changes."""
+        key = frozenset(self._kinds.items())
+        rates = self._shares.get(key)
+        if rates is None:
+            rates = self._shares[key] = self._max_min_fair()
+        now = self.now
+        for transfer in self._active:
+            rate = rates[transfer.links, transfer.weight]
+            if rate != transfer.rate:
+                transfer.bytes_left -= transfer.rate * (now - transfer.since)
+                transfer.since, transfer.rate = now, rate
+                self._ends_at(transfer)
+        self._dirty = False
+
+    def _max_min_fair(self) -> dict[_Kind, float]:
+        """The rate of one transfer of each active kind, max-min fair over the links (progressive filling: the link
+        offering the least per flow fixes its kinds' rate; a share only grows as others are fixed, so stale heap
         entries are skipped)."""
-        self._progress()
         left = list(self._capacities)
         flows = [0] * len(left)
-        crossing: dict[int, list[_Transfer]] = {}
-        for transfer in self._active:
-            for link in transfer.links:
-                flows[link] += transfer.weight
-                crossing.setdefault(link, []).append(transfer)
+        crossing: dict[int, list[_Kind]] = {}
+        for kind, count in self._kinds.items():
+            links, weight = kind
+            for link in links:
+                flows[link] += weight * count
+                if link in crossing:
+                    crossing[link].append(kind)
+                else:
+                    crossing[link] = [kind]
         heap = [(left[link] / flows[link], link) for link in crossing]
         heapq.heapify(heap)
-        round_ = next(self._rounds)
+        rates: dict[_Kind, float] = {}
         while heap:
             share, link = heapq.heappop(heap)
             if not flows[link] or share != left[link] / flows[link]:
                 continue
-            for transfer in crossing[link]:
-                if transfer.fixed == round_:
+            touched = set()
+            for kind in crossing[link]:
+                if kind in rates:
                     continue
-                transfer.rate, transfer.fixed = share * transfer.weight, round_
-                for other in transfer.links:
-                    left[other] -= transfer.rate
-                    flows[other] -= transfer.weight
-                    if other != link and flows[other]:
-                        heapq.heappush(heap, (left[other] / flows[other], other))
-        self._first = min(self._active, key=lambda t: t.bytes_left / t.rate, default=None)
-        self._dirty = False
+                links, weight = kind
+                rates[kind] = share * weight
+                total = weight * self._kinds[kind]
+                for other in links:
+                    left[other] -= share * total
+                    flows[other] -= total
+                    touched.add(other)
+            for other in touched:
+                if other != link and flows[other]:
+                    heapq.heappush(heap, (left[other] / flows[other], other))
+        return rates
 
     def run(self) -> None:
         """Run until nothing is left to happen."""
-        while self._events or self._active:
-            if self._dirty:
+        events, ends, inf = self._events, self._ends, math.inf
+        while True:
+            next_event = events[0][0] if events else inf
+            if self._dirty and next_event > self.now:
                 self._share()
-            next_event = self._events[0][0] if self._events else float("inf")
-            first = self._first
-            done_at = self._shared_at + first.bytes_left / first.rate if first is not None else float("inf")
-            if first is not None and done_at <= next_event:
-                self.now = done_at
-                self._progress()
-                self._land([t for t in self._active if t is first or t.bytes_left <= _EPS * t.rate])
-            else:
+            while ends and ends[0][1] != ends[0][2].entry:
+                heapq.heappop(ends)  # stale: landed, or its rate changed
+            if not self._dirty and ends and ends[0][0] <= next_event:
+                self.now = ends[0][0]
+                self._land()
+            elif events:
                 self.now = next_event
-                _, _, action = heapq.heappop(self._events)
+                _, _, action = heapq.heappop(events)
                 action()
+            else:
+                return
 
-    def _land(self, done: list[_Transfer]) -> None:
-        for transfer in done:
-            self._active.remove(transfer)
+    def _land(self) -> None:
+        """Land the transfers ending now (and those within float rounding of it); the next transfer of each
+        connection starts, at the landed one's rate where of its kind."""
+        now, ends = self.now, self._ends
+        while ends and ends[0][0] - now <= _EPS:
+            _, entry, transfer = heapq.heappop(ends)
+            if entry != transfer.entry:
+                continue
+            transfer.entry = -1
+            del self._active[transfer]
             queue = self._queues[transfer.pair]
             queue.popleft()
-            if queue:
-                self._active.append(queue[0])
-            self.at(self.now + transfer.latency_s, functools.partial(self.fire, transfer.landed))
-        self._dirty = True
+            kind = (transfer.links, transfer.weight)
+            if queue and (queue[0].links, queue[0].weight) == kind:
+                self._activate(queue[0])
+                queue[0].rate = transfer.rate
+                self._ends_at(queue[0])
+            else:
+                self._count(kind, -1)
+                if queue:
+                    self._activate(queue[0])
+                    self._count((queue[0].links, queue[0].weight), 1)
+            self.at(now + transfer.latency_s, functools.partial(self.fire, transfer.landed))
 
 
-def _run(step: DtfStep, server_s_per_byte: float) -> float:
-    """The steady-state period of `step` with the PS tasks' reduce and update at `server_s_per_byte`."""
+def _run(
+    step: DtfStep, server_s_per_byte: float, shares: dict[frozenset[tuple[_Kind, int]], dict[_Kind, float]]
+) -> float:
+    """The steady-state period of `step` with the PS tasks' reduce and update at `server_s_per_byte`, the links'
+    rates looked up in or added to `shares`."""
     hosts = max([*step.group_hosts, *step.task_hosts]) + 1
     groups, tasks, count = len(step.group_hosts), len(step.task_hosts), len(step.sizes)
     weights = step.group_pushers
@@ -216,7 +275,7 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
     ports = math.isfinite(step.port_bytes_per_s)
     port_out, port_in = range(2 * hosts, 2 * hosts + groups), range(2 * hosts + groups, 2 * hosts + 2 * groups)
     port_rates = [w * step.port_bytes_per_s for w in weights] if ports else []
-    timeline = _Timeline([step.link_bytes_per_s] * 2 * hosts + port_rates * 2)
+    timeline = _Timeline([step.link_bytes_per_s] * 2 * hosts + port_rates * 2, shares)
     order = [v for v in reversed(range(count)) if step.sizes[v]]  # backward's order, the flat layout's
     by_unit: dict[int, list[int]] = {}
     for v in order:
@@ -325,6 +384,13 @@ def _run(step: DtfStep, server_s_per_byte: float) -> float:
 def dtf_period(step: DtfStep) -> tuple[float, float]:
     """(step seconds, of which the PS tasks' reduce and update add) of a pipelined `dtf` step (see module doc);
     the second is the step's length less the same step's with the servers' work free."""
-    period = _run(step, step.server_s_per_byte)
-    free = _run(step, 0.0) if step.server_s_per_byte else period
+    shares: dict[frozenset[tuple[_Kind, int]], dict[_Kind, float]] = {}  # the two runs cross the same links
+    collecting = gc.isenabled()
+    gc.disable()  # a run makes and drops many objects, no cycles beyond its processes' (collected afterwards)
+    try:
+        period = _run(step, step.server_s_per_byte, shares)
+        free = _run(step, 0.0, shares) if step.server_s_per_byte else period
+    finally:
+        if collecting:
+            gc.enable()
     return period, max(0.0, period - free)
