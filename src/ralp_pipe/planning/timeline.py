@@ -71,6 +71,9 @@ class _Signal:
     waiters: list[Callable[[], None]] = field(default_factory=list)
 
 
+_Kind = tuple[tuple[int, ...], int]  # a transfer's links and weight: all that its max-min fair rate depends on
+
+
 @dataclass(eq=False)
 class _Transfer:
     pair: tuple[int, int]
@@ -81,11 +84,10 @@ class _Transfer:
     latency_s: float
     rate: float = 0.0
     since: float = 0.0  # when `bytes_left` was last brought up to date (it has sent at `rate` since)
-    entry: int = -1  # its entry in the heap of ends (older entries are stale); -1 once landed
+    kind: _Kind = ((), 0)  # its links and weight
 
 
 Process = Generator["float | _Signal", None, None]
-_Kind = tuple[tuple[int, ...], int]  # a transfer's links and weight: all that its max-min fair rate depends on
 
 
 class _Timeline:
@@ -108,7 +110,7 @@ class _Timeline:
         self._active: dict[_Transfer, None] = {}  # in the order they became active
         self._kinds: dict[_Kind, int] = {}  # active transfers of each kind
         self._dirty = False  # the kinds' counts changed since the rates were shared
-        self._ends: list[tuple[float, int, _Transfer]] = []  # (end at its rate, entry, transfer)
+        self._ends: list[tuple[float, int, _Transfer]] = []  # (end at its rate, order, transfer)
         self._shares = {} if shares is None else shares  # rates by the kinds' counts (runs on the same links may share)
 
     def at(self, time: float, action: Callable[[], None]) -> None:
@@ -119,6 +121,13 @@ class _Timeline:
         waiters, signal.waiters = signal.waiters, []
         for resume in waiters:
             self.at(self.now, resume)
+
+    def when(self, signal: _Signal, action: Callable[[], None]) -> None:
+        """Run `action` once `signal` has fired (as a process waiting for it would resume)."""
+        if signal.fired:
+            self.at(self.now, action)
+        else:
+            signal.waiters.append(action)
 
     def start(self, process: Process) -> None:
         def resume() -> None:
@@ -143,10 +152,10 @@ class _Timeline:
             self.fire(landed)
             return landed
         queue = self._queues.setdefault(pair, deque())
-        queue.append(_Transfer(pair, float(size), links, landed, weight, latency_s))
+        queue.append(_Transfer(pair, float(size), links, landed, weight, latency_s, kind=(links, weight)))
         if len(queue) == 1:
             self._activate(queue[0])
-            self._count((links, weight), 1)
+            self._count(queue[0].kind, 1)
         return landed
 
     def _activate(self, transfer: _Transfer) -> None:
@@ -161,23 +170,22 @@ class _Timeline:
             del self._kinds[kind]
         self._dirty = True
 
-    def _ends_at(self, transfer: _Transfer) -> None:
-        transfer.entry = next(self._order)
-        heapq.heappush(self._ends, (transfer.since + transfer.bytes_left / transfer.rate, transfer.entry, transfer))
-
     def _share(self) -> None:
         """Give each active transfer its kind's max-min fair rate; where that changed, its end changes."""
         key = frozenset(self._kinds.items())
         rates = self._shares.get(key)
         if rates is None:
             rates = self._shares[key] = self._max_min_fair()
-        now = self.now
+        now, changed = self.now, False
         for transfer in self._active:
-            rate = rates[transfer.links, transfer.weight]
+            rate = rates[transfer.kind]
             if rate != transfer.rate:
                 transfer.bytes_left -= transfer.rate * (now - transfer.since)
-                transfer.since, transfer.rate = now, rate
-                self._ends_at(transfer)
+                transfer.since, transfer.rate, changed = now, rate, True
+        if changed:
+            order = self._order
+            self._ends[:] = [(t.since + t.bytes_left / t.rate, next(order), t) for t in self._active]
+            heapq.heapify(self._ends)
         self._dirty = False
 
     def _max_min_fair(self) -> dict[_Kind, float]:
@@ -225,8 +233,6 @@ class _Timeline:
             next_event = events[0][0] if events else inf
             if self._dirty and next_event > self.now:
                 self._share()
-            while ends and ends[0][1] != ends[0][2].entry:
-                heapq.heappop(ends)  # stale: landed, or its rate changed
             if not self._dirty and ends and ends[0][0] <= next_event:
                 self.now = ends[0][0]
                 self._land()
@@ -242,23 +248,20 @@ class _Timeline:
         connection starts, at the landed one's rate where of its kind."""
         now, ends = self.now, self._ends
         while ends and ends[0][0] - now <= _EPS:
-            _, entry, transfer = heapq.heappop(ends)
-            if entry != transfer.entry:
-                continue
-            transfer.entry = -1
+            _, _, transfer = heapq.heappop(ends)
             del self._active[transfer]
             queue = self._queues[transfer.pair]
             queue.popleft()
-            kind = (transfer.links, transfer.weight)
-            if queue and (queue[0].links, queue[0].weight) == kind:
-                self._activate(queue[0])
-                queue[0].rate = transfer.rate
-                self._ends_at(queue[0])
+            if queue and queue[0].kind == transfer.kind:
+                following = queue[0]
+                self._activate(following)
+                following.rate = transfer.rate
+                heapq.heappush(ends, (now + following.bytes_left / following.rate, next(self._order), following))
             else:
-                self._count(kind, -1)
+                self._count(transfer.kind, -1)
                 if queue:
                     self._activate(queue[0])
-                    self._count((queue[0].links, queue[0].weight), 1)
+                    self._count(queue[0].kind, 1)
             self.at(now + transfer.latency_s, functools.partial(self.fire, transfer.landed))
 
 
@@ -330,11 +333,10 @@ def _run(
                 task = step.owners[v]
                 landed = timeline.send((g, groups + task), *route(g, task, True, v))
                 pushes[k][g].append(landed)
-                timeline.start(count_copy(k, v, landed))
+                timeline.when(landed, functools.partial(count_copy, k, v))
             timeline.fire(issued[k][g])
 
-    def count_copy(k: int, v: int, landed: _Signal) -> Process:
-        yield landed
+    def count_copy(k: int, v: int) -> None:
         copies[k][v] += 1
         if copies[k][v] == groups:
             timeline.fire(arrived[k][v])
@@ -348,7 +350,7 @@ def _run(
                 for g in range(groups):
                     landed = timeline.send((groups + task, g), *route(g, task, False, v))
                     replies.append(landed)
-                    timeline.start(hand_on(landed, (pulled if relays[g] else usable)[k][g][v]))
+                    timeline.when(landed, functools.partial(timeline.fire, (pulled if relays[g] else usable)[k][g][v]))
 
             for v in mine:
                 yield arrived[k][v]
@@ -360,10 +362,6 @@ def _run(
                     reply(v)
             for landed in replies:
                 yield landed
-
-    def hand_on(landed: _Signal, target: _Signal) -> Process:
-        yield landed
-        timeline.fire(target)
 
     def relay(g: int) -> Process:
         for k in range(STEPS):
