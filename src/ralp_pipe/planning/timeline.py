@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Generator, Sequence
 
 STEPS = 4  # steps run; the last two give the period (the first starts with every parameter in place)
-MAX_HOSTS = 8  # the most hosts a timeline is run for (simulate leaves `dtf` out beyond): its cost grows as hosts²
-_EPS = 1e-12  # bytes of a transfer treated as done (float rounding of rate x time)
+MAX_HOSTS = 16  # the most hosts a timeline is run for (simulate leaves `dtf` out beyond): its cost grows ~hosts²
+_EPS = 1e-12  # seconds left of a transfer treated as done (float rounding of rate x time)
 
 
 @dataclass(frozen=True)
