@@ -13,7 +13,8 @@ variables' pushes and its pull with the other task's replies. This module runs t
   waits the interconnect's time for the host's sum (:meth:`Hosts.in_host_s`, as the engine's priced wait).
 - **PS tasks**: take their variables in that order; each once every pusher's copy has landed, then reduce and
   update it (the profile's seconds per byte) and send it back to every pusher, or, with a step-end barrier
-  (``strategy.step_barrier``, TensorFlow's), send all of the task's variables back once every one is updated;
+  (``strategy.step_barrier``, TensorFlow's), send all of the task's variables back once every one is updated,
+  in forward order;
   a step ends, as the engine's server loop does, once every reply has landed.
 - **Relays**: a host's leader hands each pulled variable to its other GPUs after the interconnect's time again,
   one variable after another (a group without a sum has none: its GPUs use each variable as it lands).
@@ -357,8 +358,8 @@ def _run(
                 yield server_s_per_byte * step.sizes[v]
                 if not step.barrier:
                     reply(v)
-            if step.barrier:
-                for v in mine:
+            if step.barrier:  # in the order the next forward needs them
+                for v in reversed(mine):
                     reply(v)
             for landed in replies:
                 yield landed

@@ -257,7 +257,8 @@ class PushPullServer:
 
     With `barrier` (overlap only; Distributed TensorFlow's step-end barrier), each bucket is still reduced and
     updated as soon as every copy has arrived, but none is sent back before all of this server's buckets are
-    updated; the workers post their pulls after their last push (:class:`PushPullClient` with `barrier`).
+    updated, and then in forward order (the first layers' first, as TensorFlow's workers read the variables);
+    the workers post their pulls after their last push (:class:`PushPullClient` with `barrier`).
     """
 
     def __init__(
@@ -328,8 +329,10 @@ class PushPullServer:
                 if not self.barrier:
                     sends += [self.comm.isend(bucket.flat.data, w, "parameters") for w in self.workers]
                 self._receive(b + self.ahead)  # into the buffers this bucket has just freed, where they are shared
-            if self.barrier:  # every bucket updated: send them back, in order
-                sends = [self.comm.isend(b.flat.data, w, "parameters") for b in self.buckets for w in self.workers]
+            if self.barrier:  # every bucket updated: send them back in the order the next forward needs them
+                sends = [
+                    self.comm.isend(b.flat.data, w, "parameters") for b in reversed(self.buckets) for w in self.workers
+                ]
         else:
             self.comm.wait([h for b in range(len(self.buckets)) for h in self._pending.pop(b)])
             for bucket in self.buckets:
@@ -549,10 +552,11 @@ class PushPullClient:
         return push, pull
 
     def _post_pulls(self) -> dict[int, Handle]:
-        """With `barrier`: post every bucket's pull, after the step's last push (the next forward waits for them)."""
+        """With `barrier`: post every bucket's pull after the step's last push, in the order the next forward uses
+        them (the servers send in that order), which waits for them layer by layer."""
         pulls = {
-            b: self.comm.irecv(self._wire(bucket, self.flat_params), bucket.server)
-            for b, bucket in enumerate(self.buckets)
+            b: self.comm.irecv(self._wire(self.buckets[b], self.flat_params), self.buckets[b].server)
+            for b in reversed(range(len(self.buckets)))
         }
         with self._state:
             self._pulls.update(pulls)
