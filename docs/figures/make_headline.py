@@ -151,6 +151,9 @@ def main() -> None:
     parser.add_argument("--record", type=Path, help="also write RALP-N's speedups as a docs record (JSON)")
     args = parser.parse_args()
     frame = predictions(args.gpus)
+    if args.record:  # before the figure is redrawn, so the record's revision is the checkout's as it was
+        note = f"RALP-N's predicted speedups at N = {args.gpus} over each baseline, one figure per link rate."
+        write_record(args.record, {"gpus": args.gpus, "speedups": ralp_n_speedups(frame)}, note)
     revision = f" at {args.revision}" if args.revision else ""
     caption = f"drawn by python docs/figures/make_headline.py{revision}; cost-model predictions, not measurements"
     draw(frame, args.out, caption)
@@ -162,9 +165,6 @@ def main() -> None:
     )
     print(speedups.round(2).to_string())
     print(f"wrote {args.out}")
-    if args.record:
-        note = f"RALP-N's predicted speedups at N = {args.gpus} over each baseline, one figure per link rate."
-        write_record(args.record, {"gpus": args.gpus, "speedups": ralp_n_speedups(frame)}, note)
 
 
 if __name__ == "__main__":
