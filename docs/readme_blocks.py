@@ -21,7 +21,8 @@ def headline() -> str:
         by `{r.value_of(p, "command")}` at revision {r.value_of(p, "revision")}). Three baselines, as each system
         deploys them: `dtf` is Distributed TensorFlow as the paper measured it (a PS task beside every worker, each
         variable whole on one task, gRPC costing every byte the link's time plus its own: {cap.replace("gbit", " Gbit/s")}
-        alone, read from TensorFlow's 2017 figure, so {shares} of the link at 1 / 10 / 25 Gbit/s); `ps` one dedicated parameter server with tensors
+        alone, read from TensorFlow's 2017 figure, so {shares} of the link at 1 / 10 / 25 Gbit/s, and
+        TensorFlow's step-end barrier: no variable comes back before every push of the step is applied); `ps` one dedicated parameter server with tensors
         partitioned and pipelined (BytePS-style, the strongest PS); `allreduce` a ring. The paper-dilated matrix,
         measured here by time-dilated emulation against `ps` and `allreduce` (its N <= 8 part at 2 + 3 steps:
         {r.fig(m, "runs")} runs, {r.minutes(r.value(m, "wall_s"))} on 2 cores, at revision {r.value_of(m, "revision")}),
@@ -110,13 +111,22 @@ def published() -> str:
     """The published-cluster check: the model's scaling-efficiency misses beside predicting perfect scaling."""
     p = "published"
     overall = r.value(p, "overall")
-    skill = "beats" if overall["model_median"] < overall["perfect_median"] else "does not beat"
+    goal = overall["model_median"] <= overall["perfect_median"] / 2 and overall["model_worst"] <= 15
+    if goal:
+        verdict = "the model's median miss is at most half of that and its worst at most 15 points: it has skill"
+    elif overall["model_median"] < overall["perfect_median"]:
+        verdict = (
+            "the model beats that, but not yet by the goal (a median at most half of perfect scaling's, the worst"
+            " at most 15 points); it gains most on the multi-host Distributed TensorFlow rows and nothing yet on"
+            " one host of K80s, where it predicts perfect scaling"
+        )
+    else:
+        verdict = "overall the model does not beat that, so it has no skill on these rows yet"
     text = r.wrap(f"""Beside TensorFlow's published multi-GPU figures (`python benchmarks/published.py`,
         {overall["rows"]} rows, 2-64 GPUs, revision {r.value_of(p, "revision")}), predicted scaling efficiency is within
         {overall["model_median"]:.1f} points median and {overall["model_worst"]:.1f} at worst. Predicting perfect
         scaling (100%) for every row misses by {overall["perfect_median"]:.1f} and {overall["perfect_worst"]:.1f}:
-        overall the model {skill} that, so it has no skill on these rows yet; it is too high on K80 hosts and most at
-        32-64 GPUs ([why](docs/results.md#against-published-clusters)):""")
+        {verdict} ([why](docs/results.md#against-published-clusters)):""")
     rows = [
         [g["cluster"], f"`{g['strategy']}`", g["rows"], f"{g['model_median']:.1f} / {g['model_worst']:.1f}",
          f"{g['perfect_median']:.1f} / {g['perfect_worst']:.1f}"]
