@@ -47,7 +47,8 @@ def hosts() -> str:
         the paper's shape; RALP loses to all-reduce only on ResNet-50. On hosts of 4 GPUs sharing one 10 Gbit/s link
         (`experiment=hosts-dilated`, N = 8, measured, {r.minutes(r.value(h, "wall_s"))} here), RALP-H is
         {r.fig(h, "vgg16_22k.ralp_h_over_dtf")}x `dtf` and {r.num(r.value(h, "vgg16_22k.ralp_h_over_byteps"))}x
-        `byteps` (a PS on every host) on VGG-16/22K, {r.fig(h, "resnet50_22k.ralp_h_over_dtf")}x and
+        `byteps` (a PS on every host) on VGG-16/22K (`dtf` as it ran at revision {r.value_of(h, "revision")}: gRPC at
+        0.67 of the rate, no step-end barrier), {r.fig(h, "resnet50_22k.ralp_h_over_dtf")}x and
         {r.fig(h, "resnet50_22k.ralp_h_over_byteps")}x on ResNet-50/22K, the predictions within
         {r.fig(h, "median_miss_pct")}% median, {r.fig(h, "worst_miss_pct")}% at worst.""")
         + "\n"
