@@ -4,7 +4,7 @@ compute, and the rate emulated links run at (slowed to what the strategy's trans
 from __future__ import annotations
 
 from ralp_pipe.config.schema import AUTO_FACTOR, REAL, Config
-from ralp_pipe.config.units import in_series, payload_bytes_per_s, rate_bits_per_s, rate_bytes_per_s
+from ralp_pipe.config.units import payload_bytes_per_s, rate_bits_per_s, rate_bytes_per_s
 
 
 def fixed_factor(cfg: Config) -> float | None:
@@ -34,7 +34,7 @@ def transport_efficiency(rate: str, cap: str | None) -> float:
     capped = None if cap is None else rate_bytes_per_s(cap, "strategy.transport_cap")
     if payload is None or capped is None:
         return 1.0
-    return (in_series(payload, capped) or payload) / payload
+    return capped / (payload + capped)  # in_series(payload, capped) / payload
 
 
 def transport_rate(rate: str, cap: str | None) -> str:
