@@ -9,6 +9,7 @@ TensorFlow comes from the ``peers`` extra, which ``make test`` installs: without
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -66,3 +67,22 @@ def test_real_peers_train_on_emulated_hosts(tmp_path: Path) -> None:
                 f"model's {parameter_mb:.1f} MB"
             )
     assert (tmp_path / "peers.md").read_text().count("| resnet18 32 px b2 | 2 | 1gbit |") == 2
+
+
+def test_ps_cpu_terms_are_measured_on_tensorflow(tmp_path: Path) -> None:
+    """`--ps-cpu`: TensorFlow's apply and sum ops on two sizes, RecvTensor reads of two counts, lines through them."""
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.fail("TensorFlow is not installed: the peer harness needs the `peers` extra (pip install -e '.[peers]')")
+    available, why = emulation_available()
+    assert available, f"the RecvTensor measurement runs on emulated hosts: {why}"
+    argv = [sys.executable, str(HARNESS), "--ps-cpu", "--ps-cpu-sizes", "1", "16", "--ps-cpu-counts", "1", "64"]
+    done = subprocess.run([*argv, "--repeats=2", f"--out={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    record = json.loads((tmp_path / "ps_cpu.json").read_text())
+    assert record["command"].startswith("python benchmarks/peers --ps-cpu")
+    found = record["figures"]
+    assert len(found["ops"]) == 3 * 2 * 2 and len(found["rpc"]) == 2 * 2  # ops x sizes x repeats, counts x repeats
+    for op in ("apply_momentum", "apply_gradient_descent", "add_n"):
+        assert 0.05 < found["fits"][op]["gbytes_per_s"] < 500, f"{op}: {found['fits'][op]}"
+    assert 0 < found["fits"]["recv_tensor"]["s_per_tensor"] < 0.01, found["fits"]["recv_tensor"]
+    assert "| RecvTensor |" in done.stdout

@@ -25,9 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: `pe
 
 import pandas as pd  # noqa: E402
 
-from peers import transport  # noqa: E402
+from peers import ps_cpu, transport  # noqa: E402
 from peers.harness import PEERS, Setting, predict, record, run_ours, run_peer  # noqa: E402
 from ralp_pipe.results.intervals import mean_interval  # noqa: E402
+from ralp_pipe.runtime.hardware import threads_per_rank  # noqa: E402
 from record import record_of, revision, write_record  # noqa: E402
 
 TRANSPORT_RECORD = Path(__file__).resolve().parents[2] / "docs" / "records" / "peers-transport.json"
@@ -129,6 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--transport-mb", type=float, default=100.0, help="the tensor the transport benchmark copies")
     parser.add_argument(
+        "--ps-cpu",
+        action="store_true",
+        help="instead: a PS task's CPU seconds per byte (ApplyMomentum, ApplyGradientDescent, AddN) and per tensor "
+        "(RecvTensor over gRPC) in TensorFlow, into ps_cpu.json",
+    )
+    parser.add_argument("--ps-cpu-sizes", nargs="+", type=float, default=[1, 4, 16, 64, 128], help="tensor MB")
+    parser.add_argument("--ps-cpu-counts", nargs="+", type=int, default=[1, 16, 64, 128, 256], help="tensors per run")
+    parser.add_argument(
         "--transport-cap",
         default=str(TRANSPORT_RECORD),
         help="`dtf`'s strategy.transport_cap: a tc rate, `shipped` (config/strategy/dtf.yaml's), or a --transport "
@@ -143,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         note = "TF gRPC copies of one tensor between two emulated hosts against one TCP stream on the same link."
         write_record(args.out / "transport.json", {"rates": found}, note, command)
         print(transport.markdown(found))
+        return 0
+    if args.ps_cpu:
+        threads = threads_per_rank(4)  # a PS task's threads as the harness runs them at N = 2 (2 x N ranks)
+        found = ps_cpu.measure(args.ps_cpu_sizes, args.ps_cpu_counts, args.repeats, threads, args.out)
+        note = "A TF PS task's CPU seconds per byte and per tensor: least-squares lines through each size's median."
+        write_record(args.out / "ps_cpu.json", found, note, command)
+        print(ps_cpu.markdown(found))
         return 0
     cap = transport_cap(args.transport_cap)
     rows = []
