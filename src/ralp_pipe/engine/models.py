@@ -8,12 +8,14 @@ are torchvision's exactly, and ``nn.Sequential(*units)`` computes what the origi
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torchvision import models as tvm
 
 from ralp_pipe.config import MODELS, ConfigError
@@ -68,9 +70,34 @@ def build(name: str, num_classes: int, dropout: float = 0.5) -> nn.Module:
 
 
 def model_units(name: str, num_classes: int, dropout: float, device: str = "cpu") -> list[Unit]:
-    """The placement units of a freshly built model `name`, initialised on `device` (meta: shapes only, no memory)."""
-    with torch.device(device):
+    """The placement units of a freshly built model `name`, initialised on `device` (meta: shapes only, no memory,
+    no initialisation)."""
+    with torch.device(device), _MetaUninitialised() if device == "meta" else contextlib.nullcontext():
         return placement_units(build(name, num_classes, dropout))
+
+
+class _MetaUninitialised(TorchFunctionMode):
+    """Initialising a meta tensor leaves it as it is: it holds no values to initialise. (torch runs the meta
+    version of ``normal_``, which the models' ``kaiming_normal_`` calls, as Python reference code: building every
+    model on the meta device took seconds, most of them initialising.)"""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _RANDOM_FILLS:
+            tensor = args[0] if args else kwargs.get("tensor")  # torch.nn.init's hands its tensor by name
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+# what initialises a tensor in place: torch.nn.init's functions (each returns the tensor it was given, its first
+# argument, `tensor`) and the random fills they call
+_RANDOM_FILLS = frozenset(
+    {torch.Tensor.normal_, torch.Tensor.uniform_}
+    | {getattr(nn.init, name) for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")}
+)
 
 
 def _group_sequential(prefix: str, seq: nn.Sequential) -> list[Unit]:
