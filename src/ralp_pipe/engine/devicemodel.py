@@ -22,25 +22,38 @@ and its gradient, plus the device's reserved bytes.
 
 :func:`modelled_profile` writes these as a profile with the schema of a measured one
 (``kind: modelled``), so plans, the simulator and the workflow take either.
+
+Tracing is the slow part (seconds per model, and torch to import); its result depends on the model, its
+class count and dropout, the image size and the SGD settings, never on the batch (a unit's FLOPs and bytes
+are affine in it: two traced batches give every other) nor on the device (priced afterwards). So
+:func:`model_trace` keeps each trace in memory and on disk (:func:`cache_dir`), keyed by those settings, the
+device model's version, the torch and torchvision versions and a hash of the code that traces; a cached trace
+is priced without importing torch.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
+import os
 import time
+import zipfile
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
-import torch
-from torch.utils import flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, made_for
 from ralp_pipe.config.schema import ARCH_FIELDS
-from ralp_pipe.engine import models
-from ralp_pipe.engine.sgd import FlatSgd, Optim, nbytes
+
+if TYPE_CHECKING:  # torch and the models are imported where a model is traced, so a cached trace needs neither
+    from ralp_pipe.engine import models
+    from ralp_pipe.engine.sgd import Optim
 
 MODEL_VERSION = "roofline-2"  # bump when the pricing changes: profiles record which model priced them
 KINDS = ("conv", "conv3x3", "matmul", "memory")  # conv3x3: 3x3 stride-1, where cuDNN may use Winograd
@@ -128,32 +141,46 @@ def _kind(op: str, args: Sequence[Any]) -> int:
     return KINDS.index("conv3x3" if winograd else "conv")
 
 
-class _KernelTrace(TorchDispatchMode):
-    """Records ``(kind, flops, bytes)`` of every kernel dispatched while active."""
+@functools.cache
+def _kernel_trace_class() -> type:
+    """The dispatch mode recording ``(kind, flops, bytes)`` of every kernel dispatched while active (defined on
+    first use: it subclasses a torch class)."""
+    import torch
+    from torch.utils import flop_counter
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int, float, float]] = []
+    class KernelTrace(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[tuple[int, float, float]] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        packet = func._overloadpacket
-        if func.is_view or packet.__name__ in _FREE:
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            packet = func._overloadpacket
+            if func.is_view or packet.__name__ in _FREE:
+                return out
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            nbytes = float(sum(t.numel() * t.element_size() for t in tensors))
+            counter = flop_counter.flop_registry.get(packet)
+            if counter is None:
+                self.rows.append((KINDS.index("memory"), 0.0, nbytes))
+            else:
+                self.rows.append((_kind(packet.__name__, args), float(counter(*args, **kwargs, out_val=out)), nbytes))
             return out
-        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-        nbytes = float(sum(t.numel() * t.element_size() for t in tensors))
-        counter = flop_counter.flop_registry.get(packet)
-        if counter is None:
-            self.rows.append((KINDS.index("memory"), 0.0, nbytes))
-        else:
-            self.rows.append((_kind(packet.__name__, args), float(counter(*args, **kwargs, out_val=out)), nbytes))
-        return out
 
-    def take(self) -> Kernels:
-        """The kernels recorded so far, forgetting them."""
-        rows, self.rows = self.rows, []
-        return Kernels.of(rows)
+        def take(self) -> Kernels:
+            """The kernels recorded so far, forgetting them."""
+            rows, self.rows = self.rows, []
+            return Kernels.of(rows)
+
+    return KernelTrace
+
+
+def _kernel_trace() -> Any:
+    """A fresh kernel-recording dispatch mode (:func:`_kernel_trace_class`)."""
+    return _kernel_trace_class()()
 
 
 @dataclass(frozen=True)
@@ -169,6 +196,10 @@ class UnitTrace:
 
 def trace_unit(unit: models.Unit, input_shape: Sequence[int], input_grad: bool) -> UnitTrace:
     """Kernels and memory of one forward + backward of `unit` (built on the meta device) at `input_shape`."""
+    import torch
+
+    from ralp_pipe.engine.sgd import nbytes
+
     module = unit.module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     x = torch.empty(*input_shape, device="meta", requires_grad=input_grad)
@@ -178,7 +209,7 @@ def trace_unit(unit: models.Unit, input_shape: Sequence[int], input_grad: bool) 
         saved[id(t.untyped_storage())] = t.untyped_storage().nbytes()
         return t
 
-    trace = _KernelTrace()
+    trace = _kernel_trace()
     with trace, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = module(x)
     fwd = trace.take()
@@ -197,6 +228,8 @@ def trace_model(
     name: str, num_classes: int, image_size: int, batch: int, dropout: float = 0.5
 ) -> tuple[list[models.Unit], list[UnitTrace]]:
     """The placement units of model `name` (on the meta device) and the trace of each at `batch`."""
+    from ralp_pipe.engine import models
+
     units = models.model_units(name, num_classes, dropout, "meta")
     traces: list[Any] = []
     shape: tuple[int, ...] = (batch, 3, image_size, image_size)
@@ -242,13 +275,17 @@ def trace_batches(
 
 def trace_update(param_bytes_by_tensor: Sequence[int], optim: Optim) -> tuple[Kernels, Kernels]:
     """Kernels of the servers' gradient aggregation (two sets summed) and of one SGD step, on FlatSgd."""
+    import torch
+
+    from ralp_pipe.engine.sgd import FlatSgd, Optim
+
     tensors = [torch.empty(n // 4, device="meta") for n in param_bytes_by_tensor]
     flat = FlatSgd(tensors, sets=2, optim=Optim(optim.lr, optim.momentum, optim.weight_decay), mean=False)
     flat.optimizer = torch.optim.SGD(
         [flat.flat], lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
     )  # the fused kernel has no meta implementation; the per-tensor step reads and writes the same bytes
     flat.update()  # the first step creates the momentum buffer; a steady-state step is traced
-    trace = _KernelTrace()
+    trace = _kernel_trace()
     with trace:
         flat.reduce()
     aggregate = trace.take()
@@ -275,29 +312,196 @@ def check_fits(device: DeviceConfig, need_bytes: int, what: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ModelTrace:
+    """What the device model prices of one model at one image size, whatever the device and the batch: its unit
+    table (:func:`ralp_pipe.engine.models.unit_rows`), the bytes of each trainable parameter tensor in creation
+    order, every unit traced at the two batches of :data:`TRACED_BATCHES` (:func:`trace_model`), and the
+    servers' aggregation and SGD step (:func:`trace_update`)."""
+
+    rows: list[dict[str, Any]]
+    param_tensors: list[int]
+    traced: tuple[list[UnitTrace], list[UnitTrace]]
+    aggregate: Kernels
+    update: Kernels
+
+    def at(self, batches: Sequence[int]) -> dict[int, list[UnitTrace]]:
+        """Every unit's trace at each of `batches` (:func:`_at_batch`)."""
+        first, second = self.traced
+        return {b: [_at_batch(a, c, b) for a, c in zip(first, second)] for b in sorted(set(batches))}
+
+
+class Sgd(Protocol):
+    """The SGD settings a trace reads (:class:`~ralp_pipe.engine.sgd.Optim`, or a config's ``train``)."""
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def momentum(self) -> float: ...
+
+    @property
+    def weight_decay(self) -> float: ...
+
+
+# the code a trace comes from (beside torch's and torchvision's versions): a change to any of them misses the cache
+TRACED_BY = ("engine/devicemodel.py", "engine/models.py", "engine/sgd.py")
+CACHE_ENV = "RALP_PIPE_CACHE"  # a folder for cached traces, or "off"
+_TRACES: dict[str, ModelTrace] = {}  # this process's traces, by cache key
+
+
+def cache_dir() -> Path | None:
+    """Where traces are cached: ``$RALP_PIPE_CACHE`` (None where it is ``off``), else ``$XDG_CACHE_HOME/ralp-pipe``,
+    else ``~/.cache/ralp-pipe``."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen is not None and chosen.strip().lower() in ("off", "0", "no", "false", ""):
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ralp-pipe"
+
+
+@functools.cache
+def code_version() -> dict[str, str]:
+    """What besides the settings decides a trace: the device model's version, a hash of :data:`TRACED_BY` and the
+    torch and torchvision versions (read from their metadata: neither is imported)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in TRACED_BY:
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+    versions = {}
+    for package in ("torch", "torchvision"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "?"
+    return {"model_version": MODEL_VERSION, "code": digest.hexdigest()[:16], **versions}
+
+
+def trace_key(name: str, num_classes: int, image_size: int, dropout: float, optim: Sgd) -> dict[str, Any]:
+    """Everything a trace of model `name` depends on (:func:`model_trace`'s cache key)."""
+    return {
+        "model": name,
+        "num_classes": int(num_classes),
+        "image_size": int(image_size),
+        "dropout": float(dropout),
+        "lr": float(optim.lr),
+        "momentum": float(optim.momentum),
+        "weight_decay": float(optim.weight_decay),
+        **code_version(),
+    }
+
+
+def model_trace(name: str, num_classes: int, image_size: int, dropout: float, optim: Sgd) -> ModelTrace:
+    """The :class:`ModelTrace` of model `name`: this process's, else the cached one (:func:`cache_dir`), else
+    traced (importing torch) and cached."""
+    key = trace_key(name, num_classes, image_size, dropout, optim)
+    text = json.dumps(key, sort_keys=True)
+    if text in _TRACES:
+        return _TRACES[text]
+    folder = cache_dir()
+    path = (
+        None
+        if folder is None
+        else folder / f"{name}-{image_size}px-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz"
+    )
+    found = None if path is None else _read_trace(path, text)
+    if found is None:
+        found = _trace(name, num_classes, image_size, dropout, optim)
+        if path is not None:
+            _write_trace(path, text, found)
+    _TRACES[text] = found
+    return found
+
+
+def _trace(name: str, num_classes: int, image_size: int, dropout: float, optim: Sgd) -> ModelTrace:
+    """:class:`ModelTrace` of model `name`, traced."""
+    from ralp_pipe.engine import models
+    from ralp_pipe.engine.sgd import Optim
+
+    units, first = trace_model(name, num_classes, image_size, TRACED_BATCHES[0], dropout)
+    _, second = trace_model(name, num_classes, image_size, TRACED_BATCHES[1], dropout)
+    param_tensors = [p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad]
+    rows = models.unit_rows(units, [(1, *trace.output_shape[1:]) for trace in first])
+    aggregate, update = trace_update(param_tensors, Optim(optim.lr, optim.momentum, optim.weight_decay))
+    return ModelTrace(rows, param_tensors, (first, second), aggregate, update)
+
+
+def _kernel_arrays(prefix: str, kernels: Sequence[Kernels]) -> dict[str, np.ndarray]:
+    return {
+        f"{prefix}_count": np.array([len(k) for k in kernels], dtype=np.int64),
+        f"{prefix}_kind": np.concatenate([k.kind for k in kernels]).astype(np.int64),
+        f"{prefix}_flops": np.concatenate([k.flops for k in kernels]).astype(np.float64),
+        f"{prefix}_bytes": np.concatenate([k.bytes for k in kernels]).astype(np.float64),
+    }
+
+
+def _kernels_of(arrays: Any, prefix: str) -> list[Kernels]:
+    ends = np.cumsum(arrays[f"{prefix}_count"])
+    parts = [np.split(arrays[f"{prefix}_{field}"], ends[:-1]) for field in ("kind", "flops", "bytes")]
+    return [Kernels(kind, flops, nbytes) for kind, flops, nbytes in zip(*parts)]
+
+
+def _write_trace(path: Path, key: str, trace: ModelTrace) -> None:
+    """Cache `trace` at `path` (atomically; a folder that cannot be written is left alone: the cache only saves
+    time)."""
+    arrays: dict[str, np.ndarray] = {}
+    units: list[list[Any]] = []
+    for index, traces in enumerate(trace.traced):
+        arrays |= _kernel_arrays(f"t{index}_fwd", [t.fwd for t in traces])
+        arrays |= _kernel_arrays(f"t{index}_bwd", [t.bwd for t in traces])
+        units.append([[list(t.output_shape), int(t.saved_bytes), int(t.peak_memory_bytes)] for t in traces])
+    arrays |= _kernel_arrays("aggregate", [trace.aggregate]) | _kernel_arrays("update", [trace.update])
+    meta = {"key": key, "rows": trace.rows, "param_tensors": trace.param_tensors, "units": units}
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as out:
+            savez: Any = np.savez  # numpy's stubs take every keyword for its allow_pickle
+            savez(out, meta=np.array(json.dumps(meta)), **arrays)
+    except OSError:
+        pass
+
+
+def _read_trace(path: Path, key: str) -> ModelTrace | None:
+    """The trace cached at `path` for `key`; None where there is none, or it is unreadable or another key's."""
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            meta = json.loads(str(arrays["meta"]))
+            if meta["key"] != key:
+                return None
+            traced = []
+            for index, units in enumerate(meta["units"]):
+                fwd, bwd = _kernels_of(arrays, f"t{index}_fwd"), _kernels_of(arrays, f"t{index}_bwd")
+                traced.append(
+                    [UnitTrace(f, b, tuple(shape), saved, peak) for f, b, (shape, saved, peak) in zip(fwd, bwd, units)]
+                )
+            (aggregate,), (update,) = _kernels_of(arrays, "aggregate"), _kernels_of(arrays, "update")
+            first, second = traced
+            if not len(first) == len(second) == len(meta["rows"]):
+                return None
+            return ModelTrace(meta["rows"], meta["param_tensors"], (first, second), aggregate, update)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        return None
+
+
 def modelled_profile(cfg: Config, batches: dict[str, int], gpus: int) -> dict[str, Any]:
     """A profile document of `cfg`'s model on the target `cfg.device`, with the schema of a measured one.
 
     `batches` maps roles to the batches to price (the worker's and each N's PS-device batches, as
     :func:`ralp_pipe.planning.profiling.profile_batches` gives them). The worker's whole model at its batch
-    must fit the device's memory.
+    must fit the device's memory. The model's trace is :func:`model_trace`'s (cached).
     """
     started = time.perf_counter()
     device, t = cfg.device, cfg.train
-    units, by_batch = trace_batches(
-        cfg.model.name, cfg.dataset.num_classes, t.image_size, list(batches.values()), cfg.model.dropout
-    )
+    traced = model_trace(cfg.model.name, cfg.dataset.num_classes, t.image_size, cfg.model.dropout, t)
+    by_batch = traced.at(list(batches.values()))
     worker = by_batch[batches["worker"]]
-    param_tensors = [p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad]
-    param_bytes = sum(param_tensors)
+    param_bytes = sum(traced.param_tensors)
     need = training_memory_bytes(worker, param_bytes, 4 * 3 * t.image_size**2 * batches["worker"])
     check_fits(device, need, f"model {cfg.model.name} at train.batch_size={batches['worker']} ({t.image_size} px)")
-    shapes = [(1, *trace.output_shape[1:]) for trace in worker]
-    rows = models.unit_rows(units, shapes)
+    rows = [dict(row) for row in traced.rows]
     for index, row in enumerate(rows):
         row["by_batch"] = {str(b): _priced(traces[index], device) for b, traces in by_batch.items()}
-    aggregate, update = trace_update(param_tensors, Optim(t.lr, t.momentum, t.weight_decay))
-    aggregate_s, update_s = aggregate.seconds(device), update.seconds(device)
+    aggregate_s, update_s = traced.aggregate.seconds(device), traced.update.seconds(device)
     return {
         **made_for(cfg),
         "gpus": gpus,
@@ -366,6 +570,8 @@ def local_gpu_overrides(probe: Callable[[], Any] | None = None) -> list[str]:
     """Overrides describing this machine's first CUDA GPU: the shipped entry its name names, or the entry of
     the nearest compute capability with this GPU's memory and name (`probe`: torch.cuda.get_device_properties)."""
     if probe is None:
+        import torch
+
         if not torch.cuda.is_available():
             raise ConfigError("--target auto needs a CUDA GPU on this machine; name a device entry instead")
         props = torch.cuda.get_device_properties(0)
