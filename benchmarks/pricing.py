@@ -1,12 +1,17 @@
 """Configurations priced per second by `ralp-pipe simulate`, this checkout beside a git revision before it.
 
-    python benchmarks/pricing.py [--before REV] [--model vgg16]
+    python benchmarks/pricing.py [--before REV] [--model vgg16] [--published] [--record docs/records/pricing.json]
 
 Each grid runs as ``ralp-pipe simulate --target v100`` in a fresh interpreter (in-process `cli.main`, timed
 after the imports, so start-up is left out): the modelled profile, every strategy's best configuration at every
 point, the table and the plots. A configuration is one row of ``simulation.parquet`` (one strategy at one N and
 link, the best RALP split and PS-device place included). ``--before REV`` runs the same grids on that revision
 (checked out in a temporary git worktree); a grid it does not finish within ``--limit`` seconds is shown as such.
+This checkout runs each grid twice, with an empty trace cache (the model traced, as a first call traces it) and
+with the trace cached (``RALP_PIPE_CACHE``, :func:`ralp_pipe.engine.devicemodel.model_trace`), each in a cache
+folder of the benchmark's own. Beside each grid's CPU seconds after the imports stand the wall seconds of the
+whole command, start-up and imports included (what a user waits). ``--published`` also times the whole
+``benchmarks/published.py`` on every side. ``--record`` writes the figures as a docs record.
 Times are CPU seconds of the process (steadier than wall seconds on a shared machine).
 """
 
@@ -18,7 +23,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, simulate options): one configuration's point, the paper's range, the whole default grid, hosts of 8
@@ -33,8 +40,6 @@ RECIPE = ["train.batch_size=32", "train.image_size=224"]  # the same work on eit
 
 def measure(model: str, options: list[str], out: Path) -> dict[str, float]:
     """CPU and wall seconds of one simulate command in this interpreter, and the configurations it priced."""
-    import time
-
     import pandas as pd
 
     from ralp_pipe import cli
@@ -54,11 +59,9 @@ def measure(model: str, options: list[str], out: Path) -> dict[str, float]:
     return {"cpu_s": cpu, "wall_s": wall, "rows": len(pd.read_parquet(out / "simulation.parquet"))}
 
 
-def pricing_alone(model: str) -> None:
+def pricing_alone(model: str) -> dict[str, float]:
     """Milliseconds per configuration of this checkout's `simulate` function alone over the default grid, the
     profile built: without and with `dtf`'s pipelined timeline (the one part whose cost grows with N)."""
-    import time
-
     from ralp_pipe.config import load
     from ralp_pipe.contract.topology import hosts_of
     from ralp_pipe.engine import devicemodel, models
@@ -70,6 +73,7 @@ def pricing_alone(model: str) -> None:
     profile = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, GPUS), max(GPUS))
     units = models.model_units(model, cfg.dataset.num_classes, cfg.model.dropout, "meta")
     variables = whole_variables(units, dtf_options(cfg))
+    each = {}
     for name, servers in (
         ("sequential transfers", Servers()),
         ("pipelined, dtf's timeline", Servers(pipelining=pipelining_of(cfg, own_links=True))),
@@ -77,26 +81,43 @@ def pricing_alone(model: str) -> None:
         cpu = time.process_time()
         frame = simulate(profile, units, cfg.train.batch_size, Grid(latency_s=0.0), servers, hosts_of(cfg), variables)
         cpu = time.process_time() - cpu
-        print(f"{model}, default grid, {name}: {len(frame)} configurations, {1e3 * cpu / len(frame):.2f} ms each")
+        each[name] = 1e3 * cpu / len(frame)
+        print(f"{model}, default grid, {name}: {len(frame)} configurations, {each[name]:.2f} ms each")
+    return each
 
 
-def run_grid(src: Path, model: str, options: list[str], limit: float) -> dict[str, float] | None:
-    """:func:`measure` in a fresh interpreter importing ralp_pipe from `src`; None past `limit` seconds."""
+def run_grid(src: Path, model: str, options: list[str], limit: float, cache: Path) -> dict[str, float] | None:
+    """:func:`measure` in a fresh interpreter importing ralp_pipe from `src` and caching traces in `cache`, with the
+    wall seconds of the whole command (``command_s``); None past `limit` seconds."""
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, __file__, "--measure", model, out, *options]
-        env = {**os.environ, "PYTHONPATH": str(src)}
+        env = {**os.environ, "PYTHONPATH": str(src), "RALP_PIPE_CACHE": str(cache)}
+        started = time.perf_counter()
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=limit, check=True)
         except subprocess.TimeoutExpired:
             return None
-        return dict(json.loads(done.stdout.splitlines()[-1]))
+        return {**json.loads(done.stdout.splitlines()[-1]), "command_s": time.perf_counter() - started}
+
+
+def run_published(src: Path, limit: float, cache: Path) -> float | None:
+    """Wall seconds of the whole ``benchmarks/published.py`` of the checkout at `src` (its parent), traces cached
+    in `cache`; None past `limit` seconds."""
+    env = {**os.environ, "PYTHONPATH": str(src), "RALP_PIPE_CACHE": str(cache)}
+    started = time.perf_counter()
+    try:
+        subprocess.run([sys.executable, str(src.parent / "benchmarks" / "published.py")], env=env,
+                       capture_output=True, timeout=limit, check=True)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+    return time.perf_counter() - started
 
 
 def cell(result: dict[str, float] | None, limit: float) -> str:
     if result is None:
         return f"not done in {limit:g} s"
     rate = result["rows"] / result["cpu_s"]
-    return f"{int(result['rows'])} in {result['cpu_s']:.2f} s: {rate:,.0f}/s"
+    return f"{int(result['rows'])} in {result['cpu_s']:.2f} s: {rate:,.0f}/s; command {result['command_s']:.1f} s"
 
 
 def main() -> None:
@@ -104,28 +125,61 @@ def main() -> None:
     parser.add_argument("--before", help="a git revision to compare with (run in a temporary worktree)")
     parser.add_argument("--model", default="vgg16")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds a grid may take on either side")
+    parser.add_argument("--published", action="store_true", help="also time the whole benchmarks/published.py")
+    parser.add_argument("--record", type=Path, help="also write the figures as a docs record (JSON)")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)  # MODEL OUT [options]: one grid, as JSON
     args, rest = parser.parse_known_args()
     if args.measure:
         print(json.dumps(measure(args.measure[0], [*args.measure[2:], *rest], Path(args.measure[1]))))
         return
     sides = {"now": ROOT / "src"}
+    figures: dict[str, Any] = {"model": args.model, "recipe": RECIPE, "grids": {}, "published_s": {}}
     with tempfile.TemporaryDirectory() as tmp:
         if args.before:
             tree = Path(tmp) / "before"
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True,
                            capture_output=True)  # fmt: skip
             sides = {f"at {args.before}": tree / "src", **sides}
+        # every side but this checkout's own runs as it always did (an empty cache: a revision before the cache
+        # never reads one); this checkout with an empty cache, then with the trace it wrote
+        columns = [(side, src, None) for side, src in sides.items() if side != "now"]
+        columns += [("now, empty cache", ROOT / "src", "empty"), ("now, trace cached", ROOT / "src", "kept")]
+        kept = Path(tmp) / "kept"
         try:
-            print(f"| {args.model}, batch 32, 224 px | " + " | ".join(sides) + " |")
-            print("|---|" + "---:|" * len(sides))
+            print(f"| {args.model}, batch 32, 224 px | " + " | ".join(c[0] for c in columns) + " |")
+            print("|---|" + "---:|" * len(columns))
             for name, options in GRIDS.items():
-                cells = [cell(run_grid(src, args.model, options, args.limit), args.limit) for src in sides.values()]
-                print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+                results = {}
+                for side, src, cache in columns:
+                    folder = kept if cache == "kept" else Path(tempfile.mkdtemp(dir=tmp))
+                    results[side] = run_grid(src, args.model, options, args.limit, folder)
+                figures["grids"][name] = {"options": options, **results}
+                print(f"| {name} | " + " | ".join(cell(r, args.limit) for r in results.values()) + " |", flush=True)
+            if args.published:
+                for side, src, cache in columns:
+                    folder = kept if cache == "kept" else Path(tempfile.mkdtemp(dir=tmp))
+                    if cache == "kept":
+                        run_published(src, args.limit, folder)  # its models traced once, then timed with them
+                    figures["published_s"][side] = run_published(src, args.limit, folder)
+                print(
+                    "| benchmarks/published.py, whole | "
+                    + " | ".join(
+                        f"{s:.1f} s" if s is not None else f"not done in {args.limit:g} s"
+                        for s in figures["published_s"].values()
+                    )
+                    + " |"
+                )
         finally:
             if args.before:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
-    pricing_alone(args.model)
+    figures["pricing_alone_ms"] = pricing_alone(args.model)
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from record import write_record
+
+        write_record(
+            args.record, figures, note="CPU seconds after the imports; command: wall seconds, start-up included"
+        )
 
 
 if __name__ == "__main__":
