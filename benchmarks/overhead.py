@@ -22,7 +22,9 @@ subreaper), which a busy machine changes less than wall time. `--baseline REV` m
 `git worktree` under the temporary folder (with this checkout's virtual environment; its package shadowed by the
 worktree's), alternating the two `--repeats` times so both see the same machine; each cell is the median. A
 revision whose records lack ``timeline`` shows only its total, CPU and overhead (from the window it records).
-Each run's target-equivalent images/sec shows that the measurement itself did not change.
+Each run's target-equivalent images/sec shows that the measurement itself did not change. `--record` also writes the
+table as a docs record (default ``docs/records/overhead.json``: the command, this checkout's revision, and per side
+its revision, every run's phases and their medians).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "docs" / "records" / "overhead.json"
 RUN = [
     "experiment=dilated",
     "dataset=synthetic1k",
@@ -129,6 +132,34 @@ def table(sides: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def figures(sides: dict[str, list[dict[str, Any]]], revisions: dict[str, str]) -> dict[str, Any]:
+    """The record's figures: per side its revision, the median of each row and every run's rows."""
+    rows = [name for name, _, _ in PHASES] + ["total", "overhead", "CPU (all processes)"]
+    return {
+        "run": " ".join(RUN),
+        "sides": {
+            name: {
+                "revision": revisions[name],
+                "median_s": {row: round(median_row(runs, row), 3) for row in rows},
+                "target_images_per_sec": round(statistics.median(r["target_images_per_sec"] for r in runs), 1),
+                "runs": [{row: round(value, 3) for row, value in phases(run).items()} for run in runs],
+            }
+            for name, runs in sides.items()
+        },
+    }
+
+
+def short_revision(tree: Path) -> str:
+    """The short commit checked out in `tree` (``-dirty`` appended where its tracked files differ)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout.strip()
+
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + (
+        "-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    )
+
+
 def worktree(rev: str, parent: Path) -> Path:
     """A detached `git worktree` of `rev` under `parent`."""
     path = parent / f"rev-{rev.replace('/', '_')}"
@@ -141,6 +172,14 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV", help="measure REV too, side by side (a git worktree of it)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side, alternating (default 3)")
     parser.add_argument("--out", type=Path, help="folder for the runs (default: a new temporary folder)")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        nargs="?",
+        const=RECORD,
+        metavar="FILE",
+        help=f"also write the table as a docs record (default {RECORD.relative_to(ROOT)})",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides appended to the run's")
     args = parser.parse_args()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -157,6 +196,13 @@ def main() -> None:
                 print(f"{name} r{repeat}: " + ", ".join(f"{k} {v:.2f}" for k, v in phases(run).items()), flush=True)
         print(f"\n{' '.join(RUN + args.overrides)}; median of {args.repeats} runs a side\n")
         print(table(sides))
+        if args.record:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from record import write_record
+
+            revisions = {name: short_revision(tree) for name, tree in trees.items()}
+            note = f"median of {args.repeats} runs a side, alternating; overrides: {' '.join(args.overrides) or 'none'}"
+            write_record(args.record, figures(sides, revisions), note)
     finally:
         for tree in trees.values():
             if tree != ROOT:
