@@ -3,6 +3,7 @@ move the same bytes and train the same parameters as undilated ones, and the dil
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import time
@@ -241,6 +242,45 @@ def test_targets_price_the_worker_and_ps_device_batches_at_the_factor() -> None:
     assert dilation.targets(load([*overrides, "dilation.factor=1", "device.memory_gbps=1"]), topo) == t1
     assert sum(t1.fwd_s[PS_DEVICE_BATCH]) > sum(t1.fwd_s[WORKER])  # two workers' batches on the PS device
     assert dilation.targets(load(overrides), topo) is None
+
+
+def test_a_dtf_ps_task_pads_to_its_cpus_applies_and_rpcs() -> None:
+    """With TensorFlow's PS costs given, a `dtf` server's reduce of N sets and its step pad to N applies, each with
+    its two RPCs: (N - 1) x (rpc + apply x bytes) + (rpc + apply x bytes)."""
+    overrides = ["model=resnet18", "train.image_size=32", "train.batch_size=2", "strategy=dtf", "cluster.gpus=2"]
+    base = load([*overrides, "dilation.factor=4", "strategy.ps_apply_ns_per_byte=null", "strategy.rpc_us_per_tensor=0"])
+    cpu = load([*overrides, "dilation.factor=4", "strategy.ps_apply_ns_per_byte=2", "strategy.rpc_us_per_tensor=50"])
+    topo = of_strategy(cpu.strategy, cpu.cluster.gpus)
+    profiled, on_cpu = dilation.targets(base, topo), dilation.targets(cpu, topo)
+    assert profiled is not None and on_cpu is not None
+    assert on_cpu.fwd_s == profiled.fwd_s  # the workers' compute is the device's still
+    pacer = Pacer(on_cpu, lambda: 0.0)
+    n, size = 3, 1000
+    assert pacer.aggregate_s(size, n) + pacer.update_s(size) == pytest.approx(n * 4 * (100e-6 + 2e-9 * size))
+    rpc_only = load(
+        [*overrides, "dilation.factor=4", "strategy.ps_apply_ns_per_byte=null", "strategy.rpc_us_per_tensor=50"]
+    )
+    padded = dilation.targets(rpc_only, topo)
+    assert padded is not None and padded.update_s_per_byte == profiled.update_s_per_byte
+    assert padded.update_s_fixed == pytest.approx(profiled.update_s_fixed + 4 * 100e-6)
+    with pytest.raises(ConfigError, match="strategy.ps_apply_ns_per_byte"):
+        load(["strategy=dtf", "strategy.ps_apply_ns_per_byte=0"])
+
+
+def test_the_peer_harness_runs_dtf_with_the_ps_costs_of_its_record() -> None:
+    """The harness's `dtf` overrides are the PS-cost record's fits (the shipped dtf.yaml leaves them off), and compose."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("ps_cpu", root / "benchmarks/peers/ps_cpu.py")
+    assert spec is not None and spec.loader is not None
+    ps_cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ps_cpu)
+    record = root / "docs/records/peers-ps-cpu.json"
+    fits = json.loads(record.read_text())["figures"]["fits"]
+    strategy = load(["strategy=dtf", *ps_cpu.overrides_of_record(record)]).strategy
+    assert strategy.ps_apply_ns_per_byte == pytest.approx(fits["apply_momentum"]["s_per_byte"] * 1e9, rel=5e-3)
+    assert strategy.rpc_us_per_tensor == pytest.approx(fits["recv_tensor"]["s_per_tensor"] * 1e6, rel=5e-3)
+    shipped = load(["strategy=dtf"]).strategy
+    assert shipped.ps_apply_ns_per_byte is None and shipped.rpc_us_per_tensor == 0
 
 
 # Distributed: each strategy undilated, at D and at 2D, on one set of spawned gloo ranks.

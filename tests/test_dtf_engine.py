@@ -203,3 +203,16 @@ def test_a_step_end_barrier_holds_every_pull_until_the_task_has_updated_everythi
     assert predict("dtf", 2, 2, {"total": 0}, pricing).comm_s == pytest.approx(1500e-6)
     barrier = dataclasses.replace(pricing, variables=dataclasses.replace(variables, step_barrier=True))
     assert predict("dtf", 2, 2, {"total": 0}, barrier).comm_s == pytest.approx(1800e-6)
+
+
+def test_a_ps_task_on_its_cpu_applies_every_pushed_gradient_and_pays_per_tensor() -> None:
+    """Sequential `dtf`, 2 workers, one PS task holding the 600 and 300 B variables: from the profile, the task
+    adds the two gradient sets (2 x 1 ns/B) and steps once (1 ns/B) over 900 B: 2.7 us. On its CPU as TensorFlow's
+    runs it, each of the 2 pushed gradients is applied on its own (2 x 4 ns/B x 900 B = 7.2 us), and each variable
+    costs 2 RPCs per pusher (2 x 2 x 2 variables x 1 us = 8 us)."""
+    costs = ComputeCosts(tuple(UnitCost(f"u{i}", 0, (1,), (0.0,), (0.0,)) for i in range(2)), 1e-9, 1e-9)
+    variables = WholeVariables((600, 300), units=(0, 1))
+    pricing = Pricing(costs, 1, Link(1e6), num_ps=1, colocated=True, variables=variables)
+    assert predict("dtf", 2, 2, {"total": 0}, pricing).server_s == pytest.approx(2.7e-6)
+    on_cpu = dataclasses.replace(pricing, variables=dataclasses.replace(variables, apply_s_per_byte=4e-9, rpc_s=1e-6))
+    assert predict("dtf", 2, 2, {"total": 0}, on_cpu).server_s == pytest.approx(7.2e-6 + 8e-6)

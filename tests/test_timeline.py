@@ -87,6 +87,13 @@ def test_the_period_counts_what_the_server_adds_beyond_the_next_steps_start() ->
     assert dtf_period(_one_worker(0.0)) == pytest.approx((3.5, 0.0))
 
 
+def test_a_servers_cost_per_variable_adds_to_its_cost_per_byte() -> None:
+    """The same step with the variable's RPCs costing the task 0.25 s besides its 1 s of bytes: back 1.25 s after
+    backward, 0.75 s beyond the next step's zeroing; with the bytes free, 0.25 s hides behind the zeroing."""
+    assert dtf_period(dataclasses.replace(_one_worker(0.01), server_s_per_variable=0.25)) == pytest.approx((4.25, 0.75))
+    assert dtf_period(dataclasses.replace(_one_worker(0.0), server_s_per_variable=0.25)) == pytest.approx((3.5, 0.0))
+
+
 def test_a_hosts_sum_and_relay_each_take_the_interconnects_time() -> None:
     """A leader waits its host's sum before the push (it delays the next step's start, which waits for every
     push issued) and the relay's as long again before its other GPUs may use the variable."""

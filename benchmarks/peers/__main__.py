@@ -31,19 +31,30 @@ from ralp_pipe.results.intervals import mean_interval  # noqa: E402
 from ralp_pipe.runtime.hardware import threads_per_rank  # noqa: E402
 from record import record_of, revision, write_record  # noqa: E402
 
-TRANSPORT_RECORD = Path(__file__).resolve().parents[2] / "docs" / "records" / "peers-transport.json"
+RECORDS = Path(__file__).resolve().parents[2] / "docs" / "records"
+TRANSPORT_RECORD, PS_CPU_RECORD = RECORDS / "peers-transport.json", RECORDS / "peers-ps-cpu.json"
 
 
-def transport_cap(given: str) -> str | None:
-    """The cap `dtf` runs with (``--transport-cap``): a rate as given, None for the shipped one, else a record's."""
+def transport_cap(given: str) -> list[str]:
+    """The cap `dtf` runs with (``--transport-cap``), as overrides: a rate as given, none for the shipped one,
+    else a record's."""
     if given == "shipped":
-        return None
+        return []
     path = Path(given)
     if not path.exists():
-        return given  # a rate; ralp-pipe refuses a bad one naming strategy.transport_cap
+        return [f"strategy.transport_cap={given}"]  # a rate; ralp-pipe refuses a bad one naming the key
     cap = transport.cap_of_record(path)
     print(f"dtf runs with strategy.transport_cap={cap}, gRPC's median cap in {path}", flush=True)
-    return cap
+    return [f"strategy.transport_cap={cap}"]
+
+
+def ps_cpu_costs(given: str) -> list[str]:
+    """A TF PS task's CPU costs `dtf` runs with (``--ps-cpu-costs``): none for the shipped ones, else a record's."""
+    if given == "shipped":
+        return []
+    overrides = ps_cpu.overrides_of_record(Path(given))
+    print(f"dtf runs with {' '.join(overrides)}, a TF PS task's costs in {given}", flush=True)
+    return overrides
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -138,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ps-cpu-sizes", nargs="+", type=float, default=[1, 4, 16, 64, 128], help="tensor MB")
     parser.add_argument("--ps-cpu-counts", nargs="+", type=int, default=[1, 16, 64, 128, 256], help="tensors per run")
     parser.add_argument(
+        "--ps-cpu-costs",
+        default=str(PS_CPU_RECORD),
+        help="`dtf`'s strategy.ps_apply_ns_per_byte and rpc_us_per_tensor: `shipped` (config/strategy/dtf.yaml's) or "
+        "a --ps-cpu record's (default: this machine's, docs/records/peers-ps-cpu.json)",
+    )
+    parser.add_argument(
         "--transport-cap",
         default=str(TRANSPORT_RECORD),
         help="`dtf`'s strategy.transport_cap: a tc rate, `shipped` (config/strategy/dtf.yaml's), or a --transport "
@@ -160,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         write_record(args.out / "ps_cpu.json", found, note, command)
         print(ps_cpu.markdown(found))
         return 0
-    cap = transport_cap(args.transport_cap)
+    dtf = (*transport_cap(args.transport_cap), *ps_cpu_costs(args.ps_cpu_costs))
     rows = []
     for model in args.models:
         for hosts in args.hosts:
             for rate in args.rates:
-                setting = Setting(model, hosts, rate, args.batch, args.size, args.classes, args.warmup, args.steps, cap)
+                setting = Setting(model, hosts, rate, args.batch, args.size, args.classes, args.warmup, args.steps, dtf)
                 folder = args.out / setting.label
                 predicted = {} if args.no_prediction else predict(setting, folder / "plan")
                 for repeat in range(args.repeats):

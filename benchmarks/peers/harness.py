@@ -53,7 +53,8 @@ class Setting:
     classes: int = 1000
     warmup: int = 1
     steps: int = 3
-    transport_cap: str | None = None  # `dtf`'s strategy.transport_cap: gRPC's own rate measured here (transport.py)
+    # `dtf`'s costs measured here on TensorFlow, as overrides: gRPC's cap (transport.py), its PS task's CPU (ps_cpu.py)
+    dtf: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -209,9 +210,8 @@ def ralp_overrides(setting: Setting) -> list[str]:
 
 
 def strategy_overrides(strategy: str, setting: Setting) -> list[str]:
-    """`strategy=<strategy>`, and for `dtf` the transport cap measured here where the setting has one."""
-    cap = setting.transport_cap if strategy == "dtf" else None
-    return [f"strategy={strategy}", *([] if cap is None else [f"strategy.transport_cap={cap}"])]
+    """`strategy=<strategy>`, and for `dtf` the costs the setting measured here."""
+    return [f"strategy={strategy}", *(setting.dtf if strategy == "dtf" else ())]
 
 
 def run_ours(strategy: str, setting: Setting, out: Path, python: str = sys.executable) -> Measured:

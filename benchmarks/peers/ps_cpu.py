@@ -173,6 +173,14 @@ def measure(
     return {"threads": threads, "fits": fits, "ops": op_runs, "rpc": rpc_runs}
 
 
+def overrides_of_record(path: Path) -> list[str]:
+    """`dtf`'s ``strategy.ps_apply_ns_per_byte`` and ``strategy.rpc_us_per_tensor`` from a record of :func:`measure`
+    (three significant digits)."""
+    fits = json.loads(path.read_text())["figures"]["fits"]
+    apply_ns, rpc_us = fits["apply_momentum"]["s_per_byte"] * 1e9, fits["recv_tensor"]["s_per_tensor"] * 1e6
+    return [f"strategy.ps_apply_ns_per_byte={apply_ns:.3g}", f"strategy.rpc_us_per_tensor={rpc_us:.3g}"]
+
+
 def markdown(found: dict[str, Any]) -> str:
     """The fitted lines as a Markdown table."""
     fits = found["fits"]

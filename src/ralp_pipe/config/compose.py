@@ -372,6 +372,9 @@ def _validate_strategy(s: StrategyConfig) -> None:
         raise ConfigError(f"strategy.transport_cap={s.transport_cap!r}: give a positive rate (e.g. 19gbit) or null")
     if s.step_barrier and s.name != "dtf":
         raise ConfigError(f"strategy.step_barrier=true applies to dtf only (strategy={s.name}): leave it false")
+    if s.ps_apply_ns_per_byte is not None:
+        _in_range("strategy.ps_apply_ns_per_byte", s.ps_apply_ns_per_byte, 0.0, math.inf, "(0, inf)", low_open=True)
+    _in_range("strategy.rpc_us_per_tensor", s.rpc_us_per_tensor, 0.0, math.inf, "[0, inf)")
 
 
 def _validate_hosts(cfg: Config) -> None:

@@ -125,6 +125,11 @@ class StrategyConfig:
     # dtf only: a PS task sends its variables back only once every push of the step is applied (TensorFlow's step-end
     # barrier; the workers read them during the next forward); false: each variable as soon as it is updated
     step_barrier: bool = False
+    # dtf only: a PS task's CPU nanoseconds per byte to apply one worker's gradient to a variable (TensorFlow applies
+    # each worker's separately: ApplyMomentum); None: the profile's reduce and SGD step, as for `ps`
+    ps_apply_ns_per_byte: float | None = None
+    # dtf only: a PS task's CPU microseconds per tensor it receives or sends (gRPC's RecvTensor call, apart from bytes)
+    rpc_us_per_tensor: float = 0.0
 
 
 @dataclass

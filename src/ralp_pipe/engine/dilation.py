@@ -173,7 +173,7 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
         batches[PS_DEVICE_BATCH] = t.batch_size * topo.num_workers
     in_host = factor * hosts_of(cfg).in_host_s(1.0, summed=True)
     if profile is not None:
-        return _profiled(profile, batches, factor, d.mode, _labelled(profile, d.target), in_host)
+        return _on_ps_cpu(cfg, _profiled(profile, batches, factor, d.mode, _labelled(profile, d.target), in_host))
     device = device_entry(d.target)
     traced = {
         role: devicemodel.trace_model(m.name, cfg.dataset.num_classes, t.image_size, batch, m.dropout)
@@ -193,7 +193,7 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
     def per_byte(kernels: devicemodel.Kernels) -> float:
         return factor * (kernels.seconds(device) - len(kernels) * launch_s) / sum(params)
 
-    return Targets(
+    modelled = Targets(
         factor=factor,
         mode=d.mode,
         device=d.target,
@@ -204,6 +204,25 @@ def targets(cfg: Config, topo: Topology, factor: float | None = None) -> Targets
         aggregate_s_per_byte=per_byte(aggregate),
         aggregate_s_fixed=factor * len(aggregate) * launch_s,
         in_host_s_per_byte=in_host,
+    )
+    return _on_ps_cpu(cfg, modelled)
+
+
+def _on_ps_cpu(cfg: Config, found: Targets) -> Targets:
+    """`found` with a `dtf` PS task's work at its CPU's measured cost where the strategy gives one
+    (``strategy.ps_apply_ns_per_byte``, ``strategy.rpc_us_per_tensor``): every pushed gradient applied on its own
+    and two RPCs per pusher and variable, so the servers' reduce of N sets and SGD step pad to N applies."""
+    s = cfg.strategy
+    if s.name != "dtf":
+        return found
+    rpc = found.factor * 2 * s.rpc_us_per_tensor * 1e-6
+    if s.ps_apply_ns_per_byte is None:
+        return dataclasses.replace(
+            found, update_s_fixed=found.update_s_fixed + rpc, aggregate_s_fixed=found.aggregate_s_fixed + rpc
+        )
+    apply = found.factor * s.ps_apply_ns_per_byte * 1e-9
+    return dataclasses.replace(
+        found, update_s_per_byte=apply, update_s_fixed=rpc, aggregate_s_per_byte=apply, aggregate_s_fixed=rpc
     )
 
 

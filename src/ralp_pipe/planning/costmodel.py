@@ -66,7 +66,9 @@ through each host's one link, which its GPUs' flows share.
   in creation order as ``replica_device_setter`` placed them, or greedily onto the least-loaded task), so
   the busiest PS task holds more than 1/num_ps; a host's GPUs summed before the push
   (``distributed_replicated``) or every GPU pushing (``parameter_server``); its transport (gRPC) costing each
-  byte the link's time plus its own (``transport_cap``: 1 / (1/rate + 1/cap)). Pipelined, each variable travels
+  byte the link's time plus its own (``transport_cap``: 1 / (1/rate + 1/cap)); its PS tasks' CPU applying each
+  pushed gradient separately, per byte, and paying per tensor sent or received (``apply_s_per_byte``, ``rpc_s``,
+  measured on TensorFlow's own PS tasks; unset: the profile's reduce and SGD step). Pipelined, each variable travels
   whole and returns only once every pusher's copy has arrived (with ``step_barrier``, TensorFlow's, only once
   every variable of its task is updated), so one large variable decides when the step ends; no bucket formula
   prices that, and the step is run as a timeline of every variable's push, reduce, update and pull over the
@@ -255,6 +257,8 @@ class WholeVariables:
     sum_in_host: bool = True  # distributed_replicated: a host's GPUs summed before the push
     transport_cap: float | None = None  # payload bytes/s the transport moves alone, in series with the link
     step_barrier: bool = False  # pipelined: a PS task replies once all its variables are updated (TF's barrier)
+    apply_s_per_byte: float | None = None  # a PS task's CPU applying one pushed gradient; None: the profile's rates
+    rpc_s: float = 0.0  # a PS task's CPU per tensor received or sent (gRPC's RecvTensor), apart from its bytes
     colocated: bool = True  # a PS task on every worker host (strategy.ps_placement); False: hosts of their own
 
     def loads(self, num_ps: int) -> list[int]:
@@ -400,20 +404,34 @@ def _dtf_step(pricing: Pricing, workers: int, world: int) -> tuple[float, float]
         return server_s, period - _full_model_compute(pricing, 1) * pricing.slowdown(workers, world) - server_s
     per_host = 1 if variables.sum_in_host else hosts.gpus_per_node
     host_count = hosts.count(workers)
+    pushers = host_count * per_host
+    owners = variable_owners(variables.sizes, pricing.num_ps, variables.greedy)
     loads = variables.loads(pricing.num_ps)
-    server = _dtf_server_s_per_byte(pricing, host_count * per_host, world) * max(loads)
+    busiest = max(range(pricing.num_ps), key=loads.__getitem__)
+    server = _dtf_server_s_per_byte(pricing, pushers, world) * loads[busiest] + _dtf_server_s_per_variable(
+        pricing, pushers, world
+    ) * sum(1 for size, task in zip(variables.sizes, owners) if size and task == busiest)
     network = whole_variable_direction_bytes(loads, host_count, per_host, pricing.colocated)
     direction_s = max(network / link.bytes_per_s, hosts.in_host_s(costs.param_bytes, variables.sum_in_host))
     return server, 2 * direction_s + 2 * link.latency_s
 
 
 def _dtf_server_s_per_byte(pricing: Pricing, pushers: int, world: int) -> float:
-    """A `dtf` PS task's seconds per byte of its variables: adding `pushers` gradient sets (none from one) and SGD."""
-    costs = pricing.costs
+    """A `dtf` PS task's seconds per byte of its variables: `pushers` applies on its CPU where measured
+    (``WholeVariables.apply_s_per_byte``), else adding the gradient sets (none from one) and SGD, as profiled."""
+    costs, apply = pricing.costs, pricing.variables.apply_s_per_byte if pricing.variables else None
     reduce_passes = pushers if pushers > 1 else 0
-    return (reduce_passes * costs.aggregate_s_per_byte + costs.update_s_per_byte) * pricing.slowdown(
-        pricing.num_ps, world
+    per_byte = (
+        pushers * apply if apply is not None else reduce_passes * costs.aggregate_s_per_byte + costs.update_s_per_byte
     )
+    return per_byte * pricing.slowdown(pricing.num_ps, world)
+
+
+def _dtf_server_s_per_variable(pricing: Pricing, pushers: int, world: int) -> float:
+    """A `dtf` PS task's seconds per variable apart from its bytes: receiving `pushers` gradients and sending the
+    variable back to each (``WholeVariables.rpc_s`` per tensor)."""
+    rpc = pricing.variables.rpc_s if pricing.variables else 0.0
+    return 2 * pushers * rpc * pricing.slowdown(pricing.num_ps, world)
 
 
 def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVariables) -> DtfStep:
@@ -439,6 +457,7 @@ def _dtf_timeline(pricing: Pricing, workers: int, world: int, variables: WholeVa
         task_hosts=[p % host_count if pricing.colocated else host_count + p for p in range(pricing.num_ps)],
         sum_s_per_byte=[hosts.in_host_s(1.0, summed=True) if summed and n > 1 else 0.0 for n in on_host],
         server_s_per_byte=_dtf_server_s_per_byte(pricing, sum(pushers), world),
+        server_s_per_variable=_dtf_server_s_per_variable(pricing, sum(pushers), world),
         link_bytes_per_s=pricing.link.bytes_per_s,
         latency_s=pricing.link.latency_s,
         port_bytes_per_s=hosts.interconnect_bytes_per_s if g > 1 else math.inf,

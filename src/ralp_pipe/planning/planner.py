@@ -66,6 +66,8 @@ CONFIG_KEYS = (
     "strategy.variable_placement",
     "strategy.variable_update",
     "strategy.step_barrier",
+    "strategy.ps_apply_ns_per_byte",
+    "strategy.rpc_us_per_tensor",
     "strategy.transport_cap",  # ... else its shipped config/strategy/<name>.yaml's
     "network",
     "interconnect",
@@ -208,6 +210,8 @@ def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> Wh
         sum_in_host=options.variable_update == "distributed_replicated",
         transport_cap=None if options.transport_cap is None else rate_bytes_per_s(options.transport_cap),
         step_barrier=options.step_barrier,
+        apply_s_per_byte=None if options.ps_apply_ns_per_byte is None else options.ps_apply_ns_per_byte * 1e-9,
+        rpc_s=options.rpc_us_per_tensor * 1e-6,
         colocated=options.ps_placement == "colocated",
     )
 

@@ -12,9 +12,9 @@ variables' pushes and its pull with the other task's replies. This module runs t
 - **Senders**: push each variable in backward order once it is ready, to its PS task; a host's leader first
   waits the interconnect's time for the host's sum (:meth:`Hosts.in_host_s`, as the engine's priced wait).
 - **PS tasks**: take their variables in that order; each once every pusher's copy has landed, then reduce and
-  update it (the profile's seconds per byte) and send it back to every pusher, or, with a step-end barrier
-  (``strategy.step_barrier``, TensorFlow's), send all of the task's variables back once every one is updated,
-  in forward order;
+  update it (seconds per byte, and per variable for its RPCs) and send it back to every pusher, or, with a
+  step-end barrier (``strategy.step_barrier``, TensorFlow's), send all of the task's variables back once every
+  one is updated, in forward order;
   a step ends, as the engine's server loop does, once every reply has landed.
 - **Relays**: a host's leader hands each pulled variable to its other GPUs after the interconnect's time again,
   one variable after another (a group without a sum has none: its GPUs use each variable as it lands).
@@ -59,6 +59,7 @@ class DtfStep:
     sum_s_per_byte: Sequence[float]  # per group, its leader's interconnect seconds per byte for the host's sum
     server_s_per_byte: float  # a PS task's reduce and update per byte
     link_bytes_per_s: float
+    server_s_per_variable: float = 0.0  # ... and per variable, apart from its bytes (its RPCs)
     port_bytes_per_s: float = math.inf  # a GPU's interconnect to its host (the PS task's memory or the NIC)
     latency_s: float = 0.0
     barrier: bool = False  # a PS task replies only once all of its variables are updated (strategy.step_barrier)
@@ -267,10 +268,13 @@ class _Timeline:
 
 
 def _run(
-    step: DtfStep, server_s_per_byte: float, shares: dict[frozenset[tuple[_Kind, int]], dict[_Kind, float]]
+    step: DtfStep,
+    server_s_per_byte: float,
+    server_s_per_variable: float,
+    shares: dict[frozenset[tuple[_Kind, int]], dict[_Kind, float]],
 ) -> float:
-    """The steady-state period of `step` with the PS tasks' reduce and update at `server_s_per_byte`, the links'
-    rates looked up in or added to `shares`."""
+    """The steady-state period of `step` with the PS tasks' reduce and update at `server_s_per_byte` and
+    `server_s_per_variable`, the links' rates looked up in or added to `shares`."""
     hosts = max([*step.group_hosts, *step.task_hosts]) + 1
     groups, tasks, count = len(step.group_hosts), len(step.task_hosts), len(step.sizes)
     weights = step.group_pushers
@@ -355,7 +359,7 @@ def _run(
 
             for v in mine:
                 yield arrived[k][v]
-                yield server_s_per_byte * step.sizes[v]
+                yield server_s_per_byte * step.sizes[v] + server_s_per_variable
                 if not step.barrier:
                     reply(v)
             if step.barrier:  # in the order the next forward needs them
@@ -387,8 +391,9 @@ def dtf_period(step: DtfStep) -> tuple[float, float]:
     collecting = gc.isenabled()
     gc.disable()  # a run makes and drops many objects, no cycles beyond its processes' (collected afterwards)
     try:
-        period = _run(step, step.server_s_per_byte, shares)
-        free = _run(step, 0.0, shares) if step.server_s_per_byte else period
+        period = _run(step, step.server_s_per_byte, step.server_s_per_variable, shares)
+        busy = step.server_s_per_byte or step.server_s_per_variable
+        free = _run(step, 0.0, 0.0, shares) if busy else period
     finally:
         if collecting:
             gc.enable()
