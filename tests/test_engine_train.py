@@ -14,7 +14,7 @@ from ralp_pipe.config import ConfigError, load
 from ralp_pipe.contract.records import Plan
 from ralp_pipe.contract.topology import topology
 from ralp_pipe.engine import models
-from ralp_pipe.engine.train import resolve_split, split_and_bytes, with_plan
+from ralp_pipe.engine.train import resolve_split, split_and_bytes, steps_table, with_plan
 from ralp_pipe.engine.volume import step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.runtime import hardware
@@ -238,3 +238,35 @@ def test_train_refuses_another_models_plan_in_one_line_before_any_rank_starts(tm
         f"give the run the plan made for it (`ralp-pipe plan` with the run's overrides)"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"], "the refused run left files"
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [
+            {"rank": r, "role": "ps" if r else "worker", "step": s, "step_time_s": 0.1 * s, "late_s": 0.0}
+            for r in (0, 1)
+            for s in (0, 1)
+        ],
+        [{"a": 1, "b": None, "c": True, "d": "2026-12-07T00:00:00"}, {"a": 2.5, "b": None, "c": False, "d": 'x\n"é'}],
+        [{"a": 1}, {"a": 2, "b": 3}],  # the first row's keys, as from_pylist takes them
+        [{"a": 1, "b": 2}, {"a": 3}],  # a missing value is null
+        [{"a": float("nan")}, {"a": 1.0}],  # not JSON: from_pylist itself
+        [{"a": 2**63}],  # beyond int64: from_pylist's error
+        [{"a": [1, 2]}],
+        [{"a": True}, {"a": 1}],
+        [{"a": 5e-324, "b": 1.7976931348623157e308, "c": 0.1 + 0.2, "d": -(2**63)}],
+    ],
+)
+def test_the_steps_table_is_the_one_pyarrow_makes_of_the_rows(rows: list[dict[str, object]]) -> None:
+    import pyarrow as pa
+
+    try:
+        expected = pa.Table.from_pylist(rows)
+    except Exception as exc:  # noqa: BLE001 (whatever it raises, steps_table raises too)
+        with pytest.raises(type(exc)):
+            steps_table(rows)
+        return
+    table = steps_table(rows)
+    assert table.schema == expected.schema
+    assert repr(table.to_pylist()) == repr(expected.to_pylist())  # by repr: a NaN equals no NaN
