@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: `pe
 
 import pandas as pd  # noqa: E402
 
-from peers import ps_cpu, transport  # noqa: E402
+from peers import ps_cpu, transport, variants  # noqa: E402
 from peers.harness import PEERS, Setting, predict, record, run_ours, run_peer  # noqa: E402
 from ralp_pipe.results.intervals import mean_interval  # noqa: E402
 from ralp_pipe.runtime.hardware import threads_per_rank  # noqa: E402
@@ -160,6 +160,16 @@ def main(argv: list[str] | None = None) -> int:
         help="`dtf`'s strategy.transport_cap: a tc rate, `shipped` (config/strategy/dtf.yaml's), or a --transport "
         "record whose median cap is taken (default: this machine's, docs/records/peers-transport.json)",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=OVERRIDES",
+        help="instead: the planner's dtf for each setting under each variant (NAME=KEY=VALUE[,KEY=VALUE...], "
+        "appended to the dtf overrides above) beside --against's TensorFlow, into variants.json",
+    )
+    parser.add_argument(
+        "--against", type=Path, help="with --variant: a peers record (e.g. docs/records/peers-dtf.json)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -178,6 +188,20 @@ def main(argv: list[str] | None = None) -> int:
         print(ps_cpu.markdown(found))
         return 0
     dtf = (*transport_cap(args.transport_cap), *ps_cpu_costs(args.ps_cpu_costs))
+    if args.variant:
+        if args.against is None or not args.against.exists():
+            parser.error("--variant needs --against, an existing peers record (e.g. docs/records/peers-dtf.json)")
+        settings = [
+            Setting(model, hosts, rate, args.batch, args.size, args.classes, args.warmup, args.steps, dtf)
+            for model in args.models
+            for hosts in args.hosts
+            for rate in args.rates
+        ]
+        found = variants.run(settings, variants.parse(args.variant), args.against, args.out)
+        note = f"The planner's dtf under each variant against {args.against.name}'s mean TensorFlow images/sec."
+        write_record(args.out / "variants.json", {"rows": found}, note, command)
+        print(variants.markdown(found))
+        return 0
     rows = []
     for model in args.models:
         for hosts in args.hosts:
