@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import hashlib
 import io
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pytest
@@ -29,6 +33,80 @@ def _sigint_as_in_a_terminal() -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _configurations_composed_once() -> Iterator[None]:
+    """What composing a configuration repeats, done once per session (:func:`ralp_pipe.config.load` took 0.3-0.6 s,
+    and hundreds of tests call it): Hydra's composition for each config folder, config name and list of overrides
+    while the folder's files hold what they held; OmegaConf's parse of each YAML text; the schema it makes of each
+    dataclass. Each call gets a copy of what the first one made, so no test sees another's changes; what ``load``
+    does with the composition (resolving, type-checking, validating) runs every time, and so does every call that
+    fails."""
+    import hydra
+    from omegaconf import OmegaConf
+
+    real = hydra.initialize_config_dir, hydra.compose, OmegaConf.load, OmegaConf.structured
+    real_init, real_compose, real_load, real_structured = real
+    made: dict[tuple[Any, ...], Any] = {}
+    folder: list[str] = []
+
+    def once(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        if key not in made:
+            made[key] = make()
+        return copy.deepcopy(made[key])
+
+    @contextlib.contextmanager
+    def initialize_config_dir(config_dir: str, *args: Any, **kwargs: Any) -> Iterator[None]:
+        with real_init(config_dir, *args, **kwargs):
+            folder.append(config_dir)
+            try:
+                yield
+            finally:
+                folder.pop()
+
+    def compose(config_name: str | None = None, overrides: list[str] | None = None, **kwargs: Any) -> Any:
+        if not folder or kwargs:
+            return real_compose(config_name, overrides, **kwargs)
+        files = _files_as_they_are(Path(folder[-1]))
+        return once(
+            ("compose", folder[-1], config_name, tuple(overrides or ()), files),
+            lambda: real_compose(config_name, overrides),
+        )
+
+    def load(file_: Any) -> Any:
+        try:
+            if isinstance(file_, (str, Path)):
+                text = Path(file_).read_text(encoding="utf-8")
+            else:
+                start = file_.tell()
+                text = file_.read()
+                file_.seek(start)
+        except (OSError, ValueError, AttributeError):  # unreadable, undecodable, not seekable: as OmegaConf has it
+            return real_load(file_)
+        return once(("load", text), lambda: real_load(file_))
+
+    def structured(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(obj, type) or args or kwargs:
+            return real_structured(obj, *args, **kwargs)
+        return once(("structured", obj), lambda: real_structured(obj))
+
+    hydra.initialize_config_dir, hydra.compose = initialize_config_dir, compose
+    OmegaConf.load, OmegaConf.structured = staticmethod(load), staticmethod(structured)  # type: ignore[method-assign]
+    yield
+    hydra.initialize_config_dir, hydra.compose = real_init, real_compose
+    OmegaConf.load, OmegaConf.structured = staticmethod(real_load), staticmethod(real_structured)  # type: ignore[method-assign]
+
+
+def _files_as_they_are(folder: Path) -> tuple[tuple[str, bytes], ...]:
+    """Every file under `folder` with its content's digest."""
+    found = []
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            with open(path, "rb") as file:
+                found.append((path, hashlib.blake2b(file.read(), digest_size=16).digest()))
+    return tuple(sorted(found))
 
 
 def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
