@@ -67,6 +67,7 @@ def test_step_percentiles_are_of_the_slowest_worker_per_measured_step(tmp_path: 
     assert repeats.step_p95_s.iloc[0] == pytest.approx((1.1 + 0.9 * 0.05) * mean)
 
 
+@pytest.mark.slow
 def test_repeats_are_rows_of_their_own_and_aggregate_with_t_intervals(tmp_path: Path) -> None:
     """Three repeats at 1, 0.95 and 1.05 x the base in each of 5 configurations: mean 1 x; the relative SD pooled
     over the 5 (10 degrees of freedom) is the SD of ln(1, 0.95, 1.05); half-width t(0.975, 10) x sd / sqrt 3."""
@@ -130,6 +131,7 @@ def test_duplicate_and_missing_records_are_refused_by_name(tmp_path: Path) -> No
         load_records([tmp_path / "nowhere"], [tmp_path / "plans"])
 
 
+@pytest.mark.slow
 def test_cli_writes_tables_and_every_plot(tmp_path: Path) -> None:
     write_results(tmp_path, models=("vgg11",), gpus=(2, 4))
     out = tmp_path / "tables"
@@ -144,6 +146,7 @@ def test_cli_writes_tables_and_every_plot(tmp_path: Path) -> None:
         assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_concurrent_workloads_get_a_table_and_a_summary_section(tmp_path: Path) -> None:
     runs = write_results(tmp_path, models=("vgg11",), gpus=(2,))
     workloads = load_workloads([write_concurrent(tmp_path)])

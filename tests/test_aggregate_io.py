@@ -49,6 +49,7 @@ def test_a_named_run_without_records_is_refused_by_name_not_left_out(
         load_records([tmp_path / "runs"], [tmp_path / "plans"])
 
 
+@pytest.mark.slow
 def test_plans_are_named_as_files_and_joined_by_what_each_was_made_for(tmp_path: Path) -> None:
     runs = write_results(tmp_path, models=("vgg11",), gpus=(2, 4))
     elsewhere = tmp_path / "elsewhere"

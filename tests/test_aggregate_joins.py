@@ -145,6 +145,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Raw, Tables]:
     return read_raw(root), build_tables(load_records(runs, [root / "plans"]))
 
 
+@pytest.mark.slow
 def test_the_records_can_tell_joins_and_medians_apart(results: tuple[Raw, Tables]) -> None:
     """The fixture is discriminating: speedups differ across groups; median, mean and max errors differ."""
     raw, _ = results

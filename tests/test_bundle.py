@@ -19,6 +19,7 @@ from support.bundles import forge, members
 LOCK = Path(__file__).resolve().parents[1] / "envs" / "requirements.lock"
 
 
+@pytest.mark.slow
 def test_good_bundle_verifies_and_holds_records_tables_environment_and_checksums(bundle: Path) -> None:
     result = verify_bundle(bundle)
     assert result.top == "smoke-0123" and result.runs == 8

@@ -44,6 +44,7 @@ def test_byteps_is_ps_with_a_server_beside_the_workers_of_every_host() -> None:
     assert two.world_size == 6 and two.hosts == [0, 0, 1, 1, 0, 1]
 
 
+@pytest.mark.slow
 def test_each_strategy_with_a_server_per_host_takes_its_own_placement() -> None:
     assert per_host_placements(load([])) == {"dtf": True, "byteps": True}
     dedicated = load(["strategy=byteps", "strategy.ps_placement=dedicated"])
@@ -81,6 +82,7 @@ def test_the_planner_prices_byteps_as_ps_with_one_server_per_host_and_every_spee
     assert ralp_n["pays"] == (ralp_n["speedup_over_ps"] > 1) and "the ps baseline's" in ralp_n["reason"]
 
 
+@pytest.mark.slow
 def test_the_tables_give_the_speedup_over_byteps_where_it_ran(tmp_path: Path) -> None:
     runs = write_results(
         tmp_path, models=("vgg11",), strategies=(*PAPER_FOUR, "dtf", "byteps"), gpus=(4,), networks=("1gbit",)
@@ -120,6 +122,7 @@ def test_byteps_on_hosts_of_two_pushes_once_per_host_to_a_server_on_each(tmp_pat
             assert link[way] / 1e9 <= measured[way] <= 1.05 * link[way] / 1e9, (host, way, measured, link)
 
 
+@pytest.mark.slow
 def test_paper_dilated_runs_every_baseline_and_dtf_and_byteps_only_where_their_ranks_fit() -> None:
     matrix = Matrix(parse_settings({"experiment": "paper-dilated", "overrides": []}))
     ran = {(run.strategy, run.gpus) for run in matrix.runs}

@@ -144,6 +144,7 @@ def _small_cgroup(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_rank_the_oom_killer_takes_in_a_small_cgroup_is_named_killed_for_memory(tmp_path: Path) -> None:
     folder = _small_cgroup(tmp_path)
     try:

@@ -49,6 +49,7 @@ def _set_split(root: Path, strategy: str, split: int) -> None:
     _aggregate(root)
 
 
+@pytest.mark.slow
 def test_a_configuration_placed_differently_is_joined_and_its_two_splits_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -63,6 +64,7 @@ def test_a_configuration_placed_differently_is_joined_and_its_two_splits_named(
     assert "1 configuration ran with another split in B" in out
 
 
+@pytest.mark.slow
 def test_identical_input_reports_no_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _results(tmp_path / "a")
     assert cli(["compare", str(root), str(root / "tables")]) == 0
@@ -71,6 +73,7 @@ def test_identical_input_reports_no_regression(tmp_path: Path, capsys: pytest.Ca
     assert "4 within noise" in out and REGRESSED not in out
 
 
+@pytest.mark.slow
 def test_a_regression_beyond_noise_exits_1_and_a_change_within_noise_does_not(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,6 +90,7 @@ def test_a_regression_beyond_noise_exits_1_and_a_change_within_noise_does_not(
     assert cli(["compare", str(b), str(a)]) == 0  # the other way round it is an improvement
 
 
+@pytest.mark.slow
 def test_one_repeat_gives_no_interval_and_no_verdict(tmp_path: Path) -> None:
     a, b = _results(tmp_path / "a", repeats=1), _results(tmp_path / "b", repeats=1)
     _scale(b, "ralp_n", 0.5)
@@ -94,6 +98,7 @@ def test_one_repeat_gives_no_interval_and_no_verdict(tmp_path: Path) -> None:
     assert set(compare(read_runs(a), read_runs(b)).table["verdict"]) == {"no interval (1 repeat)"}
 
 
+@pytest.mark.slow
 def test_configurations_in_one_side_only_are_listed(tmp_path: Path) -> None:
     a = _results(tmp_path / "a")
     b = _results(tmp_path / "b", sequential=("ps",))
@@ -101,6 +106,7 @@ def test_configurations_in_one_side_only_are_listed(tmp_path: Path) -> None:
     assert table.loc["ps-sequential", "verdict"] == "only in B" and len(table) == 5
 
 
+@pytest.mark.slow
 def test_a_bundle_compares_with_its_results_folder(tmp_path: Path) -> None:
     root = _results(tmp_path / "a")
     bundle = tmp_path / "a.tar.gz"
@@ -119,6 +125,7 @@ def test_unusable_inputs_are_refused_by_name(tmp_path: Path, capsys: pytest.Capt
     assert "lacks column images_per_sec_std: it predates repeats" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("column", "value"), [("repeats", float("nan")), ("repeats", 0), ("images_per_sec", None)])
 def test_a_runs_table_with_an_unusable_value_is_a_one_line_data_error(
     tmp_path: Path, column: str, value: Any, ralp_pipe: Callable[..., Ran]

@@ -26,6 +26,7 @@ def test_every_group_has_options() -> None:
     assert len(OPTIONS) >= 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_each_option_composes_and_selects_itself(group: str, option: str, tmp_path: Path) -> None:
     overrides = _overrides(group, option, tmp_path)
@@ -38,6 +39,7 @@ def test_each_option_composes_and_selects_itself(group: str, option: str, tmp_pa
     assert selected == option
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [o for g, o in OPTIONS if g == "strategy"])
 def test_every_strategy_takes_the_schemas_transfer_defaults_and_their_overrides(strategy: str) -> None:
     """bucket_mb and credit come from one shared file, equal to the schema's defaults (but dtf's credit: TensorFlow
@@ -94,6 +96,7 @@ def test_the_paper_experiment_composes_every_strategy_and_n_on_each_dataset_with
                 assert cfg.dataset.layout == ("folders" if dataset == "imagenet1k" else "tars")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", sorted(REAL_DATA))
 def test_the_paper_experiment_refuses_a_real_dataset_without_its_path(dataset: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"dataset.source is missing for dataset '{dataset}'"):

@@ -56,6 +56,7 @@ def take_labels(loader, batches: int, image_size: int = 32) -> list[int]:
     return labels
 
 
+@pytest.mark.slow
 def test_dali_reads_every_member_through_our_index_files(shards):
     from nvidia.dali import fn, pipeline_def
 
@@ -100,6 +101,7 @@ def test_dali_refuses_a_damaged_index(shards, tmp_path):
         reader().build()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_dali_and_torchvision_agree_on_labels_and_shapes(shards, world_size):
     everything = labels_in_order(shards)

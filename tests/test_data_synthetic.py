@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from ralp_pipe.config import SyntheticSource
@@ -15,6 +16,7 @@ def tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_same_settings_give_the_same_bytes(tmp_path):
     options = SyntheticSource(images_per_class=3, height=24, width=40, seed=7)
     a = tree(generate(tmp_path / "a" / "source", 12, options, workers=2))

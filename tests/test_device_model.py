@@ -68,6 +68,7 @@ def test_a_compute_bound_unit_follows_the_peak_and_the_overhead_adds_per_kernel(
     assert trace.bwd.seconds(slow_launch) - trace.bwd.seconds(device) == pytest.approx(len(trace.bwd) * 7e-6)
 
 
+@pytest.mark.slow
 def test_device_overrides_change_the_modelled_profile() -> None:
     batches = profile_batches(2, [2])
     base = devicemodel.modelled_profile(load([*SMALL, "device=v100"]), batches, 2)
@@ -78,6 +79,7 @@ def test_device_overrides_change_the_modelled_profile() -> None:
     )
 
 
+@pytest.mark.slow
 def test_modelled_profile_passes_the_profile_schema_and_plan_takes_it(tmp_path) -> None:
     cfg = load([*SMALL, "cluster=emulated", "network=1gbit", "cluster.gpus=4"])
     doc = devicemodel.modelled_profile(cfg, profile_batches(2, [4]), 4)
@@ -110,6 +112,7 @@ def test_a_batch_that_does_not_fit_is_refused_in_one_line(tmp_path) -> None:
     assert "GB short" in lines[0] and not out.exists()
 
 
+@pytest.mark.slow
 def test_target_names_and_values_are_checked() -> None:
     with pytest.raises(ConfigError, match="no device entry"):
         devicemodel.target_overrides("tpu9", [])
@@ -142,6 +145,7 @@ def test_schema_defaults_are_the_default_entry() -> None:
     assert dataclasses.asdict(DeviceConfig()) == shipped
 
 
+@pytest.mark.slow
 def test_a_held_out_prediction_does_not_see_its_own_figure() -> None:
     entries = {name: load([f"device={name}"]).device for name in ("p100", "v100")}
     figures = [f for f in calibration.PUBLISHED if f.device == "p100" and f.model in ("alexnet", "vgg16")]
@@ -153,6 +157,7 @@ def test_a_held_out_prediction_does_not_see_its_own_figure() -> None:
     assert after[0].error == pytest.approx((before[0].error + 1) / 2 - 1)
 
 
+@pytest.mark.slow
 def test_a_gpu_defined_by_overrides_takes_its_architectures_fields() -> None:
     k40 = load(["device.name=k40", "device.arch=kepler", "device.peak_fp32_tflops=4.29", "device.memory_gbps=288"])
     k80 = load(["device=k80"]).device
@@ -186,6 +191,7 @@ def test_shipped_architectures_are_what_the_calibration_fits() -> None:
     assert calibration.median_abs_error(groups["kepler"]) <= 0.25  # 20.3% when written
 
 
+@pytest.mark.slow
 def test_inception_v3_at_299_px_is_priced_with_its_published_multiply_adds() -> None:
     units, traces = devicemodel.trace_model("inception_v3", 1000, 299, 2)
     assert [u.name for u in units][-2:] == ["flatten", "fc"]
@@ -196,6 +202,7 @@ def test_inception_v3_at_299_px_is_priced_with_its_published_multiply_adds() -> 
     assert all(t.bwd.total_flops == pytest.approx(2 * t.fwd.total_flops) for t in rest if t.fwd.total_flops)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "image_size"), [("vgg11", 64), ("resnet18", 64), ("inception_v3", 75)])
 def test_traces_at_any_batch_are_the_direct_traces(model: str, image_size: int) -> None:
     """Two traces (batch 1 and 2) give every batch's kernels and memory exactly, as tracing that batch does."""

@@ -113,6 +113,7 @@ def _timed_pass(
     return fwd_times, bwd_ends, accumulated, grads
 
 
+@pytest.mark.slow
 def test_padding_waits_each_unit_to_its_target_time_without_changing_gradients() -> None:
     fwd_s, bwd_s = 0.1, 0.125  # far above the real compute (under a millisecond; tens of ms on a loaded machine)
     pacer = Pacer(_targets(1.0, 5, fwd_s, bwd_s), lambda: 0.0)
@@ -183,6 +184,7 @@ def test_shaped_rate_divides_the_link_by_the_factor() -> None:
     assert shaped_rate("unlimited", 4.0) == "unlimited"
 
 
+@pytest.mark.slow
 def test_a_capped_transport_costs_each_byte_the_link_and_itself_in_series() -> None:
     """gRPC's cap: near the line rate on slow links, the cap's share on fast ones; the emulated link is shaped to it."""
     payload = 1448 / 1514  # TCP payload per wire byte
@@ -205,6 +207,7 @@ def test_a_capped_transport_costs_each_byte_the_link_and_itself_in_series() -> N
         load(["strategy=dtf", "strategy.transport_cap=0gbit"])
 
 
+@pytest.mark.slow
 def test_dilation_settings_are_checked() -> None:
     for factor in ("0", "-0.5", "inf"):
         with pytest.raises(ConfigError, match=rf"dilation.factor={factor}.*\(0, inf\).*0 < D < 1.*0\.125"):
@@ -225,6 +228,7 @@ def test_dilation_settings_are_checked() -> None:
     assert load([]).dilation.factor is None
 
 
+@pytest.mark.slow
 def test_targets_price_the_worker_and_ps_device_batches_at_the_factor() -> None:
     overrides = ["model=resnet18", "train.image_size=32", "train.batch_size=2", "strategy=ralp_n", "cluster.gpus=3"]
     one, four = (load([*overrides, f"dilation.factor={d}"]) for d in (1, 4))
@@ -244,6 +248,7 @@ def test_targets_price_the_worker_and_ps_device_batches_at_the_factor() -> None:
     assert dilation.targets(load(overrides), topo) is None
 
 
+@pytest.mark.slow
 def test_a_dtf_ps_task_pads_to_its_cpus_applies_and_rpcs() -> None:
     """With TensorFlow's PS costs given, a `dtf` server's reduce of N sets and its step pad to N applies, each with
     its two RPCs: (N - 1) x (rpc + apply x bytes) + (rpc + apply x bytes)."""
@@ -267,6 +272,7 @@ def test_a_dtf_ps_task_pads_to_its_cpus_applies_and_rpcs() -> None:
         load(["strategy=dtf", "strategy.ps_apply_ns_per_byte=0"])
 
 
+@pytest.mark.slow
 def test_the_peer_harness_runs_dtf_with_the_ps_costs_of_its_record() -> None:
     """The harness's `dtf` overrides are the PS-cost record's fits (the shipped dtf.yaml leaves them off), and compose."""
     root = Path(__file__).resolve().parents[1]
@@ -400,6 +406,7 @@ def test_a_dilated_run_records_its_target_figures_and_overruns(tmp_path: Path) -
     assert metrics["step_time_s"] >= padded  # every unit's forward and backward and the update waited for
 
 
+@pytest.mark.slow
 def test_tables_carry_target_equivalent_then_measured_figures_and_flag_overruns(tmp_path: Path) -> None:
     runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=3)
     factor = 8.0
@@ -430,6 +437,7 @@ def test_tables_carry_target_equivalent_then_measured_figures_and_flag_overruns(
         check_record(run)  # verify recomputes them from the step records
 
 
+@pytest.mark.slow
 def test_speedups_compare_target_equivalent_figures_when_auto_chose_another_factor_per_strategy(
     tmp_path: Path,
 ) -> None:
@@ -456,6 +464,7 @@ def test_speedups_compare_target_equivalent_figures_when_auto_chose_another_fact
         check_record(run)
 
 
+@pytest.mark.slow
 def test_throughput_scaling_and_breakdown_draw_target_equivalent_figures_across_factors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -498,6 +507,7 @@ def test_throughput_scaling_and_breakdown_draw_target_equivalent_figures_across_
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_undilated_tables_show_the_measured_figures_as_the_target_s(tmp_path: Path) -> None:
     """D = 1: the target's images/sec is the measured figure, the emulator's the same; no dilated column in summary.md."""
     tables = build_tables(load_records(write_results(tmp_path, models=("vgg11",), gpus=(2,)), [tmp_path / "plans"]))
@@ -520,6 +530,7 @@ def test_verify_refuses_a_target_figure_or_overruns_its_steps_do_not_give(tmp_pa
             check_record(load_records([run], [tmp_path / "plans"])[0])
 
 
+@pytest.mark.slow
 def test_emulated_links_of_a_dilated_run_are_shaped_to_rate_over_d(tmp_path: Path, monkeypatch) -> None:
     from ralp_pipe.engine import train
     from ralp_pipe.errors import RunFailure
@@ -549,6 +560,7 @@ def test_auto_is_refused_on_links_a_concurrent_workload_shaped(tmp_path: Path) -
         train.run(cfg, tmp_path / "run", shared=[{"host": 0}])
 
 
+@pytest.mark.slow
 def test_a_link_check_is_refused_where_the_run_does_not_choose_its_factor_from_the_links(tmp_path: Path) -> None:
     from ralp_pipe.engine import train
 
@@ -562,6 +574,7 @@ def test_a_link_check_is_refused_where_the_run_does_not_choose_its_factor_from_t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_concurrent_workload_shapes_its_links_at_rate_over_d_and_refuses_mixed_factors(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -63,6 +63,7 @@ def _targets(seconds: float, units: int = 1) -> Targets:
     )
 
 
+@pytest.mark.slow
 def test_stand_ins_give_the_target_shapes_and_fire_every_parameter_hook_without_computing() -> None:
     units = models.model_units("resnet18", 10, 0.5, "meta")
     real = models.activation_shapes(models.model_units("resnet18", 10, 0.5), 64, batch=3)
@@ -187,6 +188,7 @@ def test_auto_factor_is_the_margin_over_the_need_rounded_up_to_two_digits() -> N
     assert dilation.auto_factor(8.0, 1.25) == 10.0
 
 
+@pytest.mark.slow
 def test_targets_scale_with_the_factor() -> None:
     cfg = load(["model=resnet18", "train.image_size=32", "train.batch_size=2", "dilation.factor=1"])
     topo = of_strategy(cfg.strategy, cfg.cluster.gpus)

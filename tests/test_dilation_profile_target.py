@@ -42,6 +42,7 @@ def _load(target: Path, *overrides: str) -> Any:
     return load([*BASE, f"dilation.target={target}", *overrides])
 
 
+@pytest.mark.slow
 def test_targets_are_the_profiled_times_times_the_factor_and_interpolated_between_batches(tmp_path: Path) -> None:
     doc = _profile()
     target = _write(tmp_path / "measured.json", doc)
@@ -63,6 +64,7 @@ def test_targets_are_the_profiled_times_times_the_factor_and_interpolated_betwee
     assert len(targets.fwd_s[WORKER]) == len(models.model_units("resnet18", CLASSES, 0.5, "meta"))
 
 
+@pytest.mark.slow
 def test_beyond_the_profiled_batches_the_times_scale_with_the_batch(tmp_path: Path) -> None:
     doc = _profile(batches=(4, 8))
     cfg = _load(_write(tmp_path / "p.json", doc), "strategy=ralp_n", "cluster.gpus=9", "dilation.factor=1")
@@ -79,6 +81,7 @@ def test_the_interpolation_is_linear_between_batches_and_proportional_beyond() -
     )
 
 
+@pytest.mark.slow
 def test_the_label_is_the_gpu_the_profile_ran_on(tmp_path: Path) -> None:
     hardware = {"gpus": [{"name": "NVIDIA H200", "memory_gb": 150.0}], "cpu_model": "x"}
     target = _write(tmp_path / "profile-cuda.json", _profile(device="cuda", hardware=hardware))
@@ -88,6 +91,7 @@ def test_the_label_is_the_gpu_the_profile_ran_on(tmp_path: Path) -> None:
     assert dilation.target_label(load([*BASE, "dilation.factor=2"])) == "v100"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "changes,expected",
     [
@@ -112,6 +116,7 @@ def test_a_profile_not_made_for_the_run_is_refused_naming_the_key_and_the_file(
     assert expected in str(refused.value) and "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_not_a_profile_is_refused_before_the_factor_is_chosen(tmp_path: Path) -> None:
     target = tmp_path / "garbage.json"
     target.write_text("{not json")
@@ -125,6 +130,7 @@ def test_not_a_profile_is_refused_before_the_factor_is_chosen(tmp_path: Path) ->
     assert dilation.targets(_load(target), of_strategy(cfg.strategy, cfg.cluster.gpus)) is None  # undilated
 
 
+@pytest.mark.slow
 def test_a_missing_profile_file_and_a_profile_for_the_workflow_are_refused_at_composition(tmp_path: Path) -> None:
     missing = tmp_path / "missing.json"
     with pytest.raises(ConfigError, match=rf"dilation.target='{missing}' names no readable profile file.*v100"):

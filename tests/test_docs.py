@@ -11,6 +11,8 @@ from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 from ralp_pipe import errors
 from ralp_pipe.config import reference, schema
 
@@ -65,6 +67,7 @@ def test_readme_links_resolve() -> None:
             assert (ROOT / target).exists(), f"README.md links {target}, which does not exist"
 
 
+@pytest.mark.slow
 def test_every_key_of_the_reference_has_a_description() -> None:
     undescribed = [key.key for key in reference.schema_keys() if not key.comment.strip()]
     assert not undescribed, f"keys without a comment in config/schema.py or config/: {undescribed}"
@@ -81,6 +84,7 @@ def _cog_check(folder: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_lint_fails_when_a_generated_figure_or_its_record_changes(tmp_path: Path) -> None:
     shutil.copy(DOCS / "records.py", tmp_path / "records.py")
     (tmp_path / "records").mkdir()
@@ -105,6 +109,7 @@ def test_lint_fails_when_a_generated_figure_or_its_record_changes(tmp_path: Path
     assert _cog_check(tmp_path).returncode != 0
 
 
+@pytest.mark.slow
 def test_the_generated_blocks_match_their_records() -> None:
     listed = (DOCS / "generated.txt").read_text().split()
     checked = subprocess.run(

@@ -27,6 +27,7 @@ def test_baselines_are_the_strategy_tables_parameter_servers_first() -> None:
     assert set(BASELINES) == {name for name, kind in STRATEGY_KINDS.items() if kind.baseline}
 
 
+@pytest.mark.slow
 def test_runs_and_speedups_hold_the_speedup_over_dtf(tmp_path: Path) -> None:
     tables = _tables(tmp_path, WITH_DTF)
     runs = tables.runs.set_index("strategy")
@@ -43,12 +44,14 @@ def test_runs_and_speedups_hold_the_speedup_over_dtf(tmp_path: Path) -> None:
     assert "over `ps`, over `dtf` and over `allreduce`" in tables.summary
 
 
+@pytest.mark.slow
 def test_without_dtf_the_summary_has_no_dtf_column(tmp_path: Path) -> None:
     tables = _tables(tmp_path, PAPER_FOUR)
     assert tables.runs["speedup_vs_dtf"].isna().all()
     assert "vs dtf" not in tables.summary and "vs allreduce" in tables.summary
 
 
+@pytest.mark.slow
 def test_the_plots_draw_a_panel_over_each_baseline_that_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tables = _tables(tmp_path, WITH_DTF, networks=("100mbit", "1gbit"))
     bars = drawn(monkeypatch, plots.speedup, tables)

@@ -60,6 +60,7 @@ def test_ps_ranks_stay_colocated_or_dedicated_on_hosts_of_several_gpus() -> None
         on_hosts(dedicated, 0)
 
 
+@pytest.mark.slow
 def test_the_emulated_layout_follows_the_plans_ps_device_choice() -> None:
     cfg = load([*HOSTS_OF_4, "strategy=ralp_n", "cluster.gpus=8"])
     topo = of_strategy(cfg.strategy, 8)
@@ -80,6 +81,7 @@ def test_the_emulated_layout_follows_the_plans_ps_device_choice() -> None:
     assert links_of(cfg) == (3, "star")
 
 
+@pytest.mark.slow
 def test_parameter_servers_on_hosts_of_several_gpus_push_once_per_host() -> None:
     cfg = load([*HOSTS_OF_4, "strategy=ps", "cluster.gpus=8"])
     ps = placement(cfg)

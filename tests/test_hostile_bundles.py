@@ -28,6 +28,7 @@ def refused(bundle: Path, capsys: pytest.CaptureFixture[str], *options: str) -> 
     return lines[0]
 
 
+@pytest.mark.slow
 def test_default_limits_accept_a_normal_bundle(bundle: Path) -> None:
     assert bundle.stat().st_size < Limits().floor_bytes  # the floor, not the ratio, decides for small bundles
     assert verify_bundle(bundle).runs == 8
@@ -40,6 +41,7 @@ def test_bomb_over_max_bytes_is_refused_before_it_is_inflated(bundle: Path, tmp_
     assert f"member '{TOP}/runs/zeros.bin' declares {len(ZEROS)} bytes" in line and "--max-bytes" in line
 
 
+@pytest.mark.slow
 def test_bomb_over_the_expansion_ratio_is_refused(bundle: Path, tmp_path: Path) -> None:
     bomb = forge(bundle, tmp_path / "bomb.tar.gz", {f"{TOP}/runs/zeros.bin": ZEROS})
     with pytest.raises(BundleRefused, match=r"over the limit of \d+ for a \d+-byte bundle \(ratio 10,"):
@@ -54,6 +56,7 @@ def test_bomb_larger_than_the_free_scratch_space_is_refused(bundle: Path, tmp_pa
         verify_bundle(bomb)
 
 
+@pytest.mark.slow
 def test_members_are_streamed_in_chunks_never_read_whole(bundle: Path, monkeypatch) -> None:
     sizes: list[int] = []
     original = tarfile.ExFileObject.read
@@ -67,6 +70,7 @@ def test_members_are_streamed_in_chunks_never_read_whole(bundle: Path, monkeypat
     assert sizes and all(0 < size <= verify.CHUNK for size in sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -131,6 +135,7 @@ def test_link_out_of_the_root_is_refused_naming_it(results: Path, capsys, link: 
     assert not (results.parent / "out.tar.gz").exists()
 
 
+@pytest.mark.slow
 def test_link_within_the_root_is_bundled_under_its_own_name(results: Path) -> None:
     (results / "runs" / "b").symlink_to(results / "runs" / "a")
     assert bundle_cli(results, results / "runs") == 0

@@ -96,6 +96,7 @@ def _options(group: str) -> str:
     return ", ".join(sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -220,6 +221,7 @@ def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "stage", ["prepare-shards", "aggregate", "bundle", "profile", "plan", "simulate", "concurrent"]
 )
@@ -236,6 +238,7 @@ def test_a_read_only_result_folder_is_refused_before_any_work(
         assert list(disk.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["aggregate", "bundle"])
 def test_a_full_disk_under_the_output_is_one_line_and_leaves_nothing_half_written(
     tmp_path: Path, stage: str, ralp_pipe: Callable[..., Ran]

@@ -56,6 +56,7 @@ HOSTILE: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_a_bundle_verify_refuses_is_refused_by_compare_in_one_line_and_nothing_is_written(
     bundle: Path, tmp_path: Path, ralp_pipe: Callable[..., Ran], kind: str
@@ -77,6 +78,7 @@ def test_a_bundle_verify_refuses_is_refused_by_compare_in_one_line_and_nothing_i
     assert sorted(tmp_path.rglob("*")) == before and not (tmp_path.parent / "evil.json").exists()
 
 
+@pytest.mark.slow
 def test_a_good_bundle_compares_saying_what_was_checked_of_each_side(
     bundle: Path, ralp_pipe: Callable[..., Ran]
 ) -> None:

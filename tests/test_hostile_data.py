@@ -54,6 +54,7 @@ def synthetic_config(make_config, *overrides: str):
     )
 
 
+@pytest.mark.slow
 def test_second_prepare_on_the_same_output_refuses_naming_the_holder(make_config):
     cfg = synthetic_config(make_config)
     holder = hold_lock(output_dir(cfg), 60)
@@ -66,6 +67,7 @@ def test_second_prepare_on_the_same_output_refuses_naming_the_holder(make_config
         holder.wait()
 
 
+@pytest.mark.slow
 def test_second_prepare_waits_for_the_first_then_runs(make_config, capsys):
     cfg = synthetic_config(make_config)
     holder = hold_lock(output_dir(cfg), 1.0)
@@ -106,6 +108,7 @@ def cut_tars(rgb_tree: Path, tmp_path: Path, cut: str) -> Path:
     return tars
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["at a block boundary", "inside a header"])
 def test_cut_synset_tar_is_reported_damaged_and_stops_strict_mode(rgb_tree, make_config, tmp_path, cut):
     tars = cut_tars(rgb_tree, tmp_path, cut)

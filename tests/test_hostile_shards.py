@@ -134,6 +134,7 @@ def test_a_shard_cut_short_while_the_ranks_start_is_named_and_their_logs_kept(re
     assert list(runs.iterdir()) == [], "the failed run left its staging folder or a record"
 
 
+@pytest.mark.slow
 def test_a_shard_changed_in_place_is_found_by_its_checksum(results: Path) -> None:
     shards, cfg = shards_of(results), load([*DATASET, f"paths.results={results}"])
     data = bytearray((shards / CUT).read_bytes())
@@ -144,6 +145,7 @@ def test_a_shard_changed_in_place_is_found_by_its_checksum(results: Path) -> Non
     check_shards(shards, cfg, hashed=False)  # sized only, as shards over the hashing limit are
 
 
+@pytest.mark.slow
 def test_the_advised_command_carries_the_dataset_keys_and_results_folder_of_the_run(results: Path) -> None:
     """The command names every dataset key the run changed, so it re-plans nothing and rebuilds only the shard."""
     shards = shards_of(results)

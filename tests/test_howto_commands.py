@@ -18,6 +18,7 @@ PAGES = sorted((ROOT / "docs" / "howto").glob("*.md"))
 COMMANDS = [(page.name, command) for page in PAGES for command in readme_commands(page.read_text())]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}:{c[:40]}" for p, c in COMMANDS])
 def test_a_howto_command_runs(page: str, command: str, tmp_path: Path) -> None:
     argv = shlex.split(command)

@@ -348,6 +348,7 @@ def test_a_recorded_choice_serves_every_run_of_its_hosts_rate_and_pattern(tmp_pa
         assert linkcheck.recorded_choice(path, cfg)["factor"] == 2.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides,message",
     [
@@ -375,6 +376,7 @@ def test_a_damaged_record_is_named_with_what_to_do(tmp_path: Path, text: str) ->
         linkcheck.recorded_choice(tmp_path / "missing.json", cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,message",
     [

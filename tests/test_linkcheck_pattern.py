@@ -55,6 +55,7 @@ def test_hosts_of_several_gpus_keep_a_single_server_hosts_star() -> None:
     assert link_pattern(on_hosts(topology("ralp_n", 4), 4, ps_device_shares_host=True)) is None  # one host
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "checked"),
     [

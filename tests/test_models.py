@@ -24,6 +24,7 @@ FACTORY_KWARGS = {"inception_v3": {"aux_logits": False, "init_weights": False}}
 
 
 # both models on the meta device: parameters with their shapes, none initialised (VGG-16 initialised took seconds)
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_units_hold_exactly_the_torchvision_parameters(name: str) -> None:
     with torch.device("meta"):
@@ -45,6 +46,7 @@ def test_imagenet22k_head_changes_only_the_last_layer() -> None:
     assert sum(models.parameter_count(u.module) for u in units) == KNOWN["vgg11"] - 4097 * 1000 + 4097 * 21841
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "size"),
     [
@@ -83,6 +85,7 @@ def test_split_out_of_range_says_which_points_are_allowed() -> None:
         models.split(units, len(units))
 
 
+@pytest.mark.slow
 def test_activation_bytes_are_the_unit_outputs_of_a_real_batch() -> None:
     """The estimate from meta units equals the float32 outputs every unit produces for a real batch of 3."""
     units = models.placement_units(models.build("resnet18", 10).eval())

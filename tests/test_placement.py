@@ -60,6 +60,7 @@ def _priced_hosts(strategy: str, entry: dict[str, Any]) -> list[int]:
     return on_hosts(topo, p.hosts.gpus_per_node, entry.get("ps_device_host") == PS_DEVICE_HOSTS[True]).hosts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(CASES))
 def test_the_srun_layout_is_the_plans_placement(strategy: str) -> None:
     entry = _plan()[strategy]

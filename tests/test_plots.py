@@ -68,6 +68,7 @@ def test_every_plot_is_written_as_a_png(tables: Tables, tmp_path: Path) -> None:
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_throughput_has_interval_whiskers_and_the_ideal_line_from_the_single_device_run(
     tables: Tables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,6 +192,7 @@ def test_a_log_axis_labels_plain_numbers_however_narrow_its_range(low: float, hi
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_the_headline_draws_ralp_speedups_against_the_link_rate_with_the_prediction(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

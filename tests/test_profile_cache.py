@@ -41,6 +41,7 @@ def test_a_cached_trace_prices_exactly_what_a_fresh_one_does(cache, monkeypatch)
     assert json.dumps(profile_of(SMALL)) == json.dumps(fresh)
 
 
+@pytest.mark.slow
 def test_device_and_batch_are_priced_afresh_from_one_trace(cache, monkeypatch) -> None:
     base = profile_of(SMALL)
     monkeypatch.setattr(devicemodel, "_trace", lambda *args: pytest.fail("device or batch traced again"))
@@ -52,6 +53,7 @@ def test_device_and_batch_are_priced_afresh_from_one_trace(cache, monkeypatch) -
     assert slower["target"]["memory_gbps"] == 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change", [["model=resnet34"], ["train.image_size=48"], ["train.momentum=0.0"], ["dataset.num_classes=10"]]
 )
@@ -66,6 +68,7 @@ def test_what_decides_a_trace_misses_the_cache(cache, monkeypatch, change) -> No
     assert len(list(cache.glob("*.npz"))) == 2
 
 
+@pytest.mark.slow
 def test_a_change_to_the_tracing_code_misses_the_cache(cache, monkeypatch) -> None:
     profile_of(SMALL)
     monkeypatch.setattr(devicemodel, "_TRACES", {})
@@ -83,6 +86,7 @@ def test_the_code_hash_covers_the_tracing_modules() -> None:
     assert {"model_version", "code", "torch", "torchvision"} <= set(devicemodel.code_version())
 
 
+@pytest.mark.slow
 def test_a_broken_or_foreign_cache_file_is_a_miss(cache, monkeypatch) -> None:
     fresh = profile_of(SMALL)
     (path,) = cache.glob("*.npz")
@@ -93,6 +97,7 @@ def test_a_broken_or_foreign_cache_file_is_a_miss(cache, monkeypatch) -> None:
     assert devicemodel._read_trace(path, "another key") is None
 
 
+@pytest.mark.slow
 def test_the_cache_can_be_turned_off_and_an_unwritable_one_is_left_alone(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(devicemodel, "_TRACES", {})
     monkeypatch.setenv(devicemodel.CACHE_ENV, "off")
@@ -108,6 +113,7 @@ def test_the_cache_can_be_turned_off_and_an_unwritable_one_is_left_alone(tmp_pat
     assert devicemodel.cache_dir() == tmp_path / "xdg" / "ralp-pipe"
 
 
+@pytest.mark.slow
 def test_a_cache_hit_imports_neither_torch_nor_torchvision(cache) -> None:
     profile_of(SMALL)
     code = (

@@ -41,6 +41,7 @@ def test_a_modelled_run_certified_beside_the_budget_declares_its_ranks_cores_and
     assert threads(cfg, 2) == 1 and cpu_units(demand, 2) == round(demand.cores * 1000) and link_units(demand) == 3000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides,check,why",
     [

@@ -175,6 +175,7 @@ def test_a_link_probe_latency_is_paid_per_ring_message(vgg11) -> None:
     assert rows[1].step_time_s["allreduce"] - rows[0].step_time_s["allreduce"] == pytest.approx(buckets * 0.3)
 
 
+@pytest.mark.slow
 def test_simulate_by_hand_prices_the_papers_recipe_and_says_so(tmp_path, capsys) -> None:
     """Batch 32 at 224 px unless told otherwise, stated in the summary and in every row of the table."""
     out = tmp_path / "sim"
@@ -187,6 +188,7 @@ def test_simulate_by_hand_prices_the_papers_recipe_and_says_so(tmp_path, capsys)
     assert {"device", "device_source", "gpus_per_node", "hosts", "interconnect", "pipelined"} <= set(frame.columns)
 
 
+@pytest.mark.slow
 def test_simulate_answers_a_million_gpus_quickly_and_refuses_beyond_its_range(tmp_path, capsys) -> None:
     started = time.process_time()
     argv = ["simulate", "--target", "v100", "--gpus", "1000000", "--link-gbit", "10", "--out", str(tmp_path / "a")]

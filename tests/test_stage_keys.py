@@ -25,6 +25,7 @@ def _covers(key: str, path: str) -> bool:
     return path == key or path.startswith(f"{key}.") or key.startswith(f"{path}.")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", sorted(ENTRIES))
 def test_a_stage_declares_every_key_its_code_reads_and_no_other(stage: str) -> None:
     reads = config_reads(ENTRIES[stage])

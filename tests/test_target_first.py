@@ -132,6 +132,7 @@ def test_a_concurrent_result_without_its_dilation_factor_is_refused_by_name(tmp_
         concurrent_table([("w0", doc)])
 
 
+@pytest.mark.slow
 def test_compare_sets_target_figures_side_by_side_across_factors_and_table_versions(tmp_path: Path) -> None:
     """B ran every strategy at half A's D and measured twice A's images/sec: the same target, no change. An older
     runs table (images_per_sec the emulator's, the target's in target_images_per_sec) is read target-first."""
@@ -169,6 +170,7 @@ def _older_table(runs: pd.DataFrame) -> pd.DataFrame:
     return older
 
 
+@pytest.mark.slow
 def test_throughput_plots_name_their_axes_target_equivalent_where_dilated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

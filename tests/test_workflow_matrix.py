@@ -437,6 +437,7 @@ def test_a_target_device_models_the_profiles_and_its_entry_keys_their_reruns() -
     assert faster.stage_params("train", run) == v100.stage_params("train", run)
 
 
+@pytest.mark.slow
 def test_a_key_twice_in_the_users_overrides_is_refused_and_stage_commands_give_each_key_once() -> None:
     with pytest.raises(ConfigError, match=r"train.lr is given twice \(train.lr=0.1, then train.lr=0.2\)"):
         parse_settings({"experiment": "smoke", "overrides": ["train.lr=0.1", "train.lr=0.2"]})
@@ -457,6 +458,7 @@ def test_a_key_twice_in_the_users_overrides_is_refused_and_stage_commands_give_e
     assert matrix.config(run).strategy.overlap is False
 
 
+@pytest.mark.slow
 def test_a_concurrent_job_that_places_layers_trains_with_its_configurations_plan() -> None:
     """A RALP job of a workload gets the matrix's plan of its dataset, model, N and network (so it runs the split
     its configuration runs alone in the matrix); ps needs none, nor a job with a split of its own or whose

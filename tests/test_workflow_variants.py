@@ -24,6 +24,7 @@ def _variant(name: str, *overrides: str) -> str:
     return f"+experiment.variants.{name}=[{','.join(repr(o) for o in overrides)}]"
 
 
+@pytest.mark.slow
 def test_networks_by_model_narrows_a_model_to_its_own_networks_and_refuses_a_model_left_with_none() -> None:
     both = ["experiment.networks=[loopback,1gbit]"]
     every = _matrix(*both)
@@ -56,6 +57,7 @@ def test_a_variant_reruns_the_runs_it_selects_with_its_overrides_in_rows_of_its_
     assert not {"model=resnet18", "cluster.gpus=2"} & set(args[args.index("dilation.mode=real") :])  # selectors
 
 
+@pytest.mark.slow
 def test_a_variant_that_changes_a_plan_s_key_or_selects_nothing_is_refused() -> None:
     with pytest.raises(
         ConfigError, match=r"variants.big changes train.batch_size \(2 -> 4\), which the profile stage reads"
@@ -69,6 +71,7 @@ def test_a_variant_that_changes_a_plan_s_key_or_selects_nothing_is_refused() -> 
         _matrix(_variant("sequential", "model=resnet18"))
 
 
+@pytest.mark.slow
 def test_measured_profiles_add_a_profile_measured_here_and_its_plan_beside_the_targets() -> None:
     matrix = _matrix("experiment.target=v100", "+experiment.measured_profiles=[alexnet]")
     [run] = matrix.measured_runs
@@ -86,6 +89,7 @@ def test_measured_profiles_add_a_profile_measured_here_and_its_plan_beside_the_t
         _matrix("+experiment.measured_profiles=[alexnet]")
 
 
+@pytest.mark.slow
 def test_the_default_experiment_shows_every_stage_for_real() -> None:
     """The default: a real-mode configuration and its modelled twin at the same D, read through DALI; this
     machine's profile beside the V100's; one model on two links, so the headline plot draws lines."""
