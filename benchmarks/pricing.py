@@ -64,14 +64,15 @@ def pricing_alone(model: str) -> dict[str, float]:
     profile built: without and with `dtf`'s pipelined timeline (the one part whose cost grows with N)."""
     from ralp_pipe.config import load
     from ralp_pipe.contract.topology import hosts_of
-    from ralp_pipe.engine import devicemodel, models
+    from ralp_pipe.engine import devicemodel
+    from ralp_pipe.planning.batches import profile_batches
     from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
-    from ralp_pipe.planning.profiling import profile_batches
     from ralp_pipe.planning.simulate import GPUS, Grid, Servers, simulate
 
     cfg = load(devicemodel.target_overrides("v100", ["experiment=paper", f"model={model}"]))
     profile = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, GPUS), max(GPUS))
-    units = models.model_units(model, cfg.dataset.num_classes, cfg.model.dropout, "meta")
+    t = cfg.train
+    units = devicemodel.unit_table(model, cfg.dataset.num_classes, t.image_size, cfg.model.dropout, t)
     variables = whole_variables(units, dtf_options(cfg))
     each = {}
     for name, servers in (

@@ -25,9 +25,9 @@ import pandas as pd
 
 from ralp_pipe.config import ConfigError, load
 from ralp_pipe.contract.topology import hosts_of
-from ralp_pipe.engine import devicemodel, models
+from ralp_pipe.engine import devicemodel
+from ralp_pipe.planning.batches import profile_batches
 from ralp_pipe.planning.planner import dtf_options, pipelining_of, whole_variables
-from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.simulate import Grid, Servers, simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,7 +54,8 @@ def predicted(config: dict[str, Any], gpus: list[int]) -> dict[int, float]:
         overrides.append(f"strategy.variable_update={config['variable_update']}")
     cfg = load(devicemodel.target_overrides(config["device"], overrides))
     profile = devicemodel.modelled_profile(cfg, profile_batches(cfg.train.batch_size, gpus), max(gpus))
-    units = models.model_units(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout, "meta")
+    t = cfg.train
+    units = devicemodel.unit_table(cfg.model.name, cfg.dataset.num_classes, t.image_size, cfg.model.dropout, t)
     variables = whole_variables(units, dtf_options(cfg))
     out: dict[int, float] = {}
     for n, num_ps in config["num_ps"].items():

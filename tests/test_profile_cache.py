@@ -134,3 +134,22 @@ def test_a_trace_key_holds_every_setting_it_depends_on() -> None:
     key = devicemodel.trace_key("resnet18", 1000, 32, 0.5, sgd)
     assert dataclasses.asdict(sgd)["lr"] == key["lr"]
     assert {"model", "num_classes", "image_size", "dropout", "lr", "momentum", "weight_decay"} <= set(key)
+
+
+def test_a_simulation_of_a_cached_trace_imports_neither_torch_nor_torchvision(cache, tmp_path) -> None:
+    """The whole `simulate --target` command: profile, unit table, pricing, table and plots."""
+    profile_of(SMALL)  # traced and cached
+    argv = ["simulate", "--target", "v100", "--gpus", "2", "8", "--link-gbit", "10", "--out", str(tmp_path / "out")]
+    argv += [o for o in SMALL if not o.startswith("device=")]
+    code = (
+        "import contextlib, io, sys\n"
+        "from ralp_pipe import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert cli.main({argv!r}) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))\n"
+    )
+    env = {"PATH": "", devicemodel.CACHE_ENV: str(cache), "MPLBACKEND": "Agg", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "out" / "simulation.parquet").exists()

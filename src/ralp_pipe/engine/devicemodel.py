@@ -50,6 +50,7 @@ import numpy as np
 from ralp_pipe.atomic import atomic_path
 from ralp_pipe.config import Config, ConfigError, DeviceConfig, device_entries, made_for
 from ralp_pipe.config.schema import ARCH_FIELDS
+from ralp_pipe.contract.unit_table import UnitTable
 
 if TYPE_CHECKING:  # torch and the models are imported where a model is traced, so a cached trace needs neither
     from ralp_pipe.engine import models
@@ -316,14 +317,19 @@ def check_fits(device: DeviceConfig, need_bytes: int, what: str) -> None:
 class ModelTrace:
     """What the device model prices of one model at one image size, whatever the device and the batch: its unit
     table (:func:`ralp_pipe.engine.models.unit_rows`), the bytes of each trainable parameter tensor in creation
-    order, every unit traced at the two batches of :data:`TRACED_BATCHES` (:func:`trace_model`), and the
+    order and the index of the unit holding it, every unit traced at the two batches of :data:`TRACED_BATCHES` (:func:`trace_model`), and the
     servers' aggregation and SGD step (:func:`trace_update`)."""
 
     rows: list[dict[str, Any]]
     param_tensors: list[int]
+    param_units: list[int]
     traced: tuple[list[UnitTrace], list[UnitTrace]]
     aggregate: Kernels
     update: Kernels
+
+    def table(self, image_size: int) -> UnitTable:
+        """The model's units as sizes only (what pricing reads of them), at the `image_size` it was traced at."""
+        return UnitTable.of_rows(self.rows, self.param_units, self.param_tensors, image_size)
 
     def at(self, batches: Sequence[int]) -> dict[int, list[UnitTrace]]:
         """Every unit's trace at each of `batches` (:func:`_at_batch`)."""
@@ -346,6 +352,7 @@ class Sgd(Protocol):
 
 # the code a trace comes from (beside torch's and torchvision's versions): a change to any of them misses the cache
 TRACED_BY = ("engine/devicemodel.py", "engine/models.py", "engine/sgd.py")
+CACHE_FORMAT = 2  # what a cached trace holds (2: each parameter tensor's unit); bump when it changes
 CACHE_ENV = "RALP_PIPE_CACHE"  # a folder for cached traces, or "off"
 _TRACES: dict[str, ModelTrace] = {}  # this process's traces, by cache key
 
@@ -388,6 +395,7 @@ def trace_key(name: str, num_classes: int, image_size: int, dropout: float, opti
         "lr": float(optim.lr),
         "momentum": float(optim.momentum),
         "weight_decay": float(optim.weight_decay),
+        "cache_format": CACHE_FORMAT,
         **code_version(),
     }
 
@@ -395,23 +403,56 @@ def trace_key(name: str, num_classes: int, image_size: int, dropout: float, opti
 def model_trace(name: str, num_classes: int, image_size: int, dropout: float, optim: Sgd) -> ModelTrace:
     """The :class:`ModelTrace` of model `name`: this process's, else the cached one (:func:`cache_dir`), else
     traced (importing torch) and cached."""
+    text, path, found = _cached(name, num_classes, image_size, dropout, optim)
+    if found is None:
+        found = _trace(name, num_classes, image_size, dropout, optim)
+        if path is not None:
+            _write_trace(path, text, found)
+        _TRACES[text] = found
+    return found
+
+
+def _cached(
+    name: str, num_classes: int, image_size: int, dropout: float, optim: Sgd
+) -> tuple[str, Path | None, ModelTrace | None]:
+    """The cache key's text of a trace, its cache file (None: no cache) and the trace this process or the cache
+    holds (None: none)."""
     key = trace_key(name, num_classes, image_size, dropout, optim)
     text = json.dumps(key, sort_keys=True)
-    if text in _TRACES:
-        return _TRACES[text]
     folder = cache_dir()
     path = (
         None
         if folder is None
         else folder / f"{name}-{image_size}px-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz"
     )
+    if text in _TRACES:
+        return text, path, _TRACES[text]
     found = None if path is None else _read_trace(path, text)
-    if found is None:
-        found = _trace(name, num_classes, image_size, dropout, optim)
-        if path is not None:
-            _write_trace(path, text, found)
-    _TRACES[text] = found
-    return found
+    if found is not None:
+        _TRACES[text] = found
+    return text, path, found
+
+
+def unit_table(name: str, num_classes: int, image_size: int, dropout: float, optim: Sgd) -> UnitTable:
+    """Model `name`'s units as sizes only (:class:`~ralp_pipe.contract.unit_table.UnitTable`): its trace's where
+    this process or the cache holds one (no torch), else of the units built on the meta device (torch, no trace)."""
+    found = _cached(name, num_classes, image_size, dropout, optim)[2]
+    if found is not None:
+        return found.table(image_size)
+    from ralp_pipe.engine import models
+
+    return models_table(models.model_units(name, num_classes, dropout, "meta"), image_size)
+
+
+def models_table(units: Sequence[models.Unit], image_size: int) -> UnitTable:
+    """The :class:`~ralp_pipe.contract.unit_table.UnitTable` of torch `units` at `image_size` (their shapes
+    computed: on the meta device, nothing)."""
+    from ralp_pipe.engine import models
+
+    tensors = [(i, p.numel() * p.element_size()) for i, u in enumerate(units) for p in u.module.parameters()
+               if p.requires_grad]  # fmt: skip
+    rows = models.unit_rows(units, models.activation_shapes(list(units), image_size))
+    return UnitTable.of_rows(rows, [i for i, _ in tensors], [size for _, size in tensors], image_size)
 
 
 def _trace(name: str, num_classes: int, image_size: int, dropout: float, optim: Sgd) -> ModelTrace:
@@ -421,10 +462,12 @@ def _trace(name: str, num_classes: int, image_size: int, dropout: float, optim: 
 
     units, first = trace_model(name, num_classes, image_size, TRACED_BATCHES[0], dropout)
     _, second = trace_model(name, num_classes, image_size, TRACED_BATCHES[1], dropout)
-    param_tensors = [p.numel() * p.element_size() for u in units for p in u.module.parameters() if p.requires_grad]
+    tensors = [(i, p.numel() * p.element_size()) for i, u in enumerate(units) for p in u.module.parameters()
+               if p.requires_grad]  # fmt: skip
+    param_tensors, param_units = [size for _, size in tensors], [i for i, _ in tensors]
     rows = models.unit_rows(units, [(1, *trace.output_shape[1:]) for trace in first])
     aggregate, update = trace_update(param_tensors, Optim(optim.lr, optim.momentum, optim.weight_decay))
-    return ModelTrace(rows, param_tensors, (first, second), aggregate, update)
+    return ModelTrace(rows, param_tensors, param_units, (first, second), aggregate, update)
 
 
 def _kernel_arrays(prefix: str, kernels: Sequence[Kernels]) -> dict[str, np.ndarray]:
@@ -452,7 +495,13 @@ def _write_trace(path: Path, key: str, trace: ModelTrace) -> None:
         arrays |= _kernel_arrays(f"t{index}_bwd", [t.bwd for t in traces])
         units.append([[list(t.output_shape), int(t.saved_bytes), int(t.peak_memory_bytes)] for t in traces])
     arrays |= _kernel_arrays("aggregate", [trace.aggregate]) | _kernel_arrays("update", [trace.update])
-    meta = {"key": key, "rows": trace.rows, "param_tensors": trace.param_tensors, "units": units}
+    meta = {
+        "key": key,
+        "rows": trace.rows,
+        "param_tensors": trace.param_tensors,
+        "param_units": trace.param_units,
+        "units": units,
+    }
     try:
         with atomic_path(path) as tmp, open(tmp, "wb") as out:
             savez: Any = np.savez  # numpy's stubs take every keyword for its allow_pickle
@@ -476,9 +525,13 @@ def _read_trace(path: Path, key: str) -> ModelTrace | None:
                 )
             (aggregate,), (update,) = _kernels_of(arrays, "aggregate"), _kernels_of(arrays, "update")
             first, second = traced
-            if not len(first) == len(second) == len(meta["rows"]):
+            if not len(first) == len(second) == len(meta["rows"]) or len(meta["param_units"]) != len(
+                meta["param_tensors"]
+            ):
                 return None
-            return ModelTrace(meta["rows"], meta["param_tensors"], (first, second), aggregate, update)
+            return ModelTrace(
+                meta["rows"], meta["param_tensors"], meta["param_units"], (first, second), aggregate, update
+            )
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
         return None
 

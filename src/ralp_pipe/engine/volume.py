@@ -26,11 +26,17 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
 
 from ralp_pipe.config import strategy_kind
 from ralp_pipe.contract.topology import Topology
-from ralp_pipe.engine.models import Unit, activation_shapes, check_split, parameter_count
+from ralp_pipe.contract.unit_table import UnitTable, check_split
+from ralp_pipe.contract.unit_table import variable_owners as variable_owners  # the engine's dtf imports it here
+
+if TYPE_CHECKING:  # torch units are priced as the models build them; a unit table needs neither torch nor the models
+    from ralp_pipe.engine.models import Unit
+
+Units = Union["Sequence[Unit]", UnitTable]  # a model's placement units: torch modules, or their sizes only
 
 CATEGORIES = ("gradients", "parameters", "activations", "activation_gradients", "labels")
 LABEL_BYTES = 8  # labels travel as int64
@@ -55,8 +61,10 @@ def ring_send_elements(numel: int, world: int, rank: int) -> int:
     return sum(chunks[(rank - s) % world] for s in steps) + sum(chunks[(rank + 1 - s) % world] for s in steps)
 
 
-def split_activation_elements(units: list[Unit], split: int, image_size: int) -> int:
+def split_activation_elements(units: Units, split: int, image_size: int) -> int:
     """Elements of the activation one image produces at the split (output of units[split-1])."""
+    if isinstance(units, UnitTable):
+        return units.split_activation_elements(split, image_size)
     check_split(split, len(units))
     return math.prod(_shapes(tuple(units), image_size)[split - 1][1:])
 
@@ -64,12 +72,28 @@ def split_activation_elements(units: list[Unit], split: int, image_size: int) ->
 @functools.lru_cache(maxsize=2)
 def _shapes(units: tuple[Unit, ...], image_size: int) -> list[tuple[int, ...]]:
     """Every unit's output shape for one image, computed once for all the splits a planner prices."""
+    from ralp_pipe.engine.models import activation_shapes
+
     return activation_shapes(list(units), image_size, batch=1)
+
+
+def parameters(units: Units) -> int:
+    """Trainable parameters (elements) of every unit of `units` together."""
+    if isinstance(units, UnitTable):
+        return sum(u.param_count for u in units)
+    from ralp_pipe.engine.models import parameter_count
+
+    return sum(parameter_count(u.module) for u in units)
+
+
+def _lower(units: Units, split: int) -> Units:
+    """The units below `split`."""
+    return UnitTable(units.units[:split], units.image_size) if isinstance(units, UnitTable) else units[:split]
 
 
 def step_bytes(
     strategy: str,
-    units: list[Unit],
+    units: Units,
     split: int | None,
     topology: Topology,
     batch_size: int,
@@ -86,10 +110,10 @@ def step_bytes(
 
 
 def push_pull_bytes(
-    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+    units: Units, split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
 ) -> dict[str, int]:
     """`ps`: every worker pushes all gradients and receives all parameters."""
-    params = sum(parameter_count(u.module) for u in units) * bytes_per_element
+    params = parameters(units) * bytes_per_element
     return {"gradients": topology.num_workers * params, "parameters": topology.num_workers * params}
 
 
@@ -121,23 +145,8 @@ def push_pull_link_bytes(
     return links
 
 
-def variable_owners(sizes: Sequence[int], num_ps: int, greedy: bool = False) -> list[int]:
-    """The PS task (0..num_ps-1) holding each of `dtf`'s variables of `sizes`, whole, given in creation order:
-    round-robin as ``tf.train.replica_device_setter`` placed them, or with `greedy` each onto the task holding
-    the fewest bytes so far (``GreedyLoadBalancingStrategy``), ties to the lowest task. The one assignment the
-    cost model prices and the engine's `dtf` servers hold."""
-    if num_ps < 1:
-        raise ValueError(f"num_ps={num_ps} must be at least 1")
-    loads, owners = [0] * num_ps, []
-    for index, size in enumerate(sizes):
-        task = min(range(num_ps), key=lambda p: (loads[p], p)) if greedy else index % num_ps
-        loads[task] += size
-        owners.append(task)
-    return owners
-
-
 def whole_variable_bytes(
-    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+    units: Units, split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
 ) -> dict[str, int]:
     """`dtf`: every worker pushes each gradient whole to its variable's PS task and pulls each variable back,
     the bytes of `ps` however the variables are spread over the tasks."""
@@ -145,21 +154,21 @@ def whole_variable_bytes(
 
 
 def ring_bytes(
-    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+    units: Units, split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
 ) -> dict[str, int]:
     """`allreduce`: a ring all-reduce of all gradients over the workers."""
-    params = sum(parameter_count(u.module) for u in units)
+    params = parameters(units)
     return {"gradients": 2 * (topology.num_workers - 1) * params * bytes_per_element}
 
 
 def placement_bytes(
-    units: list[Unit], split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
+    units: Units, split: int | None, topology: Topology, batch_size: int, image_size: int, bytes_per_element: int
 ) -> dict[str, int]:
     """Layer placement: activations, labels and lower-unit gradients up, their gradients and parameters down."""
     if split is None:
         raise ValueError(f"strategy {topology.strategy!r} needs a split point")
     workers = topology.num_workers
-    lower = workers * sum(parameter_count(u.module) for u in units[:split]) * bytes_per_element
+    lower = workers * parameters(_lower(units, split)) * bytes_per_element
     activations = workers * batch_size * split_activation_elements(units, split, image_size) * bytes_per_element
     return {
         "gradients": lower,

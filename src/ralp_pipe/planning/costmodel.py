@@ -103,8 +103,7 @@ from ralp_pipe.contract.topology import (  # where RALP's PS device is, by Prici
     PS_DEVICE_HOSTS,
     Hosts,
 )
-from ralp_pipe.engine.models import check_split
-from ralp_pipe.engine.volume import variable_owners
+from ralp_pipe.contract.unit_table import check_split, variable_owners
 from ralp_pipe.planning.timeline import DtfStep, dtf_period
 
 # DDP's gradient buckets: the first (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then bucket_cap_mb's default

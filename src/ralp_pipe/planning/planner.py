@@ -37,8 +37,9 @@ from ralp_pipe.config.schema import StrategyConfig
 from ralp_pipe.config.units import rate_bytes_per_s
 from ralp_pipe.contract.records import LinkProbe, Plan, Profile, check_profile_matches
 from ralp_pipe.contract.topology import cpu_share, hosts_of, on_hosts, topology
-from ralp_pipe.engine import models
-from ralp_pipe.engine.volume import step_bytes
+from ralp_pipe.contract.unit_table import UnitTable
+from ralp_pipe.engine import devicemodel
+from ralp_pipe.engine.volume import Units, step_bytes
 from ralp_pipe.errors import DataError
 from ralp_pipe.planning.costmodel import (
     Link,
@@ -131,14 +132,15 @@ def shared_cpu(cfg: Config, profile: Profile, gpus: int) -> SharedCpu | None:
     return SharedCpu(cores, threads, cpu_share(cfg, REFERENCE[0], gpus))  # planned at N=1: as the reference runs
 
 
-def volume_function(units: list[models.Unit], batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
+def volume_function(units: Units, batch_size: int, image_size: int, num_ps: int) -> VolumeFn:
     """``(strategy, gpus, split) -> volume.step_bytes(...)``, memoised, computing each split's shape once.
 
     Where a strategy's bytes are workers x per-worker bytes (``per_worker_volume`` in the strategy
     table: `ps` and RALP), they are its figures at its fewest devices scaled to the workers (the
     split's activation shape, the costly part, is then computed once per split rather than once
     per split and N); the planner's tests compare every figure with a direct call. Units built on the meta
-    device (:func:`ralp_pipe.engine.models.model_units`) give the same figures without computing anything.
+    device (:func:`ralp_pipe.engine.models.model_units`) give the same figures without computing anything, and
+    so does their unit table (:func:`ralp_pipe.engine.devicemodel.unit_table`) without torch.
     """
     cache: dict[tuple[str, int, int | None], dict[str, int]] = {}
 
@@ -199,10 +201,13 @@ def per_host_placements(cfg: Config) -> dict[str, bool]:
     }
 
 
-def whole_variables(units: Sequence[models.Unit], options: StrategyConfig) -> WholeVariables:
+def whole_variables(units: Units, options: StrategyConfig) -> WholeVariables:
     """`dtf`'s variables of `units` (each parameter tensor, in creation order) placed and pushed as `options` say."""
-    variables = [(i, p.numel() * p.element_size()) for i, u in enumerate(units) for p in u.module.parameters()
-                 if p.requires_grad]  # fmt: skip
+    if isinstance(units, UnitTable):
+        variables = units.variables()
+    else:
+        variables = [(i, p.numel() * p.element_size()) for i, u in enumerate(units) for p in u.module.parameters()
+                     if p.requires_grad]  # fmt: skip
     return WholeVariables(
         tuple(size for _, size in variables),
         tuple(unit for unit, _ in variables),
@@ -333,8 +338,9 @@ def build_plan(
     check_profile_matches(profile, cfg, profile_path)
     if probe is not None:
         check_link_matches(probe, cfg, probe_path or "?")
-    units = models.model_units(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout, "meta")
-    names = [u.name for u in units]
+    t = cfg.train
+    units = devicemodel.unit_table(cfg.model.name, cfg.dataset.num_classes, t.image_size, cfg.model.dropout, t)
+    names = units.names
     if names != [u["name"] for u in profile.units]:
         raise ConfigError(f"profile {profile_path} lists other placement units than models.py builds: re-profile")
     link = cluster_link(profile, cfg, probe)

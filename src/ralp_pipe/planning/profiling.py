@@ -31,11 +31,13 @@ import torch
 from torch import nn
 
 from ralp_pipe.atomic import check_writable
-from ralp_pipe.config import STRATEGY_KINDS, ConfigError, cluster_kind, device_entries, load, made_for
+from ralp_pipe.config import ConfigError, cluster_kind, device_entries, load, made_for
 from ralp_pipe.contract.records import Profile
-from ralp_pipe.contract.topology import largest_world, topology
+from ralp_pipe.contract.topology import largest_world
 from ralp_pipe.engine import devicemodel, models
 from ralp_pipe.engine.sgd import FlatSgd, Optim
+from ralp_pipe.planning.batches import profile_batches as profile_batches  # its old home
+from ralp_pipe.planning.batches import worker_and_ps_batches as worker_and_ps_batches
 from ralp_pipe.planning.link_probe import link_record
 from ralp_pipe.runtime import devices, hardware
 
@@ -198,25 +200,6 @@ def profile_model(
         rows.append(row)
     model.to(device)
     return {"units": rows, "update": profile_update(model, timing, optim)}
-
-
-def profile_batches(batch_size: int, gpus: Sequence[int]) -> dict[str, int]:
-    """Every batch a profile for the device counts `gpus` times: the worker's and each N's PS-device batches."""
-    batches = {"worker": batch_size}
-    for n in sorted(set(gpus)):
-        batches.update(
-            {f"{role}_n{n}": b for role, b in worker_and_ps_batches(batch_size, n).items() if role != "worker"}
-        )
-    return batches
-
-
-def worker_and_ps_batches(batch_size: int, gpus: int) -> dict[str, int]:
-    """Per-worker batch and the PS device's concatenated batch of every layer-placing strategy at `gpus`."""
-    batches = {"worker": batch_size}
-    for strategy, kind in STRATEGY_KINDS.items():
-        if kind.places_layers and gpus >= kind.min_gpus:
-            batches[f"ps_{strategy}"] = batch_size * topology(strategy, gpus).num_workers
-    return batches
 
 
 def rank_threads(cfg: Any, gpus: int | None = None) -> int | None:

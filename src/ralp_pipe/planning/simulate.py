@@ -37,7 +37,9 @@ from ralp_pipe.config import (
 from ralp_pipe.config.units import TCP_PAYLOAD_PER_WIRE_BYTE
 from ralp_pipe.contract.records import LinkProbe, Profile, check_profile_matches
 from ralp_pipe.contract.topology import Hosts, hosts_of
-from ralp_pipe.engine import devicemodel, models
+from ralp_pipe.engine import devicemodel
+from ralp_pipe.engine.volume import Units
+from ralp_pipe.planning.batches import profile_batches
 from ralp_pipe.planning.costmodel import Link, Pipelining, Pricing, WholeVariables, compute_costs
 from ralp_pipe.planning.planner import (
     best_prediction,
@@ -46,7 +48,6 @@ from ralp_pipe.planning.planner import (
     volume_function,
     whole_variables,
 )
-from ralp_pipe.planning.profiling import profile_batches
 from ralp_pipe.planning.timeline import MAX_HOSTS
 
 GPUS = tuple(2**i for i in range(1, 11))
@@ -88,7 +89,7 @@ class Servers:
 
 def simulate(
     profile: Mapping[str, Any],
-    units: list[models.Unit],
+    units: Units,
     batch_size: int,
     grid: Grid = Grid(),
     ps: Servers = Servers(),
@@ -339,7 +340,9 @@ def main(args: argparse.Namespace) -> int:
         profile = Profile.read(args.profile)
         check_profile_matches(profile, cfg, args.profile)
         source = str(args.profile)
-    units = models.model_units(cfg.model.name, cfg.dataset.num_classes, cfg.model.dropout, "meta")
+    units = devicemodel.unit_table(  # the trace's, where it is cached: no torch
+        cfg.model.name, cfg.dataset.num_classes, profile.image_size, cfg.model.dropout, cfg.train
+    )
     latency_s = float((LinkProbe.read(args.link).measured or {}).get("latency_s", 0.0)) if args.link else None
     servers = Servers(
         cfg.strategy.num_ps,
