@@ -18,7 +18,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torchvision import models as tvm
 
-from ralp_pipe.config import MODELS, ConfigError
+from ralp_pipe.config import MODELS
+from ralp_pipe.contract.unit_table import check_split as check_split  # torch-free, the cost model's too
 
 # Inception-v3's modules in the order its forward runs them, up to the pooled features
 INCEPTION_BLOCKS = (
@@ -163,16 +164,6 @@ def default_split(units: list[Unit]) -> int:
         if unit.is_dense:
             return index
     raise ValueError("model has no fully connected unit to place on the PS device")
-
-
-def check_split(split: int | None, unit_count: int, source: str = "the split point") -> int:
-    """`split` if it leaves at least one unit on each side of ``unit_count`` units, else a ConfigError naming `source`."""
-    if split is None or not 1 <= split < unit_count:
-        raise ConfigError(
-            f"split point {split} (from {source}) is out of range: choose 1..{unit_count - 1} "
-            f"({unit_count} placement units)"
-        )
-    return split
 
 
 def split(units: list[Unit], k: int) -> tuple[nn.Sequential, nn.Sequential]:
