@@ -18,6 +18,7 @@ from ralp_pipe.results.aggregate import build_tables, load_records, load_workloa
 from workflow_records import gb_per_step, images_per_sec, prediction_error, write_concurrent, write_results
 
 
+@pytest.mark.slow
 def test_runs_table_has_one_row_per_run_with_speedup_and_prediction_error(tmp_path: Path) -> None:
     runs = write_results(tmp_path)
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))
@@ -89,6 +90,7 @@ def test_repeats_are_rows_of_their_own_and_aggregate_with_t_intervals(tmp_path: 
     assert "| vgg11 | synthetic1k | 1000 | 2 | ralp_n | 2 | 2 | layer4.0 (8) | 3 | 240.0 ± 15.5 |" in tables.summary
 
 
+@pytest.mark.slow
 def test_summary_is_laid_out_per_network_with_one_row_per_configuration(tmp_path: Path) -> None:
     tables = build_tables(load_records(write_results(tmp_path), [tmp_path / "plans"]))
     lines = tables.summary.splitlines()
@@ -157,6 +159,7 @@ def test_concurrent_workloads_get_a_table_and_a_summary_section(tmp_path: Path) 
     assert build_tables(load_records(runs, [tmp_path / "plans"])).concurrent.empty
 
 
+@pytest.mark.slow
 def test_each_row_names_its_link_rate_and_where_that_figure_comes_from(tmp_path: Path) -> None:
     """A shaped link shows its tc rate; an unshaped one (a cluster's fabric) the rate its link probe measured."""
     runs = write_results(tmp_path, models=("vgg11",), strategies=("ps", "ralp_n"), gpus=(2,))
@@ -180,6 +183,7 @@ def test_each_row_names_its_link_rate_and_where_that_figure_comes_from(tmp_path:
     assert unknown.link_gbit.isna().all() and unknown.link_source.isna().all()
 
 
+@pytest.mark.slow
 def test_each_row_says_how_it_ran_loader_device_and_backend(tmp_path: Path) -> None:
     runs = write_results(tmp_path, models=("vgg11",), strategies=("ps",), gpus=(2,), repeats=2)
     tables = build_tables(load_records(runs, [tmp_path / "plans"]))

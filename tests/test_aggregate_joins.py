@@ -164,6 +164,7 @@ def test_the_records_can_tell_joins_and_medians_apart(results: tuple[Raw, Tables
         assert min(abs(median - mean), abs(median - top), abs(mean - top)) > 0.01, (median, mean, top)
 
 
+@pytest.mark.slow
 def test_every_table_cell_of_the_summary_matches_the_raw_records(results: tuple[Raw, Tables]) -> None:
     """Per configuration: settings, mean ± interval, per device, speedups ± intervals, GB/step, prediction."""
     raw, summary = results[0], results[1].summary
@@ -215,6 +216,7 @@ def test_every_table_cell_of_the_summary_matches_the_raw_records(results: tuple[
                     assert_shown(shown.group(2), 100 * error)
 
 
+@pytest.mark.slow
 def test_each_network_states_the_median_error_of_its_own_configurations(results: tuple[Raw, Tables]) -> None:
     """The accuracy line: the median |error| of that network's configurations with a prediction, and their count."""
     raw, summary = results[0], results[1].summary
@@ -231,6 +233,7 @@ def test_each_network_states_the_median_error_of_its_own_configurations(results:
         assert int(line.group(2)) == len(errors) == 16
 
 
+@pytest.mark.slow
 def test_the_counts_are_those_of_the_records(results: tuple[Raw, Tables]) -> None:
     """The opening line counts every configuration and every run of every network."""
     raw, summary = results[0], results[1].summary
@@ -248,6 +251,7 @@ def test_the_counts_are_those_of_the_records(results: tuple[Raw, Tables]) -> Non
     ]
 
 
+@pytest.mark.slow
 def test_speedup_and_error_of_every_row_of_the_parquet_tables_match_the_raw_records(
     results: tuple[Raw, Tables],
 ) -> None:

@@ -114,6 +114,7 @@ def test_the_summary_gives_the_ps_share_of_communication_averaged_per_configurat
     assert table[0].split(" | ")[4:6] == ["ps", "1.500"] and table[0].split(" | ")[9] == "60%"
 
 
+@pytest.mark.slow
 def test_aggregate_writes_one_breakdown_row_per_run_in_the_tables_order(tmp_path: Path) -> None:
     """From the fixture's steps (fixed shares of every step): shares as written, server beside, sorted as repeats."""
     runs = write_results(tmp_path, models=("vgg11",), gpus=(2,), repeats=2)

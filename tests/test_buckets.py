@@ -97,6 +97,7 @@ def _pushed(comm: LedgerComm, count: int) -> None:
         time.sleep(0.001)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("servers", [[9], [8, 9]])
 @pytest.mark.parametrize("credit", [0, 1, 2])
 def test_a_worker_pushes_at_most_credit_buckets_per_server_ahead_of_its_pulls_while_backward_runs_on(

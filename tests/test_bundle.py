@@ -114,6 +114,7 @@ def test_unsafe_member_paths_are_refused_without_extracting(
     assert not Path("/etc/evil").exists()
 
 
+@pytest.mark.slow
 def test_tampered_concurrent_table_fails_recomputation(bundle: Path, tmp_path: Path) -> None:
     name = "smoke-0123/concurrent/w0/concurrent.json"
     data = members(bundle)[name].replace(b'"together_images_per_sec": 50.0', b'"together_images_per_sec": 100.0')

@@ -36,6 +36,7 @@ def test_a_stored_composition_equals_hydras_and_is_reused(config_dir: Path, monk
     assert cached_load(OVERRIDES, config_dir) == first
 
 
+@pytest.mark.slow
 def test_an_edited_config_file_or_another_override_composes_afresh(config_dir: Path) -> None:
     cached_load(OVERRIDES, config_dir)
     model = config_dir / "model" / "vgg11.yaml"
@@ -66,6 +67,7 @@ def test_a_damaged_or_unwritable_cache_is_only_skipped(config_dir: Path, monkeyp
     assert cached_load(OVERRIDES, config_dir) == expected
 
 
+@pytest.mark.slow
 def test_a_bad_setting_is_refused_every_time_and_a_stored_config_is_validated_again(
     config_dir: Path, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ class NoCluster:
         return None
 
 
+@pytest.mark.slow
 def test_each_round_runs_every_distinct_job_alone_once_then_all_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ def test_default_composition_is_the_local_experiment() -> None:
     assert set(cfg.experiment.strategies) == set(trainable_strategies()) - {"dtf", "byteps"}
 
 
+@pytest.mark.slow
 def test_experiment_overrides_and_command_line_overrides_compose() -> None:
     cfg = load(["experiment=smoke", "train.batch_size=3", "model=resnet50", "dataset=synthetic22k"])
     assert cfg.experiment.name == "smoke"
@@ -80,6 +81,7 @@ def test_ralp_needs_two_devices() -> None:
         load(["strategy=ralp_n", "cluster.gpus=1"])
 
 
+@pytest.mark.slow
 def test_resolved_config_round_trips_and_hashes_stably() -> None:
     cfg = load(["model=vgg16"])
     again = from_dict(to_dict(cfg))

@@ -86,6 +86,7 @@ def test_dali_reads_every_member_through_our_index_files(shards):
     assert got == expected
 
 
+@pytest.mark.slow
 def test_dali_refuses_a_damaged_index(shards, tmp_path):
     from nvidia.dali import fn, pipeline_def
 

@@ -48,6 +48,7 @@ def mtimes(folder: Path) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["folders", "tars"])
 def test_every_image_lands_once_with_its_label(rgb_tree, make_config, tmp_path, layout):
     source = rgb_tree if layout == "folders" else folders_to_tars(rgb_tree, tmp_path / "tars")
@@ -112,6 +113,7 @@ def test_resize_shorter_shrinks_and_reencodes(rgb_tree, make_config):
     assert sum(s["reencoded"] for s in read_manifest(out)["shards"]) == 9
 
 
+@pytest.mark.slow
 def test_damaged_member_of_a_synset_tar_is_skipped(rgb_tree, make_config, tmp_path):
     (rgb_tree / "n00000001" / "n00000001_9.JPEG").write_text("not a jpeg")
     tars = folders_to_tars(rgb_tree, tmp_path / "tars")

@@ -151,6 +151,7 @@ def _folder_ending_in_json(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_train_refuses_a_profile_of_another_model_in_one_line_with_exit_2(
     tmp_path: Path, ralp_pipe: Callable[..., Ran]
 ) -> None:

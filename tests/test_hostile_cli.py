@@ -162,6 +162,7 @@ def test_ctrl_c_while_prepare_shards_packs_in_its_pool_prints_one_line_and_nothi
     assert left_running(proc.pid) == [], "processes of the interrupted command's group were left running"
 
 
+@pytest.mark.slow
 def test_a_batch_whose_activations_cannot_fit_in_memory_is_refused_before_any_rank_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

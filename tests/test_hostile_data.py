@@ -122,6 +122,7 @@ def test_cut_synset_tar_is_reported_damaged_and_stops_strict_mode(rgb_tree, make
         prepare(make_config(tars, "dataset.shards.strict=true", layout="tars"), progress=False)
 
 
+@pytest.mark.slow
 def test_unsafe_member_path_in_a_synset_tar_is_named_so(rgb_tree, make_config, tmp_path):
     tars = folders_to_tars(rgb_tree, tmp_path / "tars")
     with tarfile.open(tars / "n00000000.tar", "a") as archive:
@@ -136,6 +137,7 @@ def test_unsafe_member_path_in_a_synset_tar_is_named_so(rgb_tree, make_config, t
     assert reasons == {"n00000000.tar/../../x.JPEG": "unsafe path (absolute or with a '..' part)"}
 
 
+@pytest.mark.slow
 def test_source_without_usable_images_fails_saying_what_was_found(tmp_path, make_config, capsys):
     root = tmp_path / "empty"
     (root / "n01440764").mkdir(parents=True)
@@ -167,6 +169,7 @@ def test_source_without_usable_images_fails_saying_what_was_found(tmp_path, make
     ]
 
 
+@pytest.mark.slow
 def test_emptied_source_drops_the_old_manifest(rgb_tree, make_config):
     out = prepare(make_config(rgb_tree), progress=False)
     for image in rgb_tree.rglob("*.JPEG"):

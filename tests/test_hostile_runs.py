@@ -232,6 +232,7 @@ def _no_launch(command: list[str], world_size: int, *_: object) -> None:
     raise AssertionError(f"the driver launched {world_size} ranks")
 
 
+@pytest.mark.slow
 def test_a_thousand_local_ranks_are_refused_with_the_hosts_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,6 +251,7 @@ def test_a_thousand_local_ranks_are_refused_with_the_hosts_numbers(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -269,6 +271,7 @@ def test_ranks_whose_models_exceed_the_hosts_memory_are_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_slurm_ranks_are_not_bounded_by_this_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hardware, "usable_cores", lambda: 1)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -433,6 +436,7 @@ def test_failed_rerun_sets_the_older_records_aside_and_a_successful_one_replaces
     assert "old" not in json.loads((out / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("credit", "fits"), [(4, True), (0, False)])
 def test_a_parameter_server_holds_only_the_gradients_its_credit_lets_fly(
     monkeypatch: pytest.MonkeyPatch, credit: int, fits: bool

@@ -161,6 +161,7 @@ def test_the_advised_command_carries_the_dataset_keys_and_results_folder_of_the_
     assert (shards / "shard-000002.idx").is_file()
 
 
+@pytest.mark.slow
 def test_shards_given_elsewhere_are_advised_to_be_deleted_and_prepared_anew(results: Path, tmp_path: Path) -> None:
     moved = tmp_path / "elsewhere"
     shards_of(results).rename(moved)

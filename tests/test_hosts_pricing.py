@@ -142,6 +142,7 @@ def test_round_robin_places_variables_in_creation_order() -> None:
     assert dataclasses.replace(variables, greedy=True).loads(2) == [5, 1 + 1 + 1 + 4]  # onto the least loaded
 
 
+@pytest.mark.slow
 def test_several_gpus_per_host_need_an_interconnect_and_one_key_says_how_many() -> None:
     with pytest.raises(ConfigError, match=r"cluster.gpus_per_node=4 but interconnect='none' has no bandwidth"):
         load(["cluster.gpus_per_node=4"])

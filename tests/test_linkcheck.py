@@ -341,6 +341,7 @@ def _recorded(tmp_path: Path, **fields: object) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_recorded_choice_serves_every_run_of_its_hosts_rate_and_pattern(tmp_path: Path) -> None:
     path = _recorded(tmp_path)
     for strategy, gpus in (("ps", 2), ("ralp_h", 4)):  # both: 3 hosts, workers pushing to one PS host

@@ -80,6 +80,7 @@ def _figures(factor: float, every_link: bool) -> LinkMeasurement:
     return measured if every_link else dataclasses.replace(measured, **none)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "loads_every_link", "chosen"),
     [

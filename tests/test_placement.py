@@ -75,6 +75,7 @@ def test_the_srun_layout_is_the_plans_placement(strategy: str) -> None:
         assert node_of_ranks(placement(cfg, choice)) == _priced_hosts(strategy, {"ps_device_host": choice})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "ps_device_host", "hosts", "per_node"),
     [
@@ -107,6 +108,7 @@ def test_ralp_ps_device_beside_workers_needs_no_node_more_than_the_job_has() -> 
     assert max(node_of_ranks(beside)) + 1 <= len(ranks_per_node(cfg))  # the job is sized for the PS device alone
 
 
+@pytest.mark.slow
 def test_gpu_nodes_get_a_gpu_per_rank_and_ranks_beyond_them_share_over_gloo() -> None:
     cfg = _slurm("ps", "cluster.device=cuda")
     topo = placement(cfg)

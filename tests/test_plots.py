@@ -175,6 +175,7 @@ def test_predictions_are_plotted_against_the_measured_interval(tables: Tables, m
     plt.close("all")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("low", "high", "labels"),
     [

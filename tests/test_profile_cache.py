@@ -33,6 +33,7 @@ def profile_of(overrides: list[str], gpus: tuple[int, ...] = (2, 8)) -> dict:
     return doc
 
 
+@pytest.mark.slow
 def test_a_cached_trace_prices_exactly_what_a_fresh_one_does(cache, monkeypatch) -> None:
     fresh = profile_of(SMALL)
     assert len(list(cache.glob("*.npz"))) == 1

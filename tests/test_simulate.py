@@ -201,6 +201,7 @@ def test_simulate_answers_a_million_gpus_quickly_and_refuses_beyond_its_range(tm
     assert not (tmp_path / "b" / "simulation.parquet").exists()
 
 
+@pytest.mark.slow
 def test_cfg_prints_the_composed_configuration_and_runs_nothing(tmp_path, capsys) -> None:
     assert (
         cli.main(

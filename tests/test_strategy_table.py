@@ -70,6 +70,7 @@ def test_a_registered_strategy_gets_its_topology_and_profile_batches(toy: Strate
     assert largest_world(2) == topology("dtf", 2).world_size == 4
 
 
+@pytest.mark.slow
 def test_a_registered_strategy_moves_what_its_volume_function_says(toy: StrategyKind) -> None:
     units, split = _units(), 4
     mine = step_bytes("ralp_q", units, split, topology("ralp_q", 5), BATCH, IMAGE)
@@ -77,6 +78,7 @@ def test_a_registered_strategy_moves_what_its_volume_function_says(toy: Strategy
     assert mine == same_workers and mine["activations"] > 0 and mine["labels"] == 3 * BATCH * 8
 
 
+@pytest.mark.slow
 def test_a_registered_strategy_is_planned_at_every_split_and_only_where_it_fits(toy: StrategyKind) -> None:
     units = _units()
     batches = sorted({BATCH, *(BATCH * w for w in (1, 2, 3, 4))})

@@ -43,6 +43,7 @@ def _throughput_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in frame.columns if c.endswith("images_per_sec") and not c.startswith(("predicted", *baselines))]
 
 
+@pytest.mark.slow
 def test_every_table_leads_with_the_target_equivalent_figure_and_names_the_emulator_s_later(tmp_path: Path) -> None:
     tables = _dilated(tmp_path)
     measured = _wall_clock(tmp_path)
@@ -83,6 +84,7 @@ def _table_of(summary: str, heading: str) -> tuple[list[str], list[list[str]]]:
     return table[0], table[2:]
 
 
+@pytest.mark.slow
 def test_summary_md_shows_the_target_s_images_per_sec_and_step_times_first_the_emulator_s_last(
     tmp_path: Path,
 ) -> None:
@@ -102,6 +104,7 @@ def test_summary_md_shows_the_target_s_images_per_sec_and_step_times_first_the_e
         assert p95 == pytest.approx(run.step_p95_s / FACTOR, abs=5e-4)
 
 
+@pytest.mark.slow
 def test_concurrent_jobs_give_target_equivalent_figures_and_slowdowns_from_them(tmp_path: Path) -> None:
     """write_concurrent's jobs ran 100 img/s alone and 50 and 60 together on the emulator, at D = FACTOR."""
     tables = _dilated(tmp_path)

@@ -206,6 +206,7 @@ def _quick(model: str, hosts: int, g: int, gbit: float) -> bool:
     return two_hosts or (model, hosts, g, gbit) == ("alexnet", 8, 8, 1)
 
 
+@pytest.mark.slow
 def test_the_timeline_reproduces_its_reference_periods_on_a_quick_part_of_the_grid() -> None:
     """Those steps priced as the fixture's revision priced them, to float noise (1e-9 relative)."""
     assert _check_reference(_quick) == 26
