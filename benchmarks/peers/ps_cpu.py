@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-PORT = 2350
 OPS = ("apply_momentum", "apply_gradient_descent", "add_n")
 
 
@@ -40,6 +39,17 @@ def _tf(threads: int) -> tuple[Any, Any]:
     config = tf.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=max(2, threads))
     config.graph_options.rewrite_options.disable_meta_optimizer = True  # nothing may fold the measured op away
     return tf, config
+
+
+def _timed(session: Any, op: Any, repeats: int) -> list[float]:
+    """Seconds of `repeats` runs of `op` in `session`, after one untimed run."""
+    session.run(op)
+    seconds = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        session.run(op)
+        seconds.append(time.perf_counter() - began)
+    return seconds
 
 
 def _ops(args: argparse.Namespace) -> None:
@@ -69,11 +79,7 @@ def _ops(args: argparse.Namespace) -> None:
         with tf.Session(graph=graph, config=config) as session:
             session.run(init)
             for name, op in ops.items():
-                session.run(op)
-                for _ in range(args.repeats):
-                    began = time.perf_counter()
-                    session.run(op)
-                    seconds = time.perf_counter() - began
+                for seconds in _timed(session, op, args.repeats):
                     print(json.dumps({"op": name, "bytes": values * 4, "seconds": seconds}), flush=True)
 
 
@@ -101,11 +107,7 @@ def _client(args: argparse.Namespace) -> None:
     with tf.Session(server.target, config=config) as session:
         session.run(tf.global_variables_initializer())
         for count, read in reads.items():
-            session.run(read)
-            for _ in range(args.repeats):
-                began = time.perf_counter()
-                session.run(read)
-                seconds = time.perf_counter() - began
+            for seconds in _timed(session, read, args.repeats):
                 print(json.dumps({"tensors": count, "seconds": seconds}), flush=True)
 
 
@@ -127,8 +129,8 @@ def measure(
     """Both measurements (module doc): each op's and the RecvTensor's fitted line, with every run."""
     import subprocess
 
+    from peers.transport import client_beside_server
     from ralp_pipe.runtime.emulated import EmulatedCluster
-    from ralp_pipe.runtime.process import start, stop, wait_all
 
     script = str(Path(__file__).resolve())
     out.mkdir(parents=True, exist_ok=True)
@@ -138,31 +140,8 @@ def measure(
     )
     op_runs = _lines(ops.stdout)
     with EmulatedCluster(2) as cluster:
-        hosts = f"{cluster.address(0)}:{PORT},{cluster.address(1)}:{PORT}"
-        env = [{**os.environ, **cluster.env(h)} for h in range(2)]
-        serve = start([*cluster.prefix(1), python, script, "serve", "--hosts", hosts, *common], env[1])
-        log = out / "ps_cpu_rpc.log"
-        with open(log, "wb") as handle:
-            client = start(
-                [
-                    *cluster.prefix(0),
-                    python,
-                    script,
-                    "client",
-                    "--hosts",
-                    hosts,
-                    *common,
-                    "--counts",
-                    *map(str, counts),
-                ],
-                env[0],
-                stdout=handle,
-            )
-            try:
-                wait_all([client], 900)
-            finally:
-                stop([serve])
-        rpc_runs = _lines(log.read_text())
+        options = [*common, "--counts", *map(str, counts)]
+        rpc_runs = client_beside_server(cluster, [python, script], options, out / "ps_cpu_rpc.log")
     fits: dict[str, Any] = {}
     for name in OPS:
         runs = [r for r in op_runs if r["op"] == name]

@@ -87,20 +87,43 @@ def _tcp_send(args: argparse.Namespace) -> None:
     conn.close()
 
 
+def client_beside_server(cluster: Any, command: Sequence[str], options: Sequence[str], log: Path) -> list[dict]:
+    """Run ``COMMAND serve`` as task 1 on host 1 of `cluster` and ``COMMAND client`` as task 0 on host 0, both
+    with ``--hosts`` and `options`; the client's output goes to `log`. Returns the JSON lines it printed (a
+    failed client raises, naming `log`)."""
+    import subprocess
+
+    from ralp_pipe.runtime.process import start, stop, wait_all
+
+    hosts = ["--hosts", f"{cluster.address(0)}:{PORT},{cluster.address(1)}:{PORT}"]
+    env = [{**os.environ, **cluster.env(h)} for h in range(2)]
+    serve = start([*cluster.prefix(1), *command, "serve", *hosts, *options], env[1])
+    with open(log, "wb") as handle:
+        client = start(
+            [*cluster.prefix(0), *command, "client", *hosts, *options], env[0], stdout=handle, stderr=subprocess.STDOUT
+        )
+    try:
+        codes = wait_all([client], 900)
+    finally:
+        stop([client, serve])
+    if codes != [0]:
+        raise RuntimeError(f"the TensorFlow client failed; see {log}")
+    return [json.loads(line) for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
+
+
 def measure(rates: Sequence[str], mb: float, copies: int, out: Path, python: str = sys.executable) -> list[dict]:
     """At each of `rates`: TF's gRPC copy rate and a TCP stream's rate between two emulated hosts."""
     import subprocess
 
     from ralp_pipe.config.units import rate_bits_per_s
     from ralp_pipe.runtime.emulated import EmulatedCluster
-    from ralp_pipe.runtime.process import start, stop, wait_all
+    from ralp_pipe.runtime.process import start, wait_all
 
     script = str(Path(__file__).resolve())
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for rate in rates:
         with EmulatedCluster(2, rate) as cluster:
-            hosts = f"{cluster.address(0)}:{PORT},{cluster.address(1)}:{PORT}"
             env = [{**os.environ, **cluster.env(h)} for h in range(2)]
             # the TCP stream first: one receiver on host 1, one sender on host 0
             receiver = start(
@@ -118,33 +141,10 @@ def measure(rates: Sequence[str], mb: float, copies: int, out: Path, python: str
             tcp = json.loads(receiver.stdout.read())
             receiver.stdout.close()
             log = out / f"tf-{rate}.log"
-            serve = start([*cluster.prefix(1), python, script, "serve", "--hosts", hosts], env[1])
-            with open(log, "wb") as handle:
-                client = start(
-                    [
-                        *cluster.prefix(0),
-                        python,
-                        script,
-                        "client",
-                        "--hosts",
-                        hosts,
-                        "--mb",
-                        str(mb),
-                        "--copies",
-                        str(copies),
-                    ],
-                    env[0],
-                    stdout=handle,
-                    stderr=subprocess.STDOUT,
-                )
-            try:
-                codes = wait_all([client], 900)
-            finally:
-                stop([client, serve])
-            lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
-            if codes != [0] or not lines:
+            lines = client_beside_server(cluster, [python, script], ["--mb", str(mb), "--copies", str(copies)], log)
+            if not lines:
                 raise RuntimeError(f"the TF transfer at {rate} failed; see {log}")
-            grpc = json.loads(lines[-1])
+            grpc = lines[-1]
         tcp_bps = tcp["bytes"] * 8 / tcp["seconds"][0]
         grpc_bps = [grpc["bytes"] * 8 / s for s in grpc["seconds"]]
         link = None if rate == "unlimited" else rate_bits_per_s(rate, "rate")
