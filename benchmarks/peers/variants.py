@@ -2,8 +2,8 @@
 closes which gap, without running anything but the profile and the plan.
 
 ``python benchmarks/peers --variant NAME=KEY=VALUE[,KEY=VALUE...] ... --against docs/records/peers-dtf.json``
-prices every setting of ``--models``/``--hosts``/``--rates`` once per variant (its overrides appended to the
-harness's `dtf` ones, so a later key wins) from one CPU profile per setting, and writes ``variants.json`` with,
+prices every setting of ``--models``/``--hosts``/``--rates`` once per variant (its overrides replacing the
+harness's `dtf` ones of the same keys) from one CPU profile per setting, and writes ``variants.json`` with,
 per setting and variant, the predicted images/sec and its ratio to the record's mean TensorFlow figure. The
 planner predicts ralp-pipe's own `dtf` within 2% in that record, so a variant that reaches TensorFlow there
 names what `dtf` would have to do alike.
@@ -43,7 +43,9 @@ def run(settings: Sequence[Setting], variants: dict[str, list[str]], against: Pa
     for setting in settings:
         tf = peers.get((setting.model, setting.hosts, setting.rate))
         for name, overrides in variants.items():
-            varied = dataclasses.replace(setting, dtf=(*setting.dtf, *overrides))
+            keys = {o.partition("=")[0] for o in overrides}
+            kept = [o for o in setting.dtf if o.partition("=")[0] not in keys]  # a variant's key replaces the harness's
+            varied = dataclasses.replace(setting, dtf=(*kept, *overrides))
             predicted = predict(varied, out / setting.label)["dtf"]
             rows.append(
                 {
