@@ -154,3 +154,24 @@ def test_a_simulation_of_a_cached_trace_imports_neither_torch_nor_torchvision(ca
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
     assert (tmp_path / "out" / "simulation.parquet").exists()
+
+
+def test_a_plan_of_a_modelled_profile_imports_neither_torch_nor_torchvision(cache, tmp_path) -> None:
+    """`plan` on a modelled profile whose trace is cached takes its unit table from the trace."""
+    from ralp_pipe import cli
+
+    mine = [*SMALL, "network.rate=10gbit"]
+    assert cli.main(["profile", "--target", "v100", "--out", str(tmp_path / "p.json"), *mine[:3], mine[4]]) == 0
+    argv = ["plan", "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path / "plan.json"), "--gpus", "4", *mine]
+    code = (
+        "import contextlib, io, sys\n"
+        "from ralp_pipe import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert cli.main({argv!r}) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))\n"
+    )
+    env = {"PATH": "", devicemodel.CACHE_ENV: str(cache), "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "plan.json").exists()
