@@ -161,17 +161,24 @@ def overrides_of_record(path: Path) -> list[str]:
 
 
 def markdown(found: dict[str, Any]) -> str:
-    """The fitted lines as a Markdown table."""
+    """The fitted lines as a Markdown table, with each op's rate at its smallest and largest size's median run."""
     fits = found["fits"]
-    lines = ["| term | per unit | fixed per call |", "|---|---|---|"]
+    lines = ["| term | per unit (the line's slope) | rate at each size, median run | fixed (the line's intercept) |"]
+    lines.append("|---|---|---|---|")
     for name in OPS:
-        fit = fits[name]
+        fit, runs = fits[name], [r for r in found["ops"] if r["op"] == name]
+        rates = [
+            size / 1e9 / statistics.median(r["seconds"] for r in runs if r["bytes"] == size)
+            for size in sorted({r["bytes"] for r in runs})
+        ]
         lines.append(
             f"| {name} | {fit['s_per_byte'] * 1e9:.3f} ns/byte ({fit['gbytes_per_s']:.2f} GB/s) "
-            f"| {fit['s_per_call'] * 1e6:.0f} us |"
+            f"| {min(rates):.2f}-{max(rates):.2f} GB/s | {fit['s_per_call'] * 1e6:.0f} us |"
         )
     rpc = fits["recv_tensor"]
-    lines.append(f"| RecvTensor | {rpc['s_per_tensor'] * 1e6:.0f} us/tensor | {rpc['s_per_run'] * 1e6:.0f} us/run |")
+    lines.append(
+        f"| RecvTensor | {rpc['s_per_tensor'] * 1e6:.0f} us/tensor | - | {rpc['s_per_run'] * 1e6:.0f} us/run |"
+    )
     return "\n".join(lines) + "\n"
 
 
