@@ -161,3 +161,29 @@ def peers() -> str:
         + "\n".join(lines)
         + "\n"
     )
+
+
+def pricing() -> str:
+    """The pricing benchmark's record (``docs/records/pricing.json``): each grid's configurations per CPU second and
+    the whole command's wall seconds on every side, `benchmarks/published.py`'s seconds, the cost of one alone."""
+    p = "pricing"
+    figures = r.record(p)["figures"]
+    sides = list(figures["published_s"])
+
+    def cell(found: dict | None) -> str:
+        if found is None:
+            return "not done"
+        rate = found["rows"] / found["command_cpu_s"]
+        return (
+            f"{rate:,.0f}/s, {found['command_s']:.1f} s" if rate >= 10 else f"{rate:.2g}/s, {found['command_s']:.1f} s"
+        )
+
+    rows = [[name, *(cell(grid[side]) for side in sides)] for name, grid in figures["grids"].items()]
+    rows.append(["`benchmarks/published.py`, whole", *(f"{figures['published_s'][s]:.1f} s" for s in sides)])
+    alone = figures["pricing_alone_ms"]
+    caption = r.wrap(f"""{r.source(p)} ({figures["model"]}, batch 32 at 224 px; each cell: configurations per CPU
+        second of the whole command, start-up included, then its wall seconds, on the shared 2-core machine):""")
+    tail = r.wrap(f"""The cost model alone, the profile built, over the default grid: {alone["sequential transfers"]:.2f}
+        ms a configuration with sequential transfers, {alone["pipelined, dtf's timeline"]:.1f} ms with `dtf`'s
+        pipelined timeline.""")
+    return caption + "\n\n" + r.table(["grid", *sides], rows) + "\n\n" + tail + "\n"
