@@ -16,6 +16,7 @@ on SLURM the fabric is what the probe measured.
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
@@ -180,10 +181,16 @@ def pipelining_of(cfg: Config, own_links: bool = False) -> Pipelining | None:
     return Pipelining(cfg.strategy.bucket_mb * 1e6)
 
 
+@functools.cache
+def _shipped_strategy(name: str) -> StrategyConfig:
+    """``config/strategy/<name>.yaml``'s settings, composed once per process (a composition takes ~0.5 s)."""
+    return load([f"strategy={name}"]).strategy
+
+
 def strategy_options(cfg: Config, name: str) -> StrategyConfig:
-    """Strategy `name`'s settings: the configured strategy's where it is `name`, else its shipped
+    """Strategy `name`'s settings: the configured strategy's where it is `name`, else (a copy of) its shipped
     ``config/strategy/<name>.yaml``."""
-    return cfg.strategy if cfg.strategy.name == name else load([f"strategy={name}"]).strategy
+    return cfg.strategy if cfg.strategy.name == name else replace(_shipped_strategy(name))
 
 
 def dtf_options(cfg: Config) -> StrategyConfig:
