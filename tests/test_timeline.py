@@ -87,6 +87,29 @@ def test_the_period_counts_what_the_server_adds_beyond_the_next_steps_start() ->
     assert dtf_period(_one_worker(0.0)) == pytest.approx((3.5, 0.0))
 
 
+def test_the_step_end_barrier_holds_every_task_until_all_are_updated() -> None:
+    """Worked by hand (no compute, 1 MB/s links): one worker pushes a 900 B variable to the task on host 2 and a
+    100 B one to the task on host 1, sharing its uplink (the 100 B lands at 200 us, the 900 B at 1000 us). Without a
+    barrier the small one comes back at once and the large one, alone on the worker's downlink, lands at 1900 us. With
+    TensorFlow's barrier, global, both tasks reply at 1000 us and share that downlink: 2000 us."""
+    step = DtfStep(
+        fwd_s=[0.0, 0.0],
+        bwd_s=[0.0, 0.0],
+        begin_s=0.0,
+        sizes=[100, 900],
+        units=[0, 1],
+        owners=[0, 1],
+        group_hosts=[0],
+        group_pushers=[1],
+        task_hosts=[1, 2],
+        sum_s_per_byte=[0.0],
+        server_s_per_byte=0.0,
+        link_bytes_per_s=1e6,
+    )
+    assert dtf_period(step) == pytest.approx((1900e-6, 0.0))
+    assert dtf_period(dataclasses.replace(step, barrier=True)) == pytest.approx((2000e-6, 0.0))
+
+
 def test_a_servers_cost_per_variable_adds_to_its_cost_per_byte() -> None:
     """The same step with the variable's RPCs costing the task 0.25 s besides its 1 s of bytes: back 1.25 s after
     backward, 0.75 s beyond the next step's zeroing; with the bytes free, 0.25 s hides behind the zeroing."""

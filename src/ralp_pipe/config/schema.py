@@ -122,8 +122,9 @@ class StrategyConfig:
     # dtf only: what the transport moves alone (a tc rate; gRPC's: config/strategy/dtf.yaml); a byte costs the link's
     # time plus 1/cap; None: the link's rate
     transport_cap: str | None = None
-    # dtf only: a PS task sends its variables back only once every push of the step is applied (TensorFlow's step-end
-    # barrier; the workers read them during the next forward); false: each variable as soon as it is updated
+    # dtf only: a PS task sends its variables back only once every push of the step is applied on every task
+    # (TensorFlow's step-end barrier; the workers read them during the next forward); false: each variable as soon as
+    # it is updated
     step_barrier: bool = False
     # dtf only: a PS task's CPU nanoseconds per byte to apply one worker's gradient to a variable (TensorFlow applies
     # each worker's separately: ApplyMomentum); None: the profile's reduce and SGD step, as for `ps`

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ralp_pipe.engine.volume import CATEGORIES, ring_send_elements
 
 SETUP = "setup"  # the category of traffic before the first step: sent, never counted
+CONTROL = "control"  # a barrier's one-element tokens between servers: sent, never counted
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Comm:
     _counting: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _count(self, category: str, peer: int, nbytes: int) -> None:
-        if category == SETUP:
+        if category in (SETUP, CONTROL):
             return
         if category not in CATEGORIES:
             raise ValueError(f"unknown traffic category {category!r}; use one of {', '.join(CATEGORIES)}")

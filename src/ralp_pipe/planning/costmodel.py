@@ -70,7 +70,7 @@ through each host's one link, which its GPUs' flows share.
   pushed gradient separately, per byte, and paying per tensor sent or received (``apply_s_per_byte``, ``rpc_s``,
   measured on TensorFlow's own PS tasks; unset: the profile's reduce and SGD step). Pipelined, each variable travels
   whole and returns only once every pusher's copy has arrived (with ``step_barrier``, TensorFlow's, only once
-  every variable of its task is updated), so one large variable decides when the step ends; no bucket formula
+  every variable of every task is updated), so one large variable decides when the step ends; no bucket formula
   prices that, and the step is run as a timeline of every variable's push, reduce, update and pull over the
   shared host links (:mod:`ralp_pipe.planning.timeline`), as the engine runs it, at any G.
 - RALP: the PS device is a GPU of a host of its own, or one GPU of a worker host whose other G-1 GPUs
@@ -255,7 +255,7 @@ class WholeVariables:
     greedy: bool = False  # onto the least-loaded task (GreedyLoadBalancingStrategy); False: round-robin
     sum_in_host: bool = True  # distributed_replicated: a host's GPUs summed before the push
     transport_cap: float | None = None  # payload bytes/s the transport moves alone, in series with the link
-    step_barrier: bool = False  # pipelined: a PS task replies once all its variables are updated (TF's barrier)
+    step_barrier: bool = False  # pipelined: a PS task replies once every task's variables are updated (TF's barrier)
     apply_s_per_byte: float | None = None  # a PS task's CPU applying one pushed gradient; None: the profile's rates
     rpc_s: float = 0.0  # a PS task's CPU per tensor received or sent (gRPC's RecvTensor), apart from its bytes
     colocated: bool = True  # a PS task on every worker host (strategy.ps_placement); False: hosts of their own

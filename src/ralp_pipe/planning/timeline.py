@@ -13,8 +13,8 @@ variables' pushes and its pull with the other task's replies. This module runs t
   waits the interconnect's time for the host's sum (:meth:`Hosts.in_host_s`, as the engine's priced wait).
 - **PS tasks**: take their variables in that order; each once every pusher's copy has landed, then reduce and
   update it (seconds per byte, and per variable for its RPCs) and send it back to every pusher, or, with a
-  step-end barrier (``strategy.step_barrier``, TensorFlow's), send all of the task's variables back once every
-  one is updated, in forward order;
+  step-end barrier (``strategy.step_barrier``, TensorFlow's, global), send all of the task's variables back once
+  every task has updated every one of its own, in forward order;
   a step ends, as the engine's server loop does, once every reply has landed.
 - **Relays**: a host's leader hands each pulled variable to its other GPUs after the interconnect's time again,
   one variable after another (a group without a sum has none: its GPUs use each variable as it lands).
@@ -62,7 +62,7 @@ class DtfStep:
     server_s_per_variable: float = 0.0  # ... and per variable, apart from its bytes (its RPCs)
     port_bytes_per_s: float = math.inf  # a GPU's interconnect to its host (the PS task's memory or the NIC)
     latency_s: float = 0.0
-    barrier: bool = False  # a PS task replies only once all of its variables are updated (strategy.step_barrier)
+    barrier: bool = False  # a PS task replies only once every task's variables are updated (strategy.step_barrier)
 
 
 @dataclass
@@ -299,6 +299,8 @@ def _run(
     pushes: list[list[list[_Signal]]] = [[[] for _ in range(groups)] for _ in range(STEPS)]
     arrived = [[_Signal() for _ in range(count)] for _ in range(STEPS)]
     copies = [[0] * count for _ in range(STEPS)]
+    updated = [0] * STEPS  # per step, the PS tasks that have updated all their variables (the barrier's count)
+    everywhere = [_Signal() for _ in range(STEPS)]  # ... fired once all have
 
     def route(g: int, task: int, push: bool, v: int) -> tuple[tuple[int, ...], float, int, float]:
         """`send`'s links, bytes, weight and latency for variable `v` between group `g` and `task`: its GPUs'
@@ -362,7 +364,11 @@ def _run(
                 yield server_s_per_byte * step.sizes[v] + server_s_per_variable
                 if not step.barrier:
                     reply(v)
-            if step.barrier:  # in the order the next forward needs them
+            if step.barrier:  # once every task is updated, in the order the next forward needs them
+                updated[k] += 1
+                if updated[k] == tasks:
+                    timeline.fire(everywhere[k])
+                yield everywhere[k]
                 for v in reversed(mine):
                     reply(v)
             for landed in replies:

@@ -22,7 +22,7 @@ from torch import nn
 
 from ralp_pipe.config.schema import StrategyConfig
 from ralp_pipe.contract.topology import Topology, assign_to_ps
-from ralp_pipe.engine.comm import SETUP, Comm, Handle
+from ralp_pipe.engine.comm import CONTROL, SETUP, Comm, Handle
 from ralp_pipe.engine.dilation import Pacer, paced
 from ralp_pipe.engine.models import Unit
 from ralp_pipe.engine.sgd import FlatSgd, Optim, nbytes
@@ -256,9 +256,12 @@ class PushPullServer:
     (:meth:`PushPullClient.send_initial`), so it never holds the whole model.
 
     With `barrier` (overlap only; Distributed TensorFlow's step-end barrier), each bucket is still reduced and
-    updated as soon as every copy has arrived, but none is sent back before all of this server's buckets are
-    updated, and then in forward order (the first layers' first, as TensorFlow's workers read the variables);
-    the workers post their pulls after their last push (:class:`PushPullClient` with `barrier`).
+    updated as soon as every copy has arrived, but none is sent back before all of this server's buckets, and
+    those of every server of `servers`, are updated (TensorFlow's barrier is global: no worker reads a variable
+    before every worker's pushes are applied everywhere), and then in forward order (the first layers' first, as
+    TensorFlow's workers read the variables); the workers post their pulls after their last push
+    (:class:`PushPullClient` with `barrier`). The servers meet through the first of them: each other server
+    sends it a token once updated, and it answers every one once all have arrived.
     """
 
     def __init__(
@@ -275,9 +278,11 @@ class PushPullServer:
         pacer: Pacer | None = None,
         credit: int = 0,
         barrier: bool = False,
+        servers: Sequence[int] = (),
     ):
         self.comm, self.workers, self.overlap, self.pacer = comm, workers, overlap, pacer
         self.barrier = barrier and overlap
+        self.servers, self.device = sorted(servers), device
         layout = FlatLayout(tuple(p.numel() for _, p in named))
         offsets = layout.offsets()
         self.mine = [b for b in buckets if b.server == comm.rank]
@@ -329,7 +334,8 @@ class PushPullServer:
                 if not self.barrier:
                     sends += [self.comm.isend(bucket.flat.data, w, "parameters") for w in self.workers]
                 self._receive(b + self.ahead)  # into the buffers this bucket has just freed, where they are shared
-            if self.barrier:  # every bucket updated: send them back in the order the next forward needs them
+            if self.barrier:  # every bucket updated everywhere: send them back in the order the next forward needs them
+                self._meet()
                 sends = [
                     self.comm.isend(b.flat.data, w, "parameters") for b in reversed(self.buckets) for w in self.workers
                 ]
@@ -339,6 +345,21 @@ class PushPullServer:
                 self._reduce_update(bucket)
             sends = [self.comm.isend(b.flat.data, w, "parameters") for b in self.buckets for w in self.workers]
         self.comm.wait(sends)
+
+    def _meet(self) -> None:
+        """Wait until every server of :attr:`servers` has updated its buckets (this one included): the others each
+        send the first a token and wait for its answer, which it sends once it has them all."""
+        others = [s for s in self.servers if s != self.comm.rank]
+        if not others:
+            return
+        first = self.servers[0]
+        tokens = [torch.zeros(1, device=self.device) for _ in others]
+        if self.comm.rank == first:
+            self.comm.wait([self.comm.irecv(token, s) for token, s in zip(tokens, others)])
+            self.comm.wait([self.comm.isend(token, s, CONTROL) for token, s in zip(tokens, others)])
+        else:
+            self.comm.wait([self.comm.isend(tokens[0], first, CONTROL)])
+            self.comm.wait([self.comm.irecv(tokens[0], first)])
 
     def _reduce_update(self, sgd: FlatSgd) -> None:
         """Reduce a bucket's gradient sets and update it, each padded to the target's time where dilated."""

@@ -192,6 +192,7 @@ class ParameterServerStrategy(Strategy):
                 pacer=setup.pacer,
                 credit=setup.credit,
                 barrier=setup.step_barrier,
+                servers=setup.topology.ps,
             )
         else:
             self.net = setup.network()
