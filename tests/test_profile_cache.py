@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -142,17 +143,7 @@ def test_a_simulation_of_a_cached_trace_imports_neither_torch_nor_torchvision(ca
     profile_of(SMALL)  # traced and cached
     argv = ["simulate", "--target", "v100", "--gpus", "2", "8", "--link-gbit", "10", "--out", str(tmp_path / "out")]
     argv += [o for o in SMALL if not o.startswith("device=")]
-    code = (
-        "import contextlib, io, sys\n"
-        "from ralp_pipe import cli\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    assert cli.main({argv!r}) == 0\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))\n"
-    )
-    env = {"PATH": "", devicemodel.CACHE_ENV: str(cache), "MPLBACKEND": "Agg", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert _torch_modules_after(argv, cache, tmp_path) == "[]"
     assert (tmp_path / "out" / "simulation.parquet").exists()
 
 
@@ -163,6 +154,13 @@ def test_a_plan_of_a_modelled_profile_imports_neither_torch_nor_torchvision(cach
     mine = [*SMALL, "network.rate=10gbit"]
     assert cli.main(["profile", "--target", "v100", "--out", str(tmp_path / "p.json"), *mine[:3], mine[4]]) == 0
     argv = ["plan", "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path / "plan.json"), "--gpus", "4", *mine]
+    assert _torch_modules_after(argv, cache, tmp_path) == "[]"
+    assert (tmp_path / "plan.json").exists()
+
+
+def _torch_modules_after(argv: list[str], cache: Path, home: Path) -> str:
+    """The torch and torchvision modules a fresh interpreter holds after ``ralp-pipe ARGV`` (which must succeed),
+    with traces cached in `cache`."""
     code = (
         "import contextlib, io, sys\n"
         "from ralp_pipe import cli\n"
@@ -170,8 +168,7 @@ def test_a_plan_of_a_modelled_profile_imports_neither_torch_nor_torchvision(cach
         f"    assert cli.main({argv!r}) == 0\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))\n"
     )
-    env = {"PATH": "", devicemodel.CACHE_ENV: str(cache), "HOME": str(tmp_path)}
+    env = {"PATH": "", devicemodel.CACHE_ENV: str(cache), "MPLBACKEND": "Agg", "HOME": str(home)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
-    assert (tmp_path / "plan.json").exists()
+    return done.stdout.strip()
