@@ -81,6 +81,9 @@ CONFIG_KEYS = (
     "train.batch_size",
     "train.image_size",
     "train.cpu_share",
+    "train.lr",  # ... these three only find the device model's cached trace, which holds the unit table
+    "train.momentum",
+    "train.weight_decay",
 )
 
 VolumeFn = Callable[[str, int, "int | None"], dict[str, int]]
