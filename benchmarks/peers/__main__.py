@@ -9,7 +9,12 @@ shared machine's drift hits both alike). Writes ``peers.parquet`` (one row per p
 ralp-pipe run beside it), ``peers.md`` (means with 95% t-intervals over the repeats) and
 ``peers.json`` (the command, the git revision and the rows) into ``--out``. ``--no-ours`` and
 ``--no-prediction`` run the peers alone (the test's loopback check). Exits 1 if a peer's loss is not
-finite.
+finite. `dtf` runs with this machine's measured gRPC cap and TF PS costs (``--transport-cap``,
+``--ps-cpu-costs``: the records under docs/records by default).
+
+Instead of training: ``--transport RATE...`` measures gRPC against a TCP stream (transport.py), ``--ps-cpu`` a TF
+PS task's CPU per byte and per tensor (ps_cpu.py), and ``--variant NAME=OVERRIDES ... --against RECORD`` prices
+`dtf` under variants beside a record's TensorFlow (variants.py).
 """
 
 from __future__ import annotations
